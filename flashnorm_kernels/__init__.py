@@ -1,0 +1,1 @@
+"""FlashNorm kernels: weight folding, dual-stream deferred normalization, pre-norm cancellation."""

@@ -1,0 +1,1 @@
+"""streamcheck: find CUDA stream races by happens-before analysis and injected schedules."""
