@@ -1,0 +1,254 @@
+"""The trace: what a stream program asked the device to do, in host issue order.
+
+Pure data. Backends append operations here as the program issues them; the
+happens-before checker (hb.py), the exporters and the reports read it. Nothing in
+this module knows about CuPy, torch or the simulator.
+
+Ids are small integers chosen by whoever records the trace (the device API).
+Every operation carries the host thread that issued it and the Python call site.
+"""
+from __future__ import annotations
+
+import enum
+import json
+import os
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Optional, Union
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+class StreamKind(str, enum.Enum):
+    """How a stream synchronizes with the legacy default stream (CUDA programming guide)."""
+
+    LEGACY = "legacy"  # stream 0 / cudaStreamLegacy
+    PER_THREAD = "per_thread"  # cudaStreamPerThread: behaves like a blocking stream
+    BLOCKING = "blocking"  # cudaStreamCreate / cudaStreamDefault
+    NON_BLOCKING = "non_blocking"  # cudaStreamNonBlocking: never syncs with legacy
+
+    @property
+    def joins_legacy(self) -> bool:
+        """Blocking and per-thread default streams synchronize with the legacy stream."""
+        return self in (StreamKind.BLOCKING, StreamKind.PER_THREAD)
+
+    @classmethod
+    def parse(cls, value: Union[str, "StreamKind"]) -> "StreamKind":
+        if isinstance(value, StreamKind):
+            return value
+        try:
+            return cls(str(value).replace("-", "_"))
+        except ValueError:
+            choices = ", ".join(k.value for k in cls)
+            raise ValueError(f"unknown stream kind {value!r}; choose one of: {choices}") from None
+
+
+@dataclass(frozen=True)
+class CallSite:
+    file: str
+    line: int
+    function: str = ""
+
+    def __str__(self) -> str:
+        return f"{os.path.basename(self.file)}:{self.line}"
+
+
+UNKNOWN_SITE = CallSite("<unknown>", 0)
+
+
+def caller_site(depth_limit: int = 40) -> CallSite:
+    """The first frame outside the streamcheck package: the user's line that issued the call."""
+    frame = sys._getframe(1)
+    for _ in range(depth_limit):
+        if frame is None:
+            break
+        filename = frame.f_code.co_filename
+        if not os.path.abspath(filename).startswith(_PACKAGE_DIR + os.sep):
+            return CallSite(filename, frame.f_lineno, frame.f_code.co_name)
+        frame = frame.f_back
+    return UNKNOWN_SITE
+
+
+@dataclass(frozen=True)
+class Range:
+    """Bytes [start, stop) of one allocation."""
+
+    buffer: int
+    start: int
+    stop: int
+
+    def overlaps(self, other: "Range") -> bool:
+        return self.buffer == other.buffer and self.start < other.stop and other.start < self.stop
+
+
+# --- operations -----------------------------------------------------------------------------
+# Each is frozen; `thread` is the issuing host thread, `site` the user's call site.
+
+
+@dataclass(frozen=True)
+class Op:
+    thread: int
+    site: CallSite
+
+
+@dataclass(frozen=True)
+class ThreadStart(Op):
+    """`thread` starts; everything its parent did so far happens before it."""
+
+    parent: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class ThreadJoin(Op):
+    """`thread` joins `child`: everything the child did happens before what follows."""
+
+    child: int = 0
+
+
+@dataclass(frozen=True)
+class StreamCreate(Op):
+    stream: int = 0
+    kind: StreamKind = StreamKind.NON_BLOCKING
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class EventCreate(Op):
+    event: int = 0
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class EventDestroy(Op):
+    event: int = 0
+
+
+@dataclass(frozen=True)
+class EventRecord(Op):
+    event: int = 0
+    stream: int = 0
+
+
+@dataclass(frozen=True)
+class StreamWait(Op):
+    """cudaStreamWaitEvent: later work on `stream` waits for the event's state *now*."""
+
+    stream: int = 0
+    event: int = 0
+
+
+@dataclass(frozen=True)
+class StreamSync(Op):
+    stream: int = 0
+
+
+@dataclass(frozen=True)
+class EventSync(Op):
+    event: int = 0
+
+
+@dataclass(frozen=True)
+class DeviceSync(Op):
+    pass
+
+
+@dataclass(frozen=True)
+class Alloc(Op):
+    buffer: int = 0
+    nbytes: int = 0
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class Free(Op):
+    """Return memory for reuse. With a stream it is stream-ordered (pool allocators)."""
+
+    buffer: int = 0
+    stream: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Launch(Op):
+    stream: int = 0
+    name: str = ""
+    reads: tuple = ()
+    writes: tuple = ()
+
+
+class CopyKind(str, enum.Enum):
+    H2D = "H2D"
+    D2H = "D2H"
+    D2D = "D2D"
+
+
+@dataclass(frozen=True)
+class Copy(Op):
+    """An async copy: an access on its stream like a kernel (device side only)."""
+
+    stream: int = 0
+    kind: CopyKind = CopyKind.D2D
+    src: Optional[Range] = None  # None for host memory
+    dst: Optional[Range] = None
+
+    @property
+    def reads(self) -> tuple:
+        return (self.src,) if self.src is not None else ()
+
+    @property
+    def writes(self) -> tuple:
+        return (self.dst,) if self.dst is not None else ()
+
+    @property
+    def name(self) -> str:
+        return f"copy {self.kind.value}"
+
+
+@dataclass(frozen=True)
+class HostAccess(Op):
+    """The host reads or writes device memory directly (mapped memory, or after a sync)."""
+
+    reads: tuple = ()
+    writes: tuple = ()
+    name: str = "host access"
+
+
+@dataclass(frozen=True)
+class ImplicitSync(Op):
+    """Something that often *behaves* like a sync but CUDA does not promise it is one:
+    first cuBLAS call, lazy module loading, memory-pool growth (cudaMalloc), a
+    synchronous copy from pageable memory. Recorded for the timeline; the checker
+    deliberately draws no edge from it."""
+
+    reason: str = ""
+
+
+StreamOp = (EventRecord, StreamWait, Launch, Copy)
+
+
+@dataclass
+class Trace:
+    """Operations in host issue order, plus the names the reports need."""
+
+    ops: list = field(default_factory=list)
+
+    def append(self, op: Op) -> None:
+        self.ops.append(op)
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+    def __iter__(self):
+        return iter(self.ops)
+
+    def to_json(self) -> str:
+        return json.dumps([op_to_dict(op) for op in self.ops])
+
+
+def op_to_dict(op: Op) -> dict:
+    d = asdict(op)
+    d["op"] = type(op).__name__
+    d["site"] = str(op.site)
+    for key, value in list(d.items()):
+        if isinstance(value, enum.Enum):
+            d[key] = value.value
+    return d
