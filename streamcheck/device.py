@@ -155,8 +155,8 @@ class Device:
     def __init__(self, backend="sim", *, check: bool = True, policy="eager", seed: int = 0, **policy_params):
         from .backends import make_backend  # late: cupy is imported only if asked for
 
-        self.backend = make_backend(backend, device=self, policy=policy, seed=seed, **policy_params)
         self.trace = T.Trace()
+        self.backend = make_backend(backend, device=self, policy=policy, seed=seed, **policy_params)
         self.checker: Optional[Checker] = Checker() if check else None
         self._lock = threading.RLock()
         self._next = {"stream": 1, "event": 1, "buffer": 1}

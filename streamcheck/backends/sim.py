@@ -23,9 +23,10 @@ _DTYPES = {"float16", "float32", "float64", "int8", "int32", "int64", "uint8", "
 
 
 class _Pending:
-    __slots__ = ("seq", "deps", "run", "name", "site", "issued_at", "stream_name", "stream")
+    __slots__ = ("seq", "deps", "run", "name", "site", "issued_at", "stream_name", "stream", "trace_index")
 
-    def __init__(self, stream, seq, deps, run, name, site, issued_at):
+    def __init__(self, stream, seq, deps, run, name, site, issued_at, trace_index):
+        self.trace_index = trace_index
         self.stream = stream.id
         self.stream_name = stream.name
         self.seq = seq
@@ -58,7 +59,10 @@ class SimBackend:
         self.policy: Policy = policy if isinstance(policy, Policy) else make_policy(policy, seed, **params)
         self.schedule = Schedule(self.policy.describe(), seed)
         self.now = 0  # host calls so far: the unit of injected delay
-        self.executed_ops: list = []  # (stream id, op name) in execution order
+        self._trace = device.trace
+        # trace index -> (start, end) in scheduler steps: the sim's clock for timelines.
+        self.op_times: dict[int, tuple] = {}
+        self._step = 0
         self._streams: dict[int, _SimStream] = {}
         self._order: list[_SimStream] = []
         self._legacy: Optional[_SimStream] = None
@@ -107,7 +111,8 @@ class SimBackend:
         elif sim.kind.joins_legacy and self._legacy is not None and self._legacy.issued > self._legacy.executed:
             deps.append((self._legacy.id, self._legacy.issued))
         sim.issued += 1
-        sim.queue.append(_Pending(stream, sim.issued, deps, run, name, site, self.now))
+        # The device recorded this operation just before calling us.
+        sim.queue.append(_Pending(stream, sim.issued, deps, run, name, site, self.now, len(self._trace) - 1))
         return sim.issued
 
     def launch(self, stream, kernel, args, name, site) -> None:
@@ -182,7 +187,8 @@ class SimBackend:
         if op.run is not None:
             op.run()
         sim.executed += 1
-        self.executed_ops.append((stream_id, op.name))
+        self.op_times[op.trace_index] = (self._step, self._step + 1)
+        self._step += 1
 
     def tick(self) -> None:
         """The host made a call: let the policy run device work until it picks the host."""

@@ -1,0 +1,1 @@
+"""Subcommands of the `streamcheck` CLI (see cli.py)."""
