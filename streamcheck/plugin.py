@@ -1,1 +1,684 @@
-"""pytest plugin (registered through the pytest11 entry point)."""
+"""pytest plugin: seeded schedules, injected delays and happens-before checking in tests.
+
+Registered through the pytest11 entry point; `-p no:streamcheck` removes all of it.
+Loading it imports neither cupy nor torch (nor the device API): those are imported
+inside the fixtures, so a plain `pytest` run pays nothing for them.
+
+Seeds: one base seed per run (random unless given; `last` is the previous run's,
+kept in pytest's cache), and per test `base + crc32(node id)`, so a test's seed does
+not depend on which other tests were selected (-k) or which xdist worker runs it.
+Under xdist the controller draws the base seed and hands it to the workers.
+"""
+from __future__ import annotations
+
+import os
+import random
+import re
+import shlex
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+import pytest
+
+POLICIES = ("sequential", "eager", "delay", "random", "pct")
+BACKENDS = ("auto", "sim", "cupy")
+CHECK_MODES = ("on", "warn", "off")  # on: races fail the test; warn: only reported; off: no checker
+SEED_MOD = 2**32
+CACHE_KEY = "streamcheck/seed"
+WORKER_KEY = "streamcheck_seed"  # in xdist's workerinput
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The run's validated options."""
+
+    seed: int
+    schedules: int
+    policies: tuple
+    backend: str  # as asked: auto, sim or cupy (resolved lazily, see backend_name)
+    delay_us: int
+    delay_steps: int
+    check: str
+    trace_dir: Optional[str]
+    replay: Optional[tuple]  # (policy, index): run only that schedule
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    """The index-th schedule of `policy` in a test; its seed derives from the test's seed."""
+
+    policy: str
+    index: int
+    seed: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.policy}:{self.index}"
+
+
+@dataclass
+class Findings:
+    """What streamcheck saw in one test (kept in item.stash)."""
+
+    races: dict = field(default_factory=dict)  # Race.key -> Race
+    schedules: int = 0
+    wrong: int = 0
+    replay: str = ""
+    device: Any = None  # the streamcheck_device fixture's device, if used
+    spec: Optional[ScheduleSpec] = None  # and the schedule it runs
+
+    def add_races(self, races) -> None:
+        for race in races:
+            self.races.setdefault(race.key, race)
+
+
+SETTINGS_KEY = pytest.StashKey[Settings]()
+FINDINGS_KEY = pytest.StashKey[Findings]()
+
+
+# --- options ------------------------------------------------------------------------------
+
+_OPTIONS = (
+    # (flag, ini name, metavar, help, ini default)
+    ("--streamcheck-seed", "streamcheck_seed", "N|last",
+     "base seed (per-test seed = base + crc32(node id)); `last` reuses the previous run's. Default: random.", ""),
+    ("--streamcheck-schedules", "streamcheck_schedules", "N", "schedules per test under run_schedules.", "8"),
+    ("--streamcheck-policy", "streamcheck_policy", "P[,P...]",
+     f"schedule policies, comma-separated, from: {', '.join(POLICIES)}.", "delay,random,pct"),
+    ("--streamcheck-backend", "streamcheck_backend", "auto|sim|cupy",
+     "device backend; auto: cupy when a GPU is present, else sim.", "auto"),
+    ("--streamcheck-delay-us", "streamcheck_delay_us", "US", "cupy backend: spin delay injected by `delay`.", "200"),
+    ("--streamcheck-delay-steps", "streamcheck_delay_steps", "N",
+     "sim backend: host calls a delayed operation is held back.", "8"),
+    ("--streamcheck-check", "streamcheck_check", "on|warn|off",
+     "happens-before checking: on (races fail the test), warn (reported only), off.", "on"),
+    ("--streamcheck-trace-dir", "streamcheck_trace_dir", "DIR",
+     "write the trace (Perfetto JSON, PNG timeline, report) of each failing test here.", ""),
+    ("--streamcheck-replay", "streamcheck_replay", "POLICY:INDEX",
+     "run only that schedule of each test (as printed by a failure).", ""),
+)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("streamcheck", "streamcheck: CUDA stream race checking")
+    for flag, ini, metavar, help, default in _OPTIONS:
+        group.addoption(flag, dest=ini, metavar=metavar, default=None, help=help)
+        parser.addini(ini, help=f"default for {flag}: {help}", default=default)
+
+
+def _raw(config, ini: str) -> tuple[str, str]:
+    """The option's value and where it came from (for error messages)."""
+    flag = "--" + ini.replace("_", "-")
+    value = config.getoption(ini)
+    if value is not None:
+        return str(value).strip(), flag
+    return str(config.getini(ini)).strip(), f"ini option {ini}"
+
+
+def _bad(source: str, value: str, accepted: str) -> pytest.UsageError:
+    return pytest.UsageError(f"streamcheck: {source}={value!r} is not valid; accepted values: {accepted}")
+
+
+def _int(config, ini: str, minimum: int, accepted: str) -> int:
+    value, source = _raw(config, ini)
+    try:
+        number = int(value)
+    except ValueError:
+        raise _bad(source, value, accepted) from None
+    if number < minimum:
+        raise _bad(source, value, accepted)
+    return number
+
+
+def _policies(value: str, source: str) -> tuple:
+    names = tuple(p.strip() for p in value.split(",") if p.strip())
+    if not names or any(p not in POLICIES for p in names):
+        raise _bad(source, value, f"a comma-separated list of {', '.join(POLICIES)}")
+    return names
+
+
+def _seed(config) -> int:
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None and WORKER_KEY in workerinput:
+        return int(workerinput[WORKER_KEY])  # xdist worker: the controller's seed
+    value, source = _raw(config, "streamcheck_seed")
+    accepted = f"an integer in [0, {SEED_MOD}) or `last`"
+    if value == "":
+        return random.SystemRandom().randrange(SEED_MOD)
+    if value == "last":
+        cache = getattr(config, "cache", None)
+        last = cache.get(CACHE_KEY, None) if cache is not None else None
+        if not isinstance(last, int):
+            raise pytest.UsageError(f"streamcheck: {source}=last, but no previous seed is stored in pytest's cache "
+                                    "(first run here, cache cleared, or -p no:cacheprovider); "
+                                    f"run once without it or pass {accepted}")
+        return last
+    try:
+        seed = int(value)
+    except ValueError:
+        raise _bad(source, value, accepted) from None
+    if not 0 <= seed < SEED_MOD:
+        raise _bad(source, value, accepted)
+    return seed
+
+
+def _replay(value: str, source: str) -> Optional[tuple]:
+    if value == "":
+        return None
+    policy, _, index = value.partition(":")
+    if policy not in POLICIES or not index.isdigit():
+        raise _bad(source, value, f"POLICY:INDEX with POLICY one of {', '.join(POLICIES)} (e.g. delay:3)")
+    return policy, int(index)
+
+
+def _read_settings(config) -> Settings:
+    backend, source = _raw(config, "streamcheck_backend")
+    if backend not in BACKENDS:
+        raise _bad(source, backend, ", ".join(BACKENDS))
+    check, source = _raw(config, "streamcheck_check")
+    if check not in CHECK_MODES:
+        raise _bad(source, check, ", ".join(CHECK_MODES))
+    policies = _policies(*_raw(config, "streamcheck_policy"))
+    trace_dir = _raw(config, "streamcheck_trace_dir")[0] or None
+    return Settings(
+        seed=_seed(config),
+        schedules=_int(config, "streamcheck_schedules", 1, "an integer >= 1"),
+        policies=policies,
+        backend=backend,
+        delay_us=_int(config, "streamcheck_delay_us", 0, "an integer >= 0 (microseconds)"),
+        delay_steps=_int(config, "streamcheck_delay_steps", 0, "an integer >= 0"),
+        check=check,
+        trace_dir=trace_dir,
+        replay=_replay(*_raw(config, "streamcheck_replay")),
+    )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "streamcheck(schedules=N, policies='delay,random', check='on'): override the streamcheck options "
+        "for this test")
+    settings = _read_settings(config)
+    if settings.backend == "cupy":
+        from .backends import gpu_available
+
+        if not gpu_available():
+            raise pytest.UsageError("streamcheck: --streamcheck-backend=cupy needs an NVIDIA GPU and CuPy "
+                                    "(pip install 'streamcheck[gpu]'); none found. Use sim or auto.")
+    config.stash[SETTINGS_KEY] = settings
+    config.pluginmanager.register(_Summary(config), "streamcheck-summary")
+    cache = getattr(config, "cache", None)
+    if cache is not None and not hasattr(config, "workerinput"):
+        cache.set(CACHE_KEY, settings.seed)  # for --streamcheck-seed=last next time
+    _select_hypothesis_profile(config)
+
+
+def _select_hypothesis_profile(config) -> None:
+    """Register our profiles before hypothesis's plugin loads the one named on the command
+    line (this hook runs first), and load the one named by the environment."""
+    from_cli = config.getoption("hypothesis_profile", None) if _has_option(config, "hypothesis_profile") else None
+    env = any(os.environ.get(var) for var in ("STREAMCHECK_HYPOTHESIS_PROFILE", "HYPOTHESIS_PROFILE"))
+    if not from_cli and not env:
+        return  # nothing asked for: do not import hypothesis
+    from . import strategies
+
+    if not from_cli:
+        try:
+            strategies.load_profile()
+        except ValueError as exc:
+            raise pytest.UsageError(f"streamcheck: {exc}") from None
+
+
+def _has_option(config, dest: str) -> bool:
+    try:
+        config.getoption(dest)
+    except ValueError:
+        return False
+    return True
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """xdist controller: every worker uses the controller's base seed."""
+    node.workerinput[WORKER_KEY] = node.config.stash[SETTINGS_KEY].seed
+
+
+def backend_name(config) -> str:
+    """The backend tests run on: `auto` resolved (cached)."""
+    settings = config.stash[SETTINGS_KEY]
+    if settings.backend != "auto":
+        return settings.backend
+    resolved = getattr(config, "_streamcheck_backend", None)
+    if resolved is None:
+        from .backends import resolve
+
+        resolved = config._streamcheck_backend = resolve("auto")
+    return resolved
+
+
+def base_seed(config) -> int:
+    """This run's base seed (the same on every xdist worker)."""
+    return config.stash[SETTINGS_KEY].seed
+
+
+def pytest_report_header(config) -> str:
+    s = config.stash[SETTINGS_KEY]
+    return (f"streamcheck: backend={backend_name(config)} policy={','.join(s.policies)} schedules={s.schedules} "
+            f"check={s.check} --streamcheck-seed={s.seed}")
+
+
+# --- seeds and schedules ------------------------------------------------------------------
+
+
+def per_test_seed(base: int, nodeid: str) -> int:
+    """Per-test seed: from the name, never from run order."""
+    return (base + zlib.crc32(nodeid.encode())) % SEED_MOD
+
+
+def schedule_seed(test_seed: int, policy: str, index: int) -> int:
+    return zlib.crc32(f"{policy}:{index}".encode(), test_seed)
+
+
+def schedule_specs(test_seed: int, policies: Sequence[str], count: int,
+                   replay: Optional[tuple] = None) -> list[ScheduleSpec]:
+    """Round-robin over policies; the k-th schedule of a policy always gets the same seed,
+    whatever the other policies or the count, so `POLICY:INDEX` names it for good."""
+    if replay is not None:
+        policy, index = replay
+        return [ScheduleSpec(policy, index, schedule_seed(test_seed, policy, index))]
+    counters = dict.fromkeys(policies, 0)
+    specs = []
+    for i in range(count):
+        policy = policies[i % len(policies)]
+        index = counters[policy]
+        counters[policy] += 1
+        specs.append(ScheduleSpec(policy, index, schedule_seed(test_seed, policy, index)))
+    return specs
+
+
+@dataclass(frozen=True)
+class _TestConfig:
+    """Settings for one test: the options overridden by its marker."""
+
+    schedules: int
+    policies: tuple
+    check: str
+
+
+def _test_config(item, settings: Settings) -> _TestConfig:
+    schedules, policies, check = settings.schedules, settings.policies, settings.check
+    marker = item.get_closest_marker("streamcheck")
+    if marker is not None:
+        if marker.args:
+            raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.streamcheck takes keywords only "
+                                    "(schedules=, policies=, check=)")
+        unknown = set(marker.kwargs) - {"schedules", "policies", "check"}
+        if unknown:
+            raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.streamcheck got unknown keywords "
+                                    f"{sorted(unknown)}; accepted: schedules, policies, check")
+        source = f"@pytest.mark.streamcheck on {item.nodeid}:"
+        if "schedules" in marker.kwargs:
+            schedules = marker.kwargs["schedules"]
+            if not isinstance(schedules, int) or schedules < 1:
+                raise _bad(f"{source} schedules", str(schedules), "an integer >= 1")
+        if "policies" in marker.kwargs:
+            value = marker.kwargs["policies"]
+            policies = _policies(value if isinstance(value, str) else ",".join(value), f"{source} policies")
+        if "check" in marker.kwargs:
+            value = marker.kwargs["check"]
+            check = {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+            if check not in CHECK_MODES:
+                raise _bad(f"{source} check", str(value), ", ".join(CHECK_MODES))
+    return _TestConfig(schedules, policies, check)
+
+
+def _policy_params(policy: str, backend: str, settings: Settings) -> dict:
+    if policy != "delay":
+        return {}
+    if backend == "cupy":
+        return {"delay_us": settings.delay_us}
+    return {"steps": settings.delay_steps}
+
+
+def _make_device(config, spec: ScheduleSpec, check: str):
+    from .device import Device
+
+    backend = backend_name(config)
+    settings = config.stash[SETTINGS_KEY]
+    return Device(backend, check=check != "off", policy=spec.policy, seed=spec.seed,
+                  **_policy_params(spec.policy, backend, settings))
+
+
+def _findings(item) -> Findings:
+    found = item.stash.get(FINDINGS_KEY, None)
+    if found is None:
+        found = item.stash[FINDINGS_KEY] = Findings()
+    return found
+
+
+def replay_command(config, nodeid: str, spec: Optional[ScheduleSpec]) -> str:
+    """The command that runs `nodeid` again with this run's seed (and only `spec`)."""
+    settings = config.stash[SETTINGS_KEY]
+    backend = backend_name(config)
+    parts = ["pytest", shlex.quote(nodeid), f"--streamcheck-seed={settings.seed}", f"--streamcheck-backend={backend}"]
+    if spec is not None:
+        parts.append(f"--streamcheck-replay={spec.label}")
+        if spec.policy == "delay":
+            parts.append(f"--streamcheck-delay-us={settings.delay_us}" if backend == "cupy"
+                         else f"--streamcheck-delay-steps={settings.delay_steps}")
+    if settings.check != "on":
+        parts.append(f"--streamcheck-check={settings.check}")
+    command = " ".join(parts)
+    if config.invocation_params.dir != config.rootpath:
+        command = f"cd {shlex.quote(str(config.rootpath))} && {command}"
+    return command
+
+
+# --- fixtures -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def streamcheck_seed(request) -> int:
+    """This test's seed: base seed + crc32(node id)."""
+    return per_test_seed(request.config.stash[SETTINGS_KEY].seed, request.node.nodeid)
+
+
+@pytest.fixture
+def streamcheck_device(request, streamcheck_seed):
+    """A Device on the chosen backend, running the first policy's first schedule of this test.
+    With check on, a race the checker finds fails the test even if every value was right."""
+    config = request.config
+    settings = config.stash[SETTINGS_KEY]
+    tconf = _test_config(request.node, settings)
+    spec = schedule_specs(streamcheck_seed, tconf.policies, 1, settings.replay)[0]
+    device = _make_device(config, spec, tconf.check)
+    found = _findings(request.node)
+    found.device, found.spec = device, spec
+    found.schedules += 1
+    found.replay = replay_command(config, request.node.nodeid, spec)
+    yield device
+    found.add_races(device.races)
+
+
+@dataclass(frozen=True)
+class ScheduleResult:
+    spec: ScheduleSpec
+    schedule: str  # the policy with its parameters and the decisions taken ("" where not recorded)
+    matches: bool
+
+
+def describe_schedule(spec: ScheduleSpec, device) -> str:
+    """`delay:0 = delay(steps=8) seed 123, decisions 1x2.h.2` (decisions replay with replay:<...>)."""
+    schedule = device.schedule
+    if schedule is None:
+        return f"{spec.label} = {spec.policy} seed {spec.seed}"
+    return f"{spec.label} = {schedule.policy} seed {schedule.seed}, decisions {schedule.compact() or '-'}"
+
+
+@dataclass(frozen=True)
+class ScheduleRun:
+    """What run_schedules saw: the sequential reference, one entry per schedule, the races."""
+
+    reference: Any
+    results: tuple
+    races: tuple
+
+    @property
+    def wrong(self) -> tuple:
+        return tuple(r for r in self.results if not r.matches)
+
+
+class ScheduleFailure(AssertionError):
+    """A schedule produced values the sequential reference did not, or the checker found races."""
+
+
+@pytest.fixture
+def run_schedules(request, streamcheck_seed):
+    """`run_schedules(fn, atol=0, rtol=0)`: run `fn(device) -> result` once on a sequential
+    device (the reference), then under each schedule; fail on a differing result or (check
+    on) on races, with the race report, the schedule and the command that replays it."""
+    config = request.config
+    item = request.node
+
+    def run(fn: Callable, *, atol: float = 0.0, rtol: float = 0.0, schedules: Optional[int] = None,
+            policies: Optional[Sequence[str]] = None, check: Optional[str] = None) -> ScheduleRun:
+        __tracebackhide__ = True  # the failure is the message, not this frame
+        settings = config.stash[SETTINGS_KEY]
+        tconf = _test_config(item, settings)
+        count = schedules if schedules is not None else tconf.schedules
+        names = _policies(",".join(policies), "run_schedules(policies=...)") if policies else tconf.policies
+        check_mode = check if check is not None else tconf.check
+        if check_mode not in CHECK_MODES:
+            raise _bad("run_schedules(check=...)", str(check_mode), ", ".join(CHECK_MODES))
+        found = _findings(item)
+
+        reference_spec = ScheduleSpec("sequential", 0, streamcheck_seed)
+        ref_device = _make_device(config, reference_spec, check_mode)
+        reference = _call(fn, ref_device, reference_spec, config, item.nodeid)
+        found.add_races(ref_device.races)
+
+        results, first_wrong = [], None
+        for spec in schedule_specs(streamcheck_seed, names, count, settings.replay):
+            device = _make_device(config, spec, check_mode)
+            got = _call(fn, device, spec, config, item.nodeid)
+            found.add_races(device.races)
+            diff = compare(reference, got, atol=atol, rtol=rtol)
+            schedule = describe_schedule(spec, device)
+            results.append(ScheduleResult(spec, schedule, diff is None))
+            if diff is not None and first_wrong is None:
+                first_wrong = (spec, schedule, diff, device)
+        found.schedules += len(results)
+        wrong = sum(not r.matches for r in results)
+        found.wrong += wrong
+        races = tuple(found.races.values())
+        outcome = ScheduleRun(reference, tuple(results), races)
+
+        if first_wrong is not None:
+            spec, schedule, diff, device = first_wrong
+            found.replay = replay_command(config, item.nodeid, spec)
+            _write_trace(config, item.nodeid, device)
+            raise ScheduleFailure(_failure_text(
+                f"schedule {spec.label} gave values that differ from the sequential reference "
+                f"({wrong} of {len(results)} schedules wrong)",
+                spec, schedule, diff, device.report() if check_mode != "off" else "", found.replay))
+        if races and check_mode == "on":
+            spec = results[0].spec
+            found.replay = replay_command(config, item.nodeid, spec)
+            _write_trace(config, item.nodeid, ref_device)
+            raise ScheduleFailure(_failure_text(
+                f"the happens-before checker found {len(races)} race{'s' if len(races) != 1 else ''}; "
+                f"values matched the reference in all {len(results)} schedules (the race has not struck yet)",
+                spec, results[0].schedule, None, _format_races(races), found.replay))
+        return outcome
+
+    return run
+
+
+def _call(fn, device, spec: ScheduleSpec, config, nodeid: str):
+    try:
+        return fn(device)
+    except Exception as exc:
+        exc.add_note(f"streamcheck: raised under schedule {spec.label} (seed {spec.seed}); replay: "
+                     f"{replay_command(config, nodeid, spec if spec.policy != 'sequential' else None)}")
+        raise
+
+
+def _format_races(races) -> str:
+    from .hb import format_report
+
+    return format_report(list(races))
+
+
+def _failure_text(headline: str, spec: ScheduleSpec, schedule: str, diff: Optional[str], report: str,
+                  replay: str) -> str:
+    lines = [f"streamcheck: {headline}",
+             f"  schedule: {schedule or f'{spec.label} = {spec.policy} seed {spec.seed}'}"]
+    if diff:
+        lines.append(f"  mismatch: {diff}")
+    if report:
+        lines.append(report)
+    lines.append(f"  replay: {replay}")
+    return "\n".join(lines)
+
+
+# --- comparing results --------------------------------------------------------------------
+
+
+def _host(value):
+    """numpy view of a result: cupy arrays come back with .get(), others through __array__."""
+    import numpy as np
+
+    if type(value).__module__.split(".")[0] == "cupy":
+        return value.get()
+    if isinstance(value, np.ndarray) or hasattr(value, "__array__"):
+        return np.asarray(value)
+    return value
+
+
+def compare(want, got, *, atol: float = 0.0, rtol: float = 0.0, path: str = "result") -> Optional[str]:
+    """None when `got` equals `want` (arrays exactly, or within atol/rtol; NaN equals NaN),
+    else a one-line description of the first difference."""
+    import numpy as np
+
+    want, got = _host(want), _host(got)
+    if isinstance(want, dict) and isinstance(got, dict):
+        if set(want) != set(got):
+            return f"{path}: keys {sorted(map(str, got))} differ from the reference's {sorted(map(str, want))}"
+        for key in want:
+            diff = compare(want[key], got[key], atol=atol, rtol=rtol, path=f"{path}[{key!r}]")
+            if diff:
+                return diff
+        return None
+    if isinstance(want, (list, tuple)) and isinstance(got, (list, tuple)):
+        if len(want) != len(got):
+            return f"{path}: {len(got)} items, the reference has {len(want)}"
+        for i, (w, g) in enumerate(zip(want, got)):
+            diff = compare(w, g, atol=atol, rtol=rtol, path=f"{path}[{i}]")
+            if diff:
+                return diff
+        return None
+    if isinstance(want, np.ndarray) or isinstance(got, np.ndarray):
+        w, g = np.asarray(want), np.asarray(got)
+        if w.shape != g.shape or w.dtype != g.dtype:
+            return f"{path}: got {g.dtype}{list(g.shape)}, the reference is {w.dtype}{list(w.shape)}"
+        nan_ok = w.dtype.kind in "fc"
+        if atol == 0 and rtol == 0:
+            bad = ~((w == g) | (np.isnan(w) & np.isnan(g) if nan_ok else False))
+        else:
+            bad = ~np.isclose(g, w, atol=atol, rtol=rtol, equal_nan=nan_ok)
+        if not bad.any():
+            return None
+        index = tuple(int(i) for i in np.argwhere(bad)[0]) if bad.ndim else ()
+        tol = f" (atol={atol}, rtol={rtol})" if atol or rtol else " (exact)"
+        return (f"{path}: {int(bad.sum())} of {bad.size} elements differ{tol}; first at {index}: "
+                f"got {g[index]!r}, want {w[index]!r}")
+    if want != got:
+        return f"{path}: got {got!r}, want {want!r}"
+    return None
+
+
+# --- traces of failing tests --------------------------------------------------------------
+
+
+def _safe_name(nodeid: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", nodeid).strip("_")[:150] or "test"
+
+
+def _write_trace(config, nodeid: str, device) -> Optional[str]:
+    """With --streamcheck-trace-dir: the device's trace, report and (streamcheck.export, when
+    present) Perfetto JSON and PNG timeline, in DIR/<node id>/."""
+    trace_dir = config.stash[SETTINGS_KEY].trace_dir
+    if not trace_dir or device is None:
+        return None
+    out = os.path.join(str(config.rootpath), trace_dir) if not os.path.isabs(trace_dir) else trace_dir
+    out = os.path.join(out, _safe_name(nodeid))
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "trace.json"), "w") as fh:
+        fh.write(device.trace.to_json())
+    with open(os.path.join(out, "report.txt"), "w") as fh:
+        fh.write(device.report() + "\n")
+        if device.schedule is not None:
+            fh.write(f"schedule: {device.schedule}\n")
+    try:
+        from . import export
+    except ImportError:
+        return out  # exporter not installed: trace.json and report.txt only
+    writer = getattr(export, "write_artifacts", None) or getattr(export, "export_device", None)
+    if writer is not None:
+        writer(device, out)
+    return out
+
+
+# --- reporting ----------------------------------------------------------------------------
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    found = item.stash.get(FINDINGS_KEY, None)
+    if found is None or call.when != "call":
+        return report
+    device = found.device
+    if device is not None:
+        found.add_races(device.races)
+    races = list(found.races.values())
+    settings = item.config.stash[SETTINGS_KEY]
+    check = _test_config(item, settings).check
+    ours = call.excinfo is not None and call.excinfo.errisinstance(ScheduleFailure)
+    if races and not ours and not (device is not None and check == "on" and report.passed):
+        # Races beside some other outcome (warn mode, or the test failed for its own reason).
+        report.sections.append(("streamcheck races", _format_races(races)))
+    if device is not None and races and check == "on" and report.passed:
+        # The race did not strike on this schedule, but nothing orders the accesses.
+        report.outcome = "failed"
+        report.longrepr = _failure_text(
+            f"the happens-before checker found {len(races)} race{'s' if len(races) != 1 else ''} "
+            "(streamcheck_device: values are the test's to check)",
+            found.spec, describe_schedule(found.spec, device), None, _format_races(races), found.replay)
+    if device is not None and report.failed:
+        _write_trace(item.config, item.nodeid, device)
+    report.user_properties.append(("streamcheck", {
+        "races": len(races), "schedules": found.schedules, "wrong": found.wrong,
+        "kinds": sorted({f"{r.kind} on {r.buffer}" for r in races}),
+        "replay": found.replay if (races or found.wrong) else ""}))
+    return report
+
+
+class _Summary:
+    """Collects each test's findings from its report (on the xdist controller too:
+    user_properties travel with the report) and prints them at the end."""
+
+    def __init__(self, config):
+        self.config = config
+        self.rows: list = []  # (node id, outcome, findings) in report order
+
+    def pytest_runtest_logreport(self, report) -> None:
+        if report.when != "call":
+            return
+        for name, value in report.user_properties:
+            if name == "streamcheck" and isinstance(value, dict):
+                self.rows.append((report.nodeid, report.outcome, value))
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        if not self.rows:
+            return
+        settings = self.config.stash[SETTINGS_KEY]
+        found = [row for row in self.rows if row[2]["races"] or row[2]["wrong"]]
+        terminalreporter.section("streamcheck")
+        for nodeid, outcome, value in found:
+            parts = []
+            if value["races"]:
+                parts.append(f"{value['races']} race{'s' if value['races'] != 1 else ''} "
+                             f"({', '.join(value['kinds'])})")
+            if value["wrong"]:
+                parts.append(f"{value['wrong']} of {value['schedules']} schedules gave wrong values")
+            terminalreporter.write_line(f"{outcome.upper()} {nodeid}: {'; '.join(parts)}")
+            if value["replay"]:
+                terminalreporter.write_line(f"    replay: {value['replay']}")
+        racy = sum(1 for row in found if row[2]["races"])
+        schedules = sum(row[2]["schedules"] for row in self.rows)
+        terminalreporter.write_line(
+            f"streamcheck: {len(self.rows)} tests, {schedules} schedules, races found in {racy} "
+            f"test{'s' if racy != 1 else ''}; --streamcheck-seed={settings.seed}")

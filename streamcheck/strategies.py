@@ -1,0 +1,218 @@
+"""Hypothesis strategies for stream programs, and the hypothesis profiles we run them under.
+
+    from streamcheck import strategies as sst
+
+    @given(plan=sst.sync_plans(), shape=sst.shapes(), choice=sst.schedule_choices())
+    def test_plan(plan, shape, choice): ...
+
+Plans are drawn as the set of edges *missing* from the correct plan, so a failing
+example shrinks towards the fewest missing edges, the post-scale on the caller and
+the default stream kinds: the smallest plan that still fails.
+
+Profiles (chosen with `--hypothesis-profile=NAME` or STREAMCHECK_HYPOTHESIS_PROFILE /
+HYPOTHESIS_PROFILE): `dev` (randomized, moderate), `ci` (derandomized and bounded, so
+CI is fast and a failure reproduces on every run; prints the reproduce blob) and
+`fuzz` (long). Names already registered by the user are left alone.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
+
+from flashnorm_kernels.plan import CALLER_KINDS, EDGES, POST_STREAMS, SIDE_KINDS, SyncPlan
+
+from .trace import StreamKind
+
+# The sim holds numpy data: no bfloat16 there (the cupy kernels add it on a GPU).
+SIM_DTYPES = ("float32", "float64", "float16")
+# Policies that reorder work; `sequential` is the reference, not a schedule to explore.
+EXPLORING_POLICIES = ("delay", "random", "pct", "eager")
+SEED_MAX = 2**32 - 1
+
+
+# --- shapes -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One norm + projection problem: x is [tokens, hidden], W* is [out, hidden]."""
+
+    tokens: int  # M: tokens per step (<= max_tokens of the pipeline)
+    hidden: int  # d
+    out: int  # n: output features
+    dtype: str = "float32"
+
+    def describe(self) -> str:
+        return f"M={self.tokens} d={self.hidden} n={self.out} {self.dtype}"
+
+
+def shapes(*, max_tokens: int = 4, max_hidden: int = 32, max_out: int = 32,
+           dtypes: Sequence[str] = SIM_DTYPES) -> st.SearchStrategy[Shape]:
+    """Small shapes the sim runs in microseconds; raise the bounds on a GPU."""
+    for name, bound in (("max_tokens", max_tokens), ("max_hidden", max_hidden), ("max_out", max_out)):
+        if not isinstance(bound, int) or bound < 1:
+            raise ValueError(f"shapes({name}={bound!r}): need an integer >= 1")
+    if not dtypes:
+        raise ValueError("shapes(dtypes=()): name at least one dtype")
+    return st.builds(
+        Shape,
+        tokens=st.integers(1, max_tokens),
+        hidden=st.integers(1, max_hidden),
+        out=st.integers(1, max_out),
+        dtype=st.sampled_from(tuple(dtypes)),
+    )
+
+
+# --- sync plans ---------------------------------------------------------------------------
+
+
+def _plan(missing: frozenset, post: str, side: str, caller: str) -> SyncPlan:
+    return SyncPlan(frozenset(EDGES) - missing, post, side, caller)
+
+
+def sync_plans(*, edges: Sequence[str] = EDGES, post_streams: Sequence[str] = POST_STREAMS,
+               side_kinds: Sequence[str] = SIDE_KINDS,
+               caller_kinds: Sequence[str] = CALLER_KINDS) -> st.SearchStrategy[SyncPlan]:
+    """Any plan: every subset of `edges` may be missing (the others are always present)."""
+    return st.builds(
+        _plan,
+        st.frozensets(st.sampled_from(tuple(edges))) if edges else st.just(frozenset()),
+        st.sampled_from(tuple(post_streams)),
+        st.sampled_from(tuple(side_kinds)),
+        st.sampled_from(tuple(caller_kinds)),
+    )
+
+
+def all_plans(*, post_streams: Sequence[str] = POST_STREAMS, side_kinds: Sequence[str] = SIDE_KINDS,
+              caller_kinds: Sequence[str] = CALLER_KINDS) -> list[SyncPlan]:
+    """Every plan, fewest missing edges first: 2^6 edge subsets x post streams x kinds."""
+    subsets = [frozenset(c) for r in range(len(EDGES) + 1) for c in itertools.combinations(EDGES, r)]
+    return [_plan(missing, post, side, caller)
+            for missing in subsets
+            for post in post_streams
+            for side in side_kinds
+            for caller in caller_kinds]
+
+
+def safe_plans() -> st.SearchStrategy[SyncPlan]:
+    """Plans the oracle calls safe (no required ordering missing)."""
+    from .oracle import is_safe
+
+    return st.sampled_from([p for p in all_plans() if is_safe(p)])
+
+
+def unsafe_plans() -> st.SearchStrategy[SyncPlan]:
+    """Plans the oracle calls unsafe: a race the checker must report."""
+    from .oracle import is_safe
+
+    return st.sampled_from([p for p in all_plans() if not is_safe(p)])
+
+
+def stream_kinds(*, legacy: bool = True) -> st.SearchStrategy[StreamKind]:
+    """Stream kinds; `legacy=False` leaves out the legacy default stream."""
+    return st.sampled_from([k for k in StreamKind if legacy or k is not StreamKind.LEGACY])
+
+
+# --- schedules ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ScheduleChoice:
+    """A schedule to run under: the policy, its seed and its parameters."""
+
+    policy: str
+    seed: int = 0
+    delay_steps: int = 8  # delay: host calls a held operation waits (sim)
+    pct_depth: int = 2  # pct: bug depth searched for
+
+    def params(self) -> dict:
+        if self.policy == "delay":
+            return {"steps": self.delay_steps}
+        if self.policy == "pct":
+            return {"depth": self.pct_depth}
+        return {}
+
+    def device(self, backend: str = "sim", *, check: bool = True):
+        """A fresh Device running this schedule."""
+        from .device import Device
+
+        return Device(backend, check=check, policy=self.policy, seed=self.seed, **self.params())
+
+    def describe(self) -> str:
+        params = "".join(f" {k}={v}" for k, v in self.params().items())
+        return f"{self.policy} seed={self.seed}{params}"
+
+
+def seeds() -> st.SearchStrategy[int]:
+    return st.integers(0, SEED_MAX)
+
+
+def schedule_choices(*, policies: Sequence[str] = EXPLORING_POLICIES, max_delay_steps: int = 16,
+                     max_depth: int = 3) -> st.SearchStrategy[ScheduleChoice]:
+    """Policy x seed x (delay steps | pct depth). Shrinks towards the first policy, seed 0."""
+    if not policies:
+        raise ValueError("schedule_choices(policies=()): name at least one policy")
+    return st.builds(
+        ScheduleChoice,
+        policy=st.sampled_from(tuple(policies)),
+        seed=seeds(),
+        delay_steps=st.integers(0, max_delay_steps),
+        pct_depth=st.integers(1, max_depth),
+    )
+
+
+# --- profiles -----------------------------------------------------------------------------
+
+PROFILE_ENV = ("STREAMCHECK_HYPOTHESIS_PROFILE", "HYPOTHESIS_PROFILE")
+
+# Simulated steps take variable time on a loaded machine: per-example deadlines would
+# flake, so every profile turns them off.
+PROFILES = {
+    "dev": dict(max_examples=60, deadline=None),
+    "ci": dict(max_examples=15, derandomize=True, deadline=None, print_blob=True, database=None,
+               suppress_health_check=[HealthCheck.too_slow]),
+    "fuzz": dict(max_examples=100_000, deadline=None, print_blob=True,
+                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]),
+}
+
+
+def register_profiles() -> None:
+    """Register dev/ci/fuzz unless a profile of that name exists already (the user's wins)."""
+    for name, kwargs in PROFILES.items():
+        try:
+            settings.get_profile(name)
+        except InvalidArgument:
+            settings.register_profile(name, **kwargs)
+
+
+def profile_from_env() -> Optional[str]:
+    for var in PROFILE_ENV:
+        value = os.environ.get(var, "").strip()
+        if value:
+            return value
+    return None
+
+
+def load_profile(name: Optional[str] = None, default: Optional[str] = None) -> Optional[str]:
+    """Load `name`, else the profile named by the environment, else `default`; return the
+    one loaded (None: nothing was chosen, hypothesis keeps its own default)."""
+    register_profiles()
+    chosen = name or profile_from_env() or default
+    if chosen is None:
+        return None
+    try:
+        settings.load_profile(chosen)
+    except InvalidArgument:
+        known = ", ".join(sorted(PROFILES))
+        raise ValueError(f"hypothesis profile {chosen!r} is not registered; streamcheck registers: {known} "
+                         f"(set {PROFILE_ENV[0]} or pass --hypothesis-profile)") from None
+    return chosen
+
+
+register_profiles()
