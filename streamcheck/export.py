@@ -1,0 +1,554 @@
+"""A recorded run as a timeline: Chrome Trace Event JSON that opens in Perfetto.
+
+People who debug GPU timing read timelines (Nsight Systems, ui.perfetto.dev), not
+logs. This module turns a run (a Device, or its parts: trace, races, op_times)
+into one model -- lanes, timed slices, edges, located races -- and writes that
+model as Chrome Trace Event JSON. timeline.py draws the same model as a PNG.
+
+Time: `op_times` maps a trace index to (start, end). On the sim these are
+scheduler steps (written as 1 step = 1 µs); on a GPU backend, microseconds
+measured with CUDA events. Operations without a time (host calls, work that was
+never timed or never ran) are placed by issue order: after what the host issued
+before them, before any operation issued after them started.
+
+Plain Python: no cupy, no torch.
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Optional
+
+from . import trace as T
+from .hb import Checker, Race, TraceError
+
+STEPS = "steps"  # sim scheduler steps, 1 step = 1 µs in the JSON
+MICROSECONDS = "us"  # measured on a GPU
+ISSUE_ORDER = "order"  # nothing timed: 1 unit per operation in issue order
+
+RACE_PREFIX = "RACE: "
+PID = 1
+
+_STREAM_OPS = (T.Launch, T.Copy, T.EventRecord, T.StreamWait)
+_SYNC_OPS = (T.StreamSync, T.EventSync, T.DeviceSync)
+_HOST_OPS = _SYNC_OPS + (T.HostAccess, T.ImplicitSync)
+_ACCESS_OPS = (T.Launch, T.Copy, T.HostAccess, T.Free)
+
+
+# --- the model ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Lane:
+    """One track: a stream or a host thread."""
+
+    key: tuple  # ("host", thread) or ("stream", stream id)
+    label: str  # "stream A (non_blocking)", "legacy default stream", "host thread 0"
+
+
+@dataclass(frozen=True)
+class Slice:
+    """One operation on its lane, [start, end) on the run's clock."""
+
+    index: int  # position in the trace
+    lane: tuple  # Lane.key
+    name: str  # kernel name, "record ev", "wait ev", "synchronize stream A", ...
+    category: str  # kernel, copy, record, wait, free, sync, host
+    start: float
+    end: float
+    measured: bool  # False: placed by issue order
+    site: T.CallSite
+    reads: tuple = ()  # (buffer name, start byte, stop byte)
+    writes: tuple = ()
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class Edge:
+    """An ordering between two slices (trace indices), or the one a race lacks."""
+
+    src: int
+    dst: int
+    kind: str  # "event" (record -> wait), "sync" (work -> host sync), "missing"
+    label: str
+
+
+@dataclass(frozen=True)
+class LocatedRace:
+    """A race report and the trace indices of its two accesses (None if not found)."""
+
+    race: Race
+    first: Optional[int]
+    second: Optional[int]
+
+
+@dataclass(frozen=True)
+class Model:
+    lanes: tuple
+    slices: Mapping  # trace index -> Slice
+    edges: tuple
+    races: tuple  # LocatedRace
+    notes: tuple  # (trace index, text): no-op waits and the like
+    clock: str  # STEPS, MICROSECONDS or ISSUE_ORDER
+    backend: str
+    schedule: str
+
+    def lane(self, key: tuple) -> Lane:
+        for lane in self.lanes:
+            if lane.key == key:
+                return lane
+        raise KeyError(key)
+
+    def race_roles(self) -> dict:
+        """trace index -> list of (LocatedRace, "first" | "second")."""
+        roles: dict = {}
+        for located in self.races:
+            for role in ("first", "second"):
+                index = getattr(located, role)
+                if index is not None and index in self.slices:
+                    roles.setdefault(index, []).append((located, role))
+        return roles
+
+    def struck(self, located: LocatedRace) -> Optional[bool]:
+        """Whether this run's timing let the race strike: the second access started
+        before the first one ended. None when either side is not on the timeline."""
+        first = self.slices.get(located.first)
+        second = self.slices.get(located.second)
+        if first is None or second is None:
+            return None
+        return second.start < first.end
+
+
+_MIN_WIDTH = 0.1  # of the nominal width: every slice gets a body a flow can bind to
+
+
+# --- building it ----------------------------------------------------------------------------
+
+def _parts(source) -> tuple:
+    """(ops, races or None, op_times, clock or None, backend name, schedule text)."""
+    if isinstance(source, Mapping):
+        ops = source["trace"]
+        races = source.get("races")
+        op_times = source.get("op_times") or {}
+        return (list(ops), races, op_times, source.get("clock"), str(source.get("backend", "")),
+                str(source.get("schedule", "") or ""))
+    if isinstance(source, (T.Trace, list, tuple)):
+        return list(source), None, {}, None, "", ""
+    ops = getattr(source, "trace", None)
+    if ops is None:
+        raise TypeError(f"export: expected a Device, a Trace or a mapping with 'trace', got "
+                        f"{type(source).__name__}")
+    backend = getattr(source, "backend", None)
+    op_times = getattr(backend, "op_times", None) or {}
+    # A device run without checking has no races yet; the replay below finds them.
+    races = source.races if getattr(source, "checker", None) is not None else None
+    schedule = getattr(source, "schedule", None)
+    return (list(ops), races, op_times, None, getattr(backend, "name", "") or "",
+            str(schedule) if schedule is not None else "")
+
+
+def _stream_lane_label(op: T.StreamCreate) -> str:
+    kind = T.StreamKind.parse(op.kind)
+    if kind is T.StreamKind.LEGACY:
+        return "legacy default stream"
+    if kind is T.StreamKind.PER_THREAD:
+        return f"per-thread default stream (thread {op.thread})"
+    name = op.name or f"stream{op.stream}"
+    return f"stream {name} ({kind.value})"
+
+
+def _replay(ops) -> tuple:
+    """Feed a fresh checker: its races, stream labels as reports name them, and the
+    trace index at which each race (by key) was first seen -- its second access."""
+    checker = Checker()
+    second_at: dict = {}
+    known = 0
+    try:
+        for index, op in enumerate(ops):
+            checker.feed(op)
+            if isinstance(op, _ACCESS_OPS):
+                races = checker.races
+                if len(races) > known:
+                    for race in races:
+                        second_at.setdefault(race.key, index)
+                    known = len(races)
+    except TraceError:
+        pass  # a malformed trace: locate what we can by call site below
+    labels = {}
+    for op in ops:
+        if isinstance(op, T.StreamCreate):
+            try:
+                labels[checker.stream_label(op.stream)] = op.stream
+            except KeyError:
+                pass
+    return checker.races, labels, second_at
+
+
+def _op_name(op) -> str:
+    if isinstance(op, T.Free):
+        return "free"
+    return getattr(op, "name", type(op).__name__)
+
+
+def _actor(op, stream_labels: dict) -> Optional[str]:
+    stream = getattr(op, "stream", None)
+    if stream is None:  # host access or host-side free
+        return f"host thread {op.thread}"
+    for label, sid in stream_labels.items():
+        if sid == stream:
+            return label
+    return None
+
+
+def _touches(op, buffer_ids: set, start: int, stop: int, write: bool) -> bool:
+    if isinstance(op, T.Free):
+        return op.buffer in buffer_ids
+    ranges = op.writes if write else op.reads
+    return any(r.buffer in buffer_ids and r.start < stop and start < r.stop for r in ranges)
+
+
+def _locate(ops, race: Race, second_at: dict, stream_labels: dict, buffer_ids: dict) -> LocatedRace:
+    ids = buffer_ids.get(race.buffer, set())
+
+    def matches(op, access) -> bool:
+        return (isinstance(op, _ACCESS_OPS) and op.site == access.site and _op_name(op) == access.name
+                and _actor(op, stream_labels) == access.actor
+                and _touches(op, ids, race.start, race.stop, access.write))
+
+    second = second_at.get(race.key)
+    if second is None or not matches(ops[second], race.second):
+        second = next((i for i in range(len(ops) - 1, -1, -1) if matches(ops[i], race.second)), None)
+    first = None
+    if second is not None:
+        # The latest matching access issued before the second is the one it raced with.
+        first = next((i for i in range(second - 1, -1, -1) if matches(ops[i], race.first)), None)
+    return LocatedRace(race, first, second)
+
+
+def _ranges(ranges, buffer_names: dict) -> tuple:
+    return tuple((buffer_names.get(r.buffer, f"buffer{r.buffer}"), r.start, r.stop) for r in ranges if r is not None)
+
+
+def _describe(op, event_names: dict, stream_names: dict) -> tuple:
+    """(name, category) of a drawn operation."""
+    if isinstance(op, T.Launch):
+        return op.name, "kernel"
+    if isinstance(op, T.Copy):
+        return op.name, "copy"
+    if isinstance(op, T.EventRecord):
+        return f"record {event_names.get(op.event, op.event)}", "record"
+    if isinstance(op, T.StreamWait):
+        return f"wait {event_names.get(op.event, op.event)}", "wait"
+    if isinstance(op, T.Free):
+        return "free", "free"
+    if isinstance(op, T.StreamSync):
+        return f"synchronize {stream_names.get(op.stream, op.stream)}", "sync"
+    if isinstance(op, T.EventSync):
+        return f"synchronize {event_names.get(op.event, op.event)}", "sync"
+    if isinstance(op, T.DeviceSync):
+        return "device synchronize", "sync"
+    if isinstance(op, T.ImplicitSync):
+        return f"implicit: {op.reason}" if op.reason else "implicit sync", "host"
+    return _op_name(op), "host"
+
+
+def build_model(source) -> Model:
+    """The timeline model of a run: a Device, a Trace, or a mapping with keys `trace`
+    and optionally `races`, `op_times`, `clock` ("steps" | "us"), `backend`, `schedule`."""
+    ops, races, op_times, clock, backend, schedule = _parts(source)
+    replay_races, stream_labels, second_at = _replay(ops)
+    if races is None:
+        races = replay_races
+    if clock is None:
+        clock = STEPS if backend == "sim" else (MICROSECONDS if op_times else ISSUE_ORDER)
+    if clock not in (STEPS, MICROSECONDS, ISSUE_ORDER):
+        raise ValueError(f"export: clock must be {STEPS!r}, {MICROSECONDS!r} or {ISSUE_ORDER!r}, got {clock!r}")
+
+    buffer_names, buffer_ids, event_names, stream_names, lane_labels = {}, {}, {}, {}, {}
+    nbytes = {}
+    for op in ops:
+        if isinstance(op, T.Alloc):
+            name = op.name or f"buffer{op.buffer}"
+            buffer_names[op.buffer] = name
+            buffer_ids.setdefault(name, set()).add(op.buffer)
+            nbytes[op.buffer] = op.nbytes
+        elif isinstance(op, T.EventCreate):
+            event_names[op.event] = op.name or f"event{op.event}"
+        elif isinstance(op, T.StreamCreate):
+            lane_labels[("stream", op.stream)] = _stream_lane_label(op)
+            stream_names[op.stream] = f"stream {op.name}" if op.name else f"stream{op.stream}"
+
+    drawn = [i for i, op in enumerate(ops)
+             if isinstance(op, _STREAM_OPS + _HOST_OPS) or isinstance(op, T.Free)]
+    slices = _place(ops, drawn, op_times, clock)
+
+    out: dict = {}
+    for index, (start, end, measured) in slices.items():
+        op = ops[index]
+        stream = getattr(op, "stream", None)
+        lane = ("stream", stream) if stream is not None else ("host", op.thread)
+        name, category = _describe(op, event_names, stream_names)
+        reads = _ranges(getattr(op, "reads", ()), buffer_names)
+        writes = _ranges(getattr(op, "writes", ()), buffer_names)
+        if isinstance(op, T.Free):
+            writes = ((buffer_names.get(op.buffer, f"buffer{op.buffer}"), 0, nbytes.get(op.buffer, 0)),)
+        out[index] = Slice(index, lane, name, category, start, end, measured, op.site, reads, writes)
+
+    edges, notes = _edges(ops, out, event_names)
+    located = tuple(_locate(ops, race, second_at, stream_labels, buffer_ids) for race in races)
+    for loc in located:
+        if loc.first is not None and loc.second is not None:
+            edges.append(Edge(loc.first, loc.second, "missing", _missing_label(loc.race)))
+
+    used = {s.lane for s in out.values()}
+    hosts = sorted(k for k in used if k[0] == "host")
+    streams = [k for k in lane_labels if k in used]  # creation order
+    streams += sorted(k for k in used if k[0] == "stream" and k not in lane_labels)
+    lanes = tuple([Lane(k, f"host thread {k[1]}") for k in hosts]
+                  + [Lane(k, lane_labels.get(k, f"stream{k[1]}")) for k in streams])
+    return Model(lanes, out, tuple(edges), located, tuple(notes), clock, backend, schedule)
+
+
+def _missing_label(race: Race) -> str:
+    if race.second.actor.startswith("host thread"):
+        return (f"missing sync: {race.second.actor} must synchronize with {race.first.actor} "
+                f"after `{race.first.name}`")
+    if race.first.actor.startswith("host thread"):
+        return f"missing ordering: {race.second.actor} after {race.first.actor}'s `{race.first.name}`"
+    return f"missing wait: {race.second.actor} must wait for {race.first.actor} after `{race.first.name}`"
+
+
+def _place(ops, drawn: list, op_times: Mapping, clock: str) -> dict:
+    """trace index -> (start, end, measured) for every drawn operation."""
+    known = {}
+    for index in drawn:
+        times = op_times.get(index)
+        if times is not None:
+            start, end = float(times[0]), float(times[1])
+            known[index] = (start, max(end, start))
+    if clock == ISSUE_ORDER or not known:
+        # Nothing timed: one unit per operation, each lane in issue order.
+        return {index: (float(k), float(k) + 1.0, False) for k, index in enumerate(drawn)}
+    origin = min(s for s, _ in known.values())
+    known = {i: (s - origin, e - origin) for i, (s, e) in known.items()}
+    span = max(e for _, e in known.values()) or 1.0
+    # A nominal width for what has no time: visible, and short next to real work.
+    nominal = 0.5 if clock == STEPS else max(span / 200.0, 1e-3)
+
+    # Issue bound: an operation was issued before any operation issued after it started.
+    later_start = [math.inf] * (len(ops) + 1)
+    for index in range(len(ops) - 1, -1, -1):
+        own = known[index][0] if index in known else math.inf
+        later_start[index] = min(own, later_start[index + 1])
+
+    placed = {}
+    lane_end: dict = {}  # lane -> end of its last placed slice
+    host_end: dict = {}  # host thread -> when it was last free to issue
+    last_record: dict = {}  # event -> trace index of its latest record
+    issued = 0.0  # estimated host issue time of the previous operation
+    drawn_set = set(drawn)
+    for index, op in enumerate(ops):
+        upper = later_start[index]
+        issued = max(issued, host_end.get(op.thread, 0.0))
+        if upper < math.inf:
+            issued = max(issued, upper)
+        if index not in drawn_set:
+            continue
+        stream = getattr(op, "stream", None)
+        lane = ("stream", stream) if stream is not None else ("host", op.thread)
+        if index in known:
+            start, end = known[index]
+            # Slices on one track must not overlap (Perfetto nests them); event timing
+            # can be off by a little, so keep stream order.
+            start = max(start, lane_end.get(lane, start))
+            placed[index] = (start, max(end, start + _MIN_WIDTH * nominal), True)
+        elif stream is not None:  # device work with no time: after its stream's previous work
+            start = max(issued, lane_end.get(lane, 0.0))
+            placed[index] = (start, start + nominal, False)
+        else:
+            start = max(issued, lane_end.get(lane, 0.0))
+            end = start + nominal
+            if isinstance(op, _SYNC_OPS):
+                # The host returns when the awaited work is done.
+                end = max(end, _completion(op, lane_end, placed, last_record))
+            placed[index] = (start, end, False)
+            host_end[op.thread] = end
+            issued = max(issued, end)
+        if isinstance(op, T.EventRecord):
+            last_record[op.event] = index
+        lane_end[lane] = max(lane_end.get(lane, 0.0), placed[index][1])
+    return placed
+
+
+def _completion(op, lane_end: dict, placed: dict, last_record: dict) -> float:
+    if isinstance(op, T.StreamSync):
+        return lane_end.get(("stream", op.stream), 0.0)
+    if isinstance(op, T.EventSync):
+        record = last_record.get(op.event)
+        return placed[record][1] if record is not None else 0.0  # never recorded: returns at once
+    return max((end for key, end in lane_end.items() if key[0] == "stream"), default=0.0)
+
+
+def _edges(ops, slices: dict, event_names: dict) -> tuple:
+    """record -> wait and work -> host sync edges, and notes on no-op waits."""
+    edges, notes = [], []
+    last_record: dict = {}
+    last_on_stream: dict = {}
+    for index, op in enumerate(ops):
+        if isinstance(op, T.EventRecord):
+            last_record[op.event] = index
+        elif isinstance(op, T.StreamWait):
+            record = last_record.get(op.event)
+            name = event_names.get(op.event, op.event)
+            if record is None:
+                # CUDA: waiting on a never-recorded event does nothing.
+                notes.append((index, f"no-op wait: event `{name}` was never recorded"))
+            elif index in slices:
+                edges.append(Edge(record, index, "event", f"event {name}"))
+        elif isinstance(op, T.StreamSync):
+            src = last_on_stream.get(op.stream)
+            if src is not None:
+                edges.append(Edge(src, index, "sync", "sync"))
+        elif isinstance(op, T.EventSync):
+            record = last_record.get(op.event)
+            if record is not None:
+                edges.append(Edge(record, index, "sync", "sync"))
+        elif isinstance(op, T.DeviceSync):
+            for src in last_on_stream.values():
+                edges.append(Edge(src, index, "sync", "sync"))
+            last_on_stream = {}  # later device syncs only need the work issued after this one
+            continue
+        stream = getattr(op, "stream", None)
+        if stream is not None and index in slices:
+            last_on_stream[stream] = index
+    return edges, notes
+
+
+# --- Chrome Trace Event JSON ----------------------------------------------------------------
+
+def _range_text(ranges) -> list:
+    return [f"{name} bytes [{start}, {stop})" for name, start, stop in ranges]
+
+
+def _timing(model: Model, s: Slice) -> str:
+    if not s.measured or model.clock == ISSUE_ORDER:
+        return "placed by issue order (not measured)"
+    return "scheduler step" if model.clock == STEPS else "measured with CUDA events"
+
+
+def _clock_note(model: Model) -> str:
+    if model.clock == STEPS:
+        return "sim scheduler steps: 1 step = 1 µs in this file"
+    if model.clock == MICROSECONDS:
+        return "microseconds measured with CUDA events; untimed operations placed by issue order"
+    return "no times recorded: 1 µs per operation in issue order"
+
+
+def to_chrome_trace(source) -> dict:
+    """Chrome Trace Event JSON (a dict) of a run; open the written file in ui.perfetto.dev.
+    `source`: a Device, a Trace, or a mapping (see build_model)."""
+    model = source if isinstance(source, Model) else build_model(source)
+    tids = {lane.key: n + 1 for n, lane in enumerate(model.lanes)}  # tid order = track order
+    events = []
+    backend = model.backend or "trace"
+    events.append({"name": "process_name", "ph": "M", "pid": PID, "tid": 0,
+                   "args": {"name": f"streamcheck {backend} ({_clock_note(model)})"}})
+    for n, lane in enumerate(model.lanes):
+        tid = tids[lane.key]
+        events.append({"name": "thread_name", "ph": "M", "pid": PID, "tid": tid, "args": {"name": lane.label}})
+        events.append({"name": "thread_sort_index", "ph": "M", "pid": PID, "tid": tid, "args": {"sort_index": n}})
+
+    roles = model.race_roles()
+    body = []
+    for index in sorted(model.slices, key=lambda i: (model.slices[i].start, i)):
+        s = model.slices[index]
+        args = {"trace index": index, "site": str(s.site), "function": s.site.function, "file": s.site.file,
+                "lane": model.lane(s.lane).label, "time": _timing(model, s)}
+        if s.reads:
+            args["reads"] = _range_text(s.reads)
+        if s.writes:
+            args["writes"] = _range_text(s.writes)
+        event = {"name": s.name, "cat": s.category, "ph": "X", "ts": s.start, "dur": s.duration,
+                 "pid": PID, "tid": tids[s.lane], "args": args}
+        if index in roles:
+            event["name"] = RACE_PREFIX + s.name
+            event["cname"] = "terrible"  # the trace viewers' reserved red
+            event["cat"] += ",race"
+            args["race"] = True
+            args["races"] = [{"kind": loc.race.kind, "buffer": loc.race.buffer,
+                              "bytes": f"[{loc.race.start}, {loc.race.stop})", "role": role,
+                              "access": (loc.race.first if role == "first" else loc.race.second).describe(),
+                              "missing edge": loc.race.missing_edge, "fix": loc.race.hint}
+                             for loc, role in roles[index]]
+        body.append(event)
+
+    for index, text in model.notes:
+        s = model.slices.get(index)
+        if s is not None:
+            body.append({"name": text, "cat": "note", "ph": "i", "s": "t", "ts": s.start,
+                         "pid": PID, "tid": tids[s.lane], "args": {"site": str(s.site)}})
+
+    for loc in model.races:
+        consumer = model.slices.get(loc.second)
+        if consumer is None or loc.first is None:
+            continue
+        # Marks where the wait belongs: the consumer's stream, at the consumer's start.
+        body.append({"name": _missing_label(loc.race), "cat": "race", "ph": "i", "s": "t",
+                     "ts": consumer.start, "pid": PID, "tid": tids[consumer.lane], "cname": "terrible",
+                     "args": {"race": True, "kind": loc.race.kind, "buffer": loc.race.buffer,
+                              "missing edge": loc.race.missing_edge, "fix": loc.race.hint,
+                              "struck in this run": model.struck(loc)}})
+
+    for flow_id, edge in enumerate(model.edges, start=1):
+        src, dst = model.slices.get(edge.src), model.slices.get(edge.dst)
+        if src is None or dst is None:
+            continue
+        body.extend(_flow(flow_id, edge, src, dst, tids))
+
+    events.extend(sorted(body, key=lambda e: (e["ts"], _PHASE_ORDER[e["ph"]])))
+    return {
+        "traceEvents": events,
+        "otherData": {
+            "generator": "streamcheck",
+            "backend": model.backend,
+            "clock": _clock_note(model),
+            "schedule": model.schedule,
+            "races": [loc.race.format() for loc in model.races],
+        },
+    }
+
+
+# Slices first at equal timestamps, so instants and flow ends nest inside them.
+_PHASE_ORDER = {"X": 0, "i": 1, "s": 2, "f": 3}
+
+
+def _flow(flow_id: int, edge: Edge, src: Slice, dst: Slice, tids: dict) -> list:
+    """A flow arrow as an s/f pair bound to the enclosing slices.
+
+    Perfetto reads events in timestamp order and binds `s` and `f` to the slice open
+    on their track at that moment, so the `s` must come first in time. When a race
+    struck, the consumer ran *before* the producer finished: the arrow then starts
+    at the consumer (the earlier slice) and the name says which way the edge goes.
+    Both ends sit inside their slices (a quarter and three quarters in)."""
+    name = edge.label if edge.kind != "missing" else edge.label.split(":")[0]
+    cat = {"event": "event", "sync": "sync", "missing": "race"}[edge.kind]
+    first, second = src, dst
+    if not (src.start + 0.25 * src.duration < dst.start + 0.75 * dst.duration):
+        first, second = dst, src
+    common = {"name": name, "cat": cat, "id": flow_id, "pid": PID}
+    return [
+        dict(common, ph="s", ts=first.start + 0.25 * first.duration, tid=tids[first.lane]),
+        dict(common, ph="f", bp="e", ts=second.start + 0.75 * second.duration, tid=tids[second.lane]),
+    ]
+
+
+def write_chrome_trace(source, path) -> str:
+    """Write the run as Chrome Trace Event JSON to `path` (open it in ui.perfetto.dev)."""
+    data = to_chrome_trace(source)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1)
+    return str(path)
