@@ -1,0 +1,141 @@
+"""Kernels of the deferred-normalization pipeline for the `cupy` backend.
+
+Every function takes CuPy arrays (views of the first M rows of persistent buffers)
+and enqueues its work on CuPy's *current* stream, which the cupy backend sets to
+the launch's stream before calling a kernel callable; call them under
+`with stream:` when launching by hand (benchmarks).
+
+- rms / postscale: CUDA C kernels in cuda/deferred_norm.cu, compiled once per
+  process by cupy.RawModule (NVRTC) and launched with RawKernel, which uses the
+  current stream.
+- matmul: cuBLAS. fp32 and fp16 through `cupy.matmul(..., out=)`. bf16 through
+  torch (cuBLAS bf16 GEMM, fp32 accumulation): bf16 buffers are stored as 16-bit
+  bit patterns (CuPy's own bfloat16 support is new and optional in v14, through
+  ml_dtypes), so the bits are handed to torch with DLPack as int16 and viewed as
+  torch.bfloat16 - no copy - and the GEMM is issued under
+  torch.cuda.ExternalStream(current CuPy stream), i.e. on the same stream.
+
+Storage dtypes: "float32" float32, "float16" float16, "bfloat16" any 2-byte dtype
+holding bf16 bit patterns (uint16, int16, or ml_dtypes.bfloat16).
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import numpy as np
+
+_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuda", "deferred_norm.cu")
+_TAG = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+_VEC = {"float32": 4, "float16": 8, "bfloat16": 8}  # elements per 16-byte access
+_MAX_GRID_Y = 65535
+_POSTSCALE_THREADS = 256
+_RMS_MAX_THREADS = 512
+
+
+@functools.lru_cache(maxsize=None)
+def _module():
+    import cupy
+
+    with open(_SOURCE, encoding="utf-8") as f:
+        code = f.read()
+    return cupy.RawModule(code=code)
+
+
+def compile_kernels() -> None:
+    """Compile and load every kernel now (NVRTC + module load), so neither happens
+    inside a timed region or a graph capture."""
+    module = _module()
+    for dtype, tag in _TAG.items():
+        for suffix in ("", f"_v{_VEC[dtype]}"):
+            module.get_function(f"rms_{tag}{suffix}")
+            module.get_function(f"postscale_{tag}{suffix}")
+
+
+def _bits(a, dtype: str):
+    """The array the kernel sees: 16-bit types as their bit patterns."""
+    import cupy
+
+    return a if dtype == "float32" else a.view(cupy.uint16)
+
+
+def _vec(dtype: str, *arrays, counts=()) -> int:
+    """16-byte accesses when every base pointer is 16-byte aligned and every row
+    length/offset is a multiple of the vector width; else one element per access."""
+    vec = _VEC[dtype]
+    if all(a.data.ptr % 16 == 0 for a in arrays) and all(c % vec == 0 for c in counts):
+        return vec
+    return 1
+
+
+def rms(x, r, *, eps: float, dtype: str) -> None:
+    """r[m] = 1 / sqrt(mean(x[m]²) + eps): one block per row, fp32 accumulation,
+    warp-shuffle reduction."""
+    rows, d = x.shape
+    if rows == 0:
+        return
+    vec = _vec(dtype, x, counts=(d,))
+    per_row = -(-d // vec)
+    threads = min(_RMS_MAX_THREADS, max(32, -(-per_row // 32) * 32))
+    suffix = f"_v{vec}" if vec > 1 else ""
+    kernel = _module().get_function(f"rms_{_TAG[dtype]}{suffix}")
+    kernel((rows,), (threads,), (_bits(x, dtype), r, np.int32(d), np.float32(eps)))
+
+
+def postscale(y, r, *outs, columns, dtype: str) -> None:
+    """outs[i][m, :] = y[m, columns[i][0]:columns[i][1]] · r[m], rounded once."""
+    rows, y_stride = y.shape
+    y_bits = _bits(y, dtype)
+    for out, (start, stop) in zip(outs, columns):
+        n = stop - start
+        vec = _vec(dtype, y, out, counts=(y_stride, start, n))
+        suffix = f"_v{vec}" if vec > 1 else ""
+        kernel = _module().get_function(f"postscale_{_TAG[dtype]}{suffix}")
+        tiles = -(-n // (_POSTSCALE_THREADS * vec))
+        out_bits = _bits(out, dtype)
+        for first in range(0, rows, _MAX_GRID_Y):  # gridDim.y is at most 65535
+            last = min(rows, first + _MAX_GRID_Y)
+            kernel((tiles, last - first), (_POSTSCALE_THREADS,),
+                   (y_bits[first:last], r[first:last], out_bits[first:last],
+                    np.int32(n), np.int32(y_stride), np.int32(start)))
+
+
+def matmul(x, w, y, *, dtype: str) -> None:
+    """y = x · wᵀ (w is [out, in]) with cuBLAS, fp32 accumulation."""
+    if x.shape[0] == 0:
+        return
+    if dtype == "bfloat16":
+        _torch_matmul_bf16(x, w, y)
+    else:
+        import cupy
+
+        cupy.matmul(x, w.T, out=y)
+
+
+@functools.lru_cache(maxsize=None)
+def _torch_stream(ptr: int, device: int):
+    import torch
+
+    if ptr == 0:  # CuPy's null stream is the legacy default stream, torch's default stream
+        return torch.cuda.default_stream(device)
+    return torch.cuda.ExternalStream(ptr, device=torch.device("cuda", device))
+
+
+def as_torch_bf16(a):
+    """A torch.bfloat16 tensor aliasing a CuPy array of bf16 bit patterns (no copy).
+    Call it with CuPy's and torch's current streams equal: torch.from_dlpack passes
+    its current stream to CuPy's __dlpack__, which orders it after CuPy's current
+    stream with an event if they differ, an edge the checker would not see."""
+    import cupy
+    import torch
+
+    return torch.from_dlpack(a.view(cupy.int16)).view(torch.bfloat16)
+
+
+def _torch_matmul_bf16(x, w, y) -> None:
+    import cupy
+    import torch
+
+    stream = cupy.cuda.get_current_stream()
+    with torch.cuda.stream(_torch_stream(stream.ptr, cupy.cuda.Device().id)):
+        torch.matmul(as_torch_bf16(x), as_torch_bf16(w).t(), out=as_torch_bf16(y))
