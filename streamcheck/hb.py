@@ -16,6 +16,10 @@ or not it struck. CUDA's rules it models (DESIGN.md):
   streams never synchronize with it;
 - stream/event/device synchronize order the host after the awaited work;
 - nothing else is synchronization (first cuBLAS call, lazy loading, pool growth).
+
+The per-access path is the hot loop (every kernel argument of every launch), so
+accesses are kept as plain tuples and turned into `Access` records only when a
+race is reported.
 """
 from __future__ import annotations
 
@@ -106,63 +110,58 @@ def reports_to_json(races) -> str:
     return json.dumps([r.to_dict() for r in races], indent=2)
 
 
-class _Clock(dict):
-    """Vector clock: owner -> last known tick. Missing owners are 0."""
-
-    __slots__ = ()
-
-    def join(self, other: dict) -> None:
-        get = self.get
-        for owner, tick in other.items():
-            if get(owner, 0) < tick:
-                self[owner] = tick
+def _join(clock: dict, other: dict) -> None:
+    """clock := max(clock, other), componentwise. Missing owners are 0."""
+    get = clock.get
+    for owner, tick in other.items():
+        if get(owner, 0) < tick:
+            clock[owner] = tick
 
 
-@dataclass
-class _Record:
-    start: int
-    stop: int
-    write: bool
-    owner: int
-    tick: int
-    access: Access
-    free: bool = False
+# An access as the checker keeps it: a tuple, indexed by these positions. The
+# operation is kept so the report can name it; the Access is built only then.
+_START, _STOP, _WRITE, _OWNER, _TICK, _OP, _FREE = range(7)
 
 
 class _Stream:
-    __slots__ = ("id", "kind", "label", "clock", "owner", "host_seen", "legacy_seen", "captured", "noop_waits")
+    __slots__ = ("id", "kind", "label", "clock", "owner", "host_seen", "legacy_seen", "is_legacy",
+                 "joins_legacy", "captured", "waits")
 
     def __init__(self, id: int, kind: StreamKind, label: str, owner: int):
         self.id = id
         self.kind = kind
         self.label = label
         self.owner = owner
-        self.clock = _Clock()
-        self.clock[owner] = 0
-        self.host_seen = {}  # thread -> version of that thread's clock already joined
+        self.clock = {owner: 0}
+        self.host_seen = {}  # thread id -> version of that thread's clock already joined
         self.legacy_seen = -1
-        self.captured = {}  # source stream owner -> (event name, tick captured by a wait)
-        self.noop_waits = []  # events waited on before they were ever recorded
+        self.is_legacy = kind is StreamKind.LEGACY
+        self.joins_legacy = kind.joins_legacy
+        # For the report only: source owner -> (event name, its tick captured by a wait),
+        # and event id -> (event, wait site, recorded at wait time?) of the last wait on it.
+        self.captured: dict = {}
+        self.waits: dict = {}
 
 
 class _Event:
-    __slots__ = ("id", "name", "state", "stream", "destroyed")
+    __slots__ = ("id", "name", "state", "stream", "site", "destroyed")
 
     def __init__(self, id: int, name: str):
         self.id = id
         self.name = name or f"event{id}"
         self.state: Optional[dict] = None  # None: never recorded
         self.stream: Optional[_Stream] = None
+        self.site: Optional[CallSite] = None  # of the latest record
         self.destroyed = False
 
 
 class _Thread:
     __slots__ = ("id", "owner", "clock", "version")
 
-    def __init__(self, id: int):
+    def __init__(self, id: int, owner: int):
         self.id = id
-        self.owner = -1 - id  # threads own negative components, streams non-negative
-        self.clock = _Clock({self.owner: 1})
+        self.owner = owner
+        self.clock = {owner: 1}
         self.version = 0  # bumped whenever the clock changes, so streams skip redundant joins
 
 
@@ -174,7 +173,7 @@ class _Buffer:
         self.nbytes = nbytes
         self.name = name or f"buffer{id}"
         self.site = site
-        self.records: list[_Record] = []
+        self.records: list = []  # access tuples (see _START...) not yet subsumed by a later one
         self.freed_at: Optional[CallSite] = None
 
 
@@ -185,11 +184,16 @@ class Checker:
         self._streams: dict[int, _Stream] = {}
         self._events: dict[int, _Event] = {}
         self._buffers: dict[int, _Buffer] = {}
-        self._threads: dict[int, _Thread] = {0: _Thread(0)}
+        # Clock components ("owners") are numbered in creation order, streams and
+        # threads alike, so no id a trace uses can make two of them collide.
+        self._owners: list = []  # owner -> _Stream or _Thread
+        self._threads: dict[int, _Thread] = {}
+        self._new_thread(0)
         self._legacy: Optional[_Stream] = None
         self._legacy_version = 0
         self._joiners: list[_Stream] = []  # streams that synchronize with the legacy stream
         self._races: dict[tuple, Race] = {}
+        self._counts: dict[tuple, int] = {}
         self._dispatch = {
             ThreadStart: self._thread_start,
             ThreadJoin: self._thread_join,
@@ -212,12 +216,18 @@ class Checker:
     # --- public -------------------------------------------------------------------------
     @property
     def races(self) -> list[Race]:
-        return list(self._races.values())
+        counts = self._counts
+        return [race if counts[key] == 1 else replace(race, count=counts[key])
+                for key, race in self._races.items()]
 
     def feed(self, op: Op) -> None:
         handler = self._dispatch.get(type(op))
         if handler is None:
-            raise TraceError(f"unknown operation {type(op).__name__} at {op.site}")
+            raise TraceError(f"unknown operation {type(op).__name__} at {getattr(op, 'site', '?')}; "
+                             "feed only the operation records of streamcheck.trace")
+        if op.thread not in self._threads and type(op) is not ThreadStart:
+            raise TraceError(f"{type(op).__name__} at {op.site}: unknown host thread {op.thread}; "
+                             "record ThreadStart for it first")
         handler(op)
 
     def stream_label(self, stream: int) -> str:
@@ -227,13 +237,6 @@ class Checker:
         return self._buffers[buffer].name
 
     # --- lookups with clear errors ------------------------------------------------------
-    def _thread(self, op: Op) -> _Thread:
-        try:
-            return self._threads[op.thread]
-        except KeyError:
-            raise TraceError(f"{type(op).__name__} at {op.site}: unknown host thread {op.thread}; "
-                             "record ThreadStart first") from None
-
     def _stream(self, op: Op, stream: int) -> _Stream:
         try:
             return self._streams[stream]
@@ -251,36 +254,53 @@ class Checker:
                              "create a new event instead of reusing a destroyed one")
         return ev
 
-    def _buffer(self, op: Op, rng: Range) -> _Buffer:
-        buf = self._buffers.get(rng.buffer)
+    def _buffer(self, op: Op, buffer: int) -> _Buffer:
+        buf = self._buffers.get(buffer)
         if buf is None:
-            raise TraceError(f"{type(op).__name__} at {op.site}: unknown buffer {rng.buffer}; "
+            raise TraceError(f"{type(op).__name__} at {op.site}: unknown buffer {buffer}; "
                              "allocate it (Alloc) before using it")
         if buf.freed_at is not None:
             raise TraceError(f"{type(op).__name__} at {op.site}: buffer `{buf.name}` was freed at "
-                             f"{buf.freed_at}; use after free")
-        if not (0 <= rng.start <= rng.stop <= buf.nbytes):
-            raise TraceError(f"{type(op).__name__} at {op.site}: bytes [{rng.start}, {rng.stop}) are "
-                             f"outside `{buf.name}` ({buf.nbytes} bytes, allocated at {buf.site})")
+                             f"{buf.freed_at}; use after free: allocate a new buffer")
         return buf
 
+    def _check_ranges(self, op: Op, ranges) -> None:
+        """Raise unless every range lies inside a live allocation (before any state changes)."""
+        buffers = self._buffers
+        for rng in ranges:
+            buf = buffers.get(rng.buffer)
+            if buf is None or buf.freed_at is not None:
+                self._buffer(op, rng.buffer)
+            if not (0 <= rng.start <= rng.stop <= buf.nbytes):
+                raise TraceError(f"{type(op).__name__} at {op.site}: bytes [{rng.start}, {rng.stop}) are "
+                                 f"outside `{buf.name}` ({buf.nbytes} bytes, allocated at {buf.site})")
+
     # --- clocks -------------------------------------------------------------------------
+    def _new_thread(self, id: int) -> _Thread:
+        thread = _Thread(id, len(self._owners))
+        self._owners.append(thread)
+        self._threads[id] = thread
+        return thread
+
     def _issue(self, op: Op, stream: _Stream) -> int:
         """Order the next operation on `stream` after what the host and CUDA's implicit
         legacy-stream rules require; return its tick."""
-        thread = self._thread(op)
+        thread = self._threads[op.thread]
         clock = stream.clock
-        if stream.host_seen.get(thread.id) != thread.version:
-            clock.join(thread.clock)
-            stream.host_seen[thread.id] = thread.version
-        if stream.kind is StreamKind.LEGACY:
+        host_seen = stream.host_seen
+        if host_seen.get(op.thread) != thread.version:
+            _join(clock, thread.clock)
+            host_seen[op.thread] = thread.version
+        if stream.is_legacy:
             # Legacy stream: waits for all earlier work on blocking streams.
             for other in self._joiners:
-                clock.join(other.clock)
+                _join(clock, other.clock)
             self._legacy_version += 1
-        elif stream.kind.joins_legacy and self._legacy is not None:
-            if stream.legacy_seen != self._legacy_version:
-                clock.join(self._legacy.clock)
+        elif stream.joins_legacy:
+            # ... and later work on blocking streams waits for it.
+            legacy = self._legacy
+            if legacy is not None and stream.legacy_seen != self._legacy_version:
+                _join(clock, legacy.clock)
                 stream.legacy_seen = self._legacy_version
         tick = clock[stream.owner] + 1
         clock[stream.owner] = tick
@@ -293,41 +313,53 @@ class Checker:
         return tick
 
     def _host_join(self, thread: _Thread, other: dict) -> None:
-        thread.clock.join(other)
+        _join(thread.clock, other)
         thread.version += 1
 
     # --- handlers -----------------------------------------------------------------------
     def _thread_start(self, op: ThreadStart) -> None:
-        if op.thread in self._threads and op.thread != 0:
-            raise TraceError(f"ThreadStart at {op.site}: host thread {op.thread} already started")
-        child = self._threads.setdefault(op.thread, _Thread(op.thread))
+        parent = None
         if op.parent is not None:
             parent = self._threads.get(op.parent)
             if parent is None:
-                raise TraceError(f"ThreadStart at {op.site}: unknown parent thread {op.parent}")
+                raise TraceError(f"ThreadStart at {op.site}: unknown parent thread {op.parent}; "
+                                 "start the parent first")
+        child = self._threads.get(op.thread)
+        if child is None:
+            child = self._new_thread(op.thread)
+        elif op.thread != 0:  # thread 0 (the main thread) exists from the start
+            raise TraceError(f"ThreadStart at {op.site}: host thread {op.thread} already started; "
+                             "give each host thread its own id")
+        if parent is not None:
             self._host_join(child, parent.clock)
             self._host_tick(parent)
 
     def _thread_join(self, op: ThreadJoin) -> None:
-        thread = self._thread(op)
         child = self._threads.get(op.child)
         if child is None:
-            raise TraceError(f"ThreadJoin at {op.site}: unknown host thread {op.child}")
-        self._host_join(thread, child.clock)
+            raise TraceError(f"ThreadJoin at {op.site}: unknown host thread {op.child}; "
+                             "record ThreadStart for it first")
+        self._host_join(self._threads[op.thread], child.clock)
 
     def _stream_create(self, op: StreamCreate) -> None:
         if op.stream in self._streams:
-            raise TraceError(f"StreamCreate at {op.site}: stream {op.stream} already exists")
-        kind = StreamKind.parse(op.kind)
+            raise TraceError(f"StreamCreate at {op.site}: stream {op.stream} already exists; "
+                             "give each stream its own id")
+        try:
+            kind = StreamKind.parse(op.kind)
+        except ValueError as exc:
+            raise TraceError(f"StreamCreate at {op.site}: {exc}") from None
         if kind is StreamKind.LEGACY:
             if self._legacy is not None:
-                raise TraceError(f"StreamCreate at {op.site}: there is only one legacy default stream")
+                raise TraceError(f"StreamCreate at {op.site}: there is only one legacy default stream "
+                                 f"(stream {self._legacy.id}); reuse it")
             label = op.name or "legacy default stream"
         elif kind is StreamKind.PER_THREAD:
             label = op.name or f"per-thread default stream of thread {op.thread}"
         else:
             label = f"stream {op.name}" if op.name else f"stream{op.stream}"
-        stream = _Stream(op.stream, kind, label, owner=op.stream)
+        stream = _Stream(op.stream, kind, label, owner=len(self._owners))
+        self._owners.append(stream)
         self._streams[op.stream] = stream
         if kind is StreamKind.LEGACY:
             self._legacy = stream
@@ -335,8 +367,10 @@ class Checker:
             self._joiners.append(stream)
 
     def _event_create(self, op: EventCreate) -> None:
-        if op.event in self._events:
-            raise TraceError(f"EventCreate at {op.site}: event {op.event} already exists")
+        known = self._events.get(op.event)
+        if known is not None and not known.destroyed:  # a destroyed id may be handed out again
+            raise TraceError(f"EventCreate at {op.site}: event {op.event} (`{known.name}`) already exists; "
+                             "give each event its own id")
         self._events[op.event] = _Event(op.event, op.name)
 
     def _event_destroy(self, op: EventDestroy) -> None:
@@ -348,158 +382,180 @@ class Checker:
         self._issue(op, stream)
         event.state = dict(stream.clock)  # replaces any earlier record
         event.stream = stream
+        event.site = op.site
 
     def _stream_wait(self, op: StreamWait) -> None:
         event = self._event(op, op.event)
         stream = self._stream(op, op.stream)
         self._issue(op, stream)
-        if event.state is None:
-            stream.noop_waits.append(event)  # CUDA: waiting on a never-recorded event does nothing
-            return
-        stream.clock.join(event.state)
-        src = event.stream
-        captured = event.state.get(src.owner, 0)
-        if stream.captured.get(src.owner, (None, -1))[1] < captured:
-            stream.captured[src.owner] = (event.name, captured)
+        state = event.state
+        stream.waits[event.id] = (event, op.site, state is not None)
+        if state is None:
+            return  # CUDA: waiting on a never-recorded event does nothing
+        _join(stream.clock, state)
+        src = event.stream.owner
+        captured = state.get(src, 0)
+        known = stream.captured.get(src)
+        if known is None or known[1] < captured:
+            stream.captured[src] = (event.name, captured, event.site)
 
     def _stream_sync(self, op: StreamSync) -> None:
         stream = self._stream(op, op.stream)
-        self._host_join(self._thread(op), stream.clock)
+        self._host_join(self._threads[op.thread], stream.clock)
 
     def _event_sync(self, op: EventSync) -> None:
         event = self._event(op, op.event)
         if event.state is not None:  # synchronizing a never-recorded event returns at once
-            self._host_join(self._thread(op), event.state)
+            self._host_join(self._threads[op.thread], event.state)
 
     def _device_sync(self, op: DeviceSync) -> None:
-        thread = self._thread(op)
+        thread = self._threads[op.thread]
         for stream in self._streams.values():
-            thread.clock.join(stream.clock)
+            _join(thread.clock, stream.clock)
         thread.version += 1
 
     def _alloc(self, op: Alloc) -> None:
-        if op.buffer in self._buffers and self._buffers[op.buffer].freed_at is None:
-            raise TraceError(f"Alloc at {op.site}: buffer {op.buffer} already allocated")
+        known = self._buffers.get(op.buffer)
+        if known is not None and known.freed_at is None:
+            raise TraceError(f"Alloc at {op.site}: buffer {op.buffer} (`{known.name}`) already allocated "
+                             f"at {known.site}; free it first or use a new id")
         if op.nbytes < 0:
-            raise TraceError(f"Alloc at {op.site}: negative size {op.nbytes}")
+            raise TraceError(f"Alloc at {op.site}: negative size {op.nbytes} for buffer {op.buffer}")
         self._buffers[op.buffer] = _Buffer(op.buffer, op.nbytes, op.name, op.site)
 
     def _free(self, op: Free) -> None:
-        buf = self._buffer(op, Range(op.buffer, 0, 0))
-        whole = Range(op.buffer, 0, buf.nbytes)
+        buf = self._buffer(op, op.buffer)
         if op.stream is None:
-            thread = self._thread(op)
-            tick = self._host_tick(thread)
-            access = Access(f"host thread {thread.id}", "free", op.site, True)
-            self._access(buf, whole, True, thread.clock, thread.owner, tick, access, free=True)
+            actor = self._threads[op.thread]
+            clock, owner, tick = actor.clock, actor.owner, self._host_tick(actor)
         else:
-            stream = self._stream(op, op.stream)
-            tick = self._issue(op, stream)
-            access = Access(stream.label, "free", op.site, True)
-            self._access(buf, whole, True, stream.clock, stream.owner, tick, access, free=True)
+            actor = self._stream(op, op.stream)
+            clock, owner, tick = actor.clock, actor.owner, self._issue(op, actor)
+        self._access(buf, 0, buf.nbytes, True, clock, owner, tick, op, True)
         buf.freed_at = op.site
         buf.records = []
 
     def _launch(self, op) -> None:
-        stream = self._stream(op, op.stream)
-        reads = [(self._buffer(op, r), r) for r in op.reads]
-        writes = [(self._buffer(op, r), r) for r in op.writes]
+        stream = self._streams.get(op.stream)
+        if stream is None:
+            self._stream(op, op.stream)
+        reads, writes = op.reads, op.writes
+        buffers = self._buffers
+        # Validate everything before any state changes (the common case inline: hot path).
+        for ranges in (reads, writes):
+            for rng in ranges:
+                buf = buffers.get(rng.buffer)
+                if buf is None or buf.freed_at is not None or not (0 <= rng.start <= rng.stop <= buf.nbytes):
+                    self._check_ranges(op, ranges)
         tick = self._issue(op, stream)
-        name = op.name
-        for buf, rng in reads:
-            self._access(buf, rng, False, stream.clock, stream.owner, tick,
-                         Access(stream.label, name, op.site, False))
-        for buf, rng in writes:
-            self._access(buf, rng, True, stream.clock, stream.owner, tick,
-                         Access(stream.label, name, op.site, True))
+        clock, owner, access = stream.clock, stream.owner, self._access
+        for rng in reads:
+            access(buffers[rng.buffer], rng.start, rng.stop, False, clock, owner, tick, op, False)
+        for rng in writes:
+            access(buffers[rng.buffer], rng.start, rng.stop, True, clock, owner, tick, op, False)
 
     def _host_access(self, op: HostAccess) -> None:
-        thread = self._thread(op)
-        reads = [(self._buffer(op, r), r) for r in op.reads]
-        writes = [(self._buffer(op, r), r) for r in op.writes]
+        thread = self._threads[op.thread]
+        self._check_ranges(op, op.reads)
+        self._check_ranges(op, op.writes)
         tick = self._host_tick(thread)
-        actor = f"host thread {thread.id}"
-        for buf, rng in reads:
-            self._access(buf, rng, False, thread.clock, thread.owner, tick, Access(actor, op.name, op.site, False))
-        for buf, rng in writes:
-            self._access(buf, rng, True, thread.clock, thread.owner, tick, Access(actor, op.name, op.site, True))
+        clock, owner, buffers = thread.clock, thread.owner, self._buffers
+        for rng in op.reads:
+            self._access(buffers[rng.buffer], rng.start, rng.stop, False, clock, owner, tick, op, False)
+        for rng in op.writes:
+            self._access(buffers[rng.buffer], rng.start, rng.stop, True, clock, owner, tick, op, False)
 
     # --- the race check -----------------------------------------------------------------
-    def _access(self, buf: _Buffer, rng: Range, write: bool, clock: dict, owner: int, tick: int,
-                access: Access, free: bool = False) -> None:
-        start, stop = rng.start, rng.stop
-        if start == stop:
+    def _access(self, buf: _Buffer, start: int, stop: int, write: bool, clock: dict, owner: int,
+                tick: int, op: Op, free: bool) -> None:
+        if start >= stop:
             return
         get = clock.get
         keep = []
         for rec in buf.records:
-            if rec.start < stop and start < rec.stop:
-                ordered = get(rec.owner, 0) >= rec.tick
-                if not ordered and (write or rec.write):
-                    self._report(buf, rec, start, stop, write, owner, access, free)
-                # Drop what this access subsumes: an ordered earlier access to bytes it
-                # covers can only race with something that also races with this one.
-                if ordered and rec.start >= start and rec.stop <= stop and (write or not rec.write):
-                    continue
+            if rec[0] < stop and start < rec[1]:
+                if get(rec[3], 0) >= rec[4]:  # ordered before this access
+                    # Drop what this access subsumes: an ordered earlier access to bytes it
+                    # covers can only race with something that also races with this one.
+                    if (write or not rec[2]) and start <= rec[0] and rec[1] <= stop:
+                        continue
+                elif write or rec[2]:
+                    self._report(buf, rec, start, stop, write, owner, op, free)
             keep.append(rec)
-        keep.append(_Record(start, stop, write, owner, tick, access, free))
+        keep.append((start, stop, write, owner, tick, op, free))
         buf.records = keep
 
-    def _report(self, buf: _Buffer, first: _Record, start: int, stop: int, write: bool,
-                owner: int, second: Access, free: bool) -> None:
+    def _access_of(self, owner: int, op: Op, write: bool, free: bool) -> Access:
+        actor = self._owners[owner]
+        label = actor.label if isinstance(actor, _Stream) else f"host thread {actor.id}"
+        return Access(label, "free" if free else op.name, op.site, write)
+
+    def _report(self, buf: _Buffer, first: tuple, start: int, stop: int, write: bool,
+                owner: int, op: Op, free: bool) -> None:
         if free:
             kind = "FREE"
-        elif first.write and write:
+        elif first[_WRITE] and write:
             kind = "WAW"
-        elif first.write:
+        elif first[_WRITE]:
             kind = "RAW"
         else:
             kind = "WAR"
-        key = (kind, first.access.site, second.site)
-        known = self._races.get(key)
-        if known is not None:
-            self._races[key] = replace(known, count=known.count + 1)
+        key = (kind, first[_OP].site, op.site)
+        count = self._counts.get(key)
+        if count is not None:
+            self._counts[key] = count + 1
             return
-        edge, hint = self._explain(first, owner, second, kind)
-        self._races[key] = Race(kind, buf.name, buf.site, max(start, first.start), min(stop, first.stop),
-                                first.access, second, edge, hint)
+        first_access = self._access_of(first[_OWNER], first[_OP], first[_WRITE], first[_FREE])
+        second = self._access_of(owner, op, write, free)
+        edge, hint = self._explain(first, first_access, owner, second, kind)
+        self._counts[key] = 1
+        self._races[key] = Race(kind, buf.name, buf.site, max(start, first[_START]), min(stop, first[_STOP]),
+                                first_access, second, edge, hint)
 
-    def _explain(self, first: _Record, owner: int, second: Access, kind: str) -> tuple[str, str]:
+    def _explain(self, first: tuple, first_access: Access, owner: int, second: Access,
+                 kind: str) -> tuple[str, str]:
         """Say which edge is missing, in the words a CUDA programmer would use."""
-        producer = f"`{first.access.name}` ({first.access.site})"
-        if first.owner < 0:  # the earlier access was the host's
-            other = -1 - first.owner
+        producer = f"`{first_access.name}` ({first_access.site})"
+        src, dst = self._owners[first[_OWNER]], self._owners[owner]
+        if isinstance(src, _Thread):  # the earlier access was the host's
             return (
-                f"{second.actor} is not ordered after host thread {other}'s {producer}: "
-                f"the thread that issued `{second.name}` never synchronized with thread {other}",
-                "join the threads (or hand over with threading.Event) before issuing the second access",
+                f"{second.actor} is not ordered after host thread {src.id}'s {producer}: "
+                f"the thread that issued `{second.name}` never synchronized with thread {src.id}",
+                f"join the threads (or hand over with threading.Event) after {producer} and before "
+                f"`{second.name}` ({second.site})",
             )
-        src = self._streams[first.owner]
-        if owner < 0:  # the later access is the host's
+        if isinstance(dst, _Thread):  # the later access is the host's
             verb = "freed" if kind == "FREE" else ("wrote" if second.write else "read")
             return (
-                f"the host {verb} the memory at {second.site} without synchronizing with {src.label} "
-                f"after {producer}",
+                f"host thread {dst.id} {verb} the memory at {second.site} without synchronizing with "
+                f"{src.label} after {producer}",
                 f"call {src.label}.synchronize() (or synchronize an event recorded after "
-                f"`{first.access.name}`) before `{second.name}`",
+                f"`{first_access.name}`) before `{second.name}` ({second.site})",
             )
-        dst = self._streams[owner]
-        hint = (f"record an event on {src.label} after `{first.access.name}` and make {dst.label} wait "
+        hint = (f"record an event on {src.label} after `{first_access.name}` and make {dst.label} wait "
                 f"on it (stream.wait_event) before `{second.name}` ({second.site})")
-        for event in dst.noop_waits:
-            if event.stream is src and event.state.get(src.owner, 0) >= first.tick:
-                return (f"{dst.label} waited on event `{event.name}` before it was recorded on {src.label} "
-                        f"after {producer}; a wait on a never-recorded event is a no-op",
+        tick = first[_TICK]
+        for event, wait_site, was_recorded in dst.waits.values():
+            # The event now covers the producer, but the wait came before that record.
+            if event.stream is src and event.state.get(src.owner, 0) >= tick:
+                if not was_recorded:
+                    return (f"{dst.label} waited on event `{event.name}` at {wait_site} before it was ever "
+                            f"recorded (it was recorded on {src.label} after {producer} only later); "
+                            "a wait on a never-recorded event is a no-op",
+                            f"issue the wait after the record: {hint}")
+                return (f"{dst.label} waited on event `{event.name}` at {wait_site}, before it was "
+                        f"re-recorded on {src.label} after {producer}; a wait sees only the state the "
+                        "event had at the wait call",
                         f"issue the wait after the record: {hint}")
         captured = dst.captured.get(src.owner)
         if captured is not None:
-            name, tick = captured
-            return (f"{dst.label} waited on event `{name}`, but it was recorded on {src.label} before "
-                    f"{producer} was issued; a wait only covers work recorded at that time",
-                    f"record the event after `{first.access.name}`: {hint}")
+            name, _, record_site = captured
+            return (f"{dst.label} waited on event `{name}`, but it was recorded on {src.label} (at "
+                    f"{record_site}) before {producer} was issued; a wait only covers work recorded at "
+                    "that time",
+                    f"record the event after `{first_access.name}`: {hint}")
         edge = f"{dst.label} never waited for an event recorded on {src.label} after {producer}"
-        legacy = {StreamKind.LEGACY}
-        if {src.kind, dst.kind} & legacy and StreamKind.NON_BLOCKING in {src.kind, dst.kind}:
+        if StreamKind.LEGACY in (src.kind, dst.kind) and StreamKind.NON_BLOCKING in (src.kind, dst.kind):
             edge += " (a non-blocking stream never synchronizes with the legacy default stream)"
         return edge, hint
 

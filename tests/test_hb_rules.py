@@ -1,0 +1,631 @@
+"""The happens-before checker against each CUDA rule of DESIGN.md, one racy pattern and
+its safe twin per rule, built directly from trace records (no device API).
+
+Every case states the race kinds it must report (empty: the twin is safe). A rule the
+checker forgot shows up as a missed race; a rule it over-applies shows up as a false
+alarm on the safe twin.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from streamcheck.hb import Checker, Race, check, format_report, reports_to_json
+from streamcheck.trace import (Alloc, CallSite, Copy, CopyKind, DeviceSync, EventCreate, EventRecord, EventSync,
+                               Free, HostAccess, ImplicitSync, Launch, Range, StreamCreate, StreamKind, StreamSync,
+                               StreamWait, ThreadJoin, ThreadStart, Trace)
+
+NBYTES = 64
+
+
+class Prog:
+    """Builds a trace by name: streams, events and buffers are referred to by their names.
+    An operation's call site is the line of this file that asked for it, as the device
+    API records it, so a loop repeats its call sites."""
+
+    def __init__(self):
+        self.ops: list = []
+        self.ids: dict = {}
+
+    def _id(self, name: str) -> int:
+        return self.ids.setdefault(name, len(self.ids) + 1)
+
+    def _add(self, cls, thread: int = 0, **fields) -> CallSite:
+        frame = sys._getframe(2)  # the builder line, above the Prog method
+        site = CallSite(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+        self.ops.append(cls(thread, site, **fields))
+        return site
+
+    def _range(self, spec) -> Range:
+        name, start, stop = (spec, 0, NBYTES) if isinstance(spec, str) else spec
+        return Range(self._id(name), start, stop)
+
+    # objects
+    def stream(self, name: str, kind: str = "non_blocking") -> CallSite:
+        return self._add(StreamCreate, stream=self._id(name), kind=StreamKind.parse(kind), name=name)
+
+    def legacy(self) -> CallSite:
+        return self._add(StreamCreate, stream=self._id("legacy"), kind=StreamKind.LEGACY)
+
+    def event(self, name: str) -> CallSite:
+        return self._add(EventCreate, event=self._id(name), name=name)
+
+    def alloc(self, name: str, nbytes: int = NBYTES) -> CallSite:
+        return self._add(Alloc, buffer=self._id(name), nbytes=nbytes, name=name)
+
+    # work
+    def launch(self, stream: str, kernel: str, reads=(), writes=(), thread: int = 0) -> CallSite:
+        return self._add(Launch, thread, stream=self._id(stream), name=kernel,
+                         reads=tuple(map(self._range, reads)), writes=tuple(map(self._range, writes)))
+
+    def copy(self, stream: str, kind: CopyKind, src=None, dst=None) -> CallSite:
+        return self._add(Copy, stream=self._id(stream), kind=kind,
+                         src=self._range(src) if src else None, dst=self._range(dst) if dst else None)
+
+    def host(self, reads=(), writes=(), thread: int = 0, name: str = "host access") -> CallSite:
+        return self._add(HostAccess, thread, reads=tuple(map(self._range, reads)),
+                         writes=tuple(map(self._range, writes)), name=name)
+
+    def free(self, buffer: str, stream=None, thread: int = 0) -> CallSite:
+        return self._add(Free, thread, buffer=self._id(buffer), stream=self._id(stream) if stream else None)
+
+    # synchronization
+    def record(self, event: str, stream: str) -> CallSite:
+        return self._add(EventRecord, event=self._id(event), stream=self._id(stream))
+
+    def wait(self, stream: str, event: str) -> CallSite:
+        return self._add(StreamWait, stream=self._id(stream), event=self._id(event))
+
+    def sync(self, stream: str, thread: int = 0) -> CallSite:
+        return self._add(StreamSync, thread, stream=self._id(stream))
+
+    def event_sync(self, event: str) -> CallSite:
+        return self._add(EventSync, event=self._id(event))
+
+    def device_sync(self) -> CallSite:
+        return self._add(DeviceSync)
+
+    def implicit(self, reason: str) -> CallSite:
+        return self._add(ImplicitSync, reason=reason)
+
+    def thread_start(self, thread: int, parent=None) -> CallSite:
+        return self._add(ThreadStart, thread, parent=parent)
+
+    def thread_join(self, child: int, thread: int = 0) -> CallSite:
+        return self._add(ThreadJoin, thread, child=child)
+
+    def races(self) -> list[Race]:
+        return check(Trace(list(self.ops)))
+
+
+def two_streams(kind_a="non_blocking", kind_b="non_blocking", buffers=("x",)) -> Prog:
+    p = Prog()
+    p.stream("A", kind_a)
+    p.stream("B", kind_b)
+    for name in buffers:
+        p.alloc(name)
+    return p
+
+
+# --- the cases ----------------------------------------------------------------------------
+# Each builder returns the program; CASES pairs it with the kinds it must report.
+
+def same_stream_in_order():
+    p = two_streams()
+    p.launch("A", "produce", writes=["x"])
+    p.launch("A", "consume", reads=["x"])
+    p.launch("A", "overwrite", writes=["x"])
+    return p
+
+
+def two_streams_no_edge():
+    p = two_streams()
+    p.launch("A", "produce", writes=["x"])
+    p.launch("B", "consume", reads=["x"])
+    return p
+
+
+def record_then_wait():
+    p = two_streams()
+    p.event("done")
+    p.launch("A", "produce", writes=["x"])
+    p.record("done", "A")
+    p.wait("B", "done")
+    p.launch("B", "consume", reads=["x"])
+    return p
+
+
+def wait_on_never_recorded_event():
+    p = two_streams()
+    p.event("done")
+    p.launch("A", "produce", writes=["x"])
+    p.wait("B", "done")  # no-op: `done` has never been recorded
+    p.record("done", "A")
+    p.launch("B", "consume", reads=["x"])
+    return p
+
+
+def wait_then_rerecord():
+    p = two_streams()
+    p.event("done")
+    p.record("done", "A")
+    p.launch("A", "produce", writes=["x"])
+    p.wait("B", "done")  # sees the first record, before `produce`
+    p.record("done", "A")  # too late for the wait above
+    p.launch("B", "consume", reads=["x"])
+    return p
+
+
+def rerecord_then_wait():
+    p = two_streams()
+    p.event("done")
+    p.record("done", "A")
+    p.launch("A", "produce", writes=["x"])
+    p.record("done", "A")  # replaces the first record
+    p.wait("B", "done")
+    p.launch("B", "consume", reads=["x"])
+    return p
+
+
+def record_before_producer():
+    p = two_streams()
+    p.event("done")
+    p.record("done", "A")
+    p.launch("A", "produce", writes=["x"])
+    p.wait("B", "done")
+    p.launch("B", "consume", reads=["x"])
+    return p
+
+
+def legacy_program(other_kind: str, legacy_first: bool):
+    """One access on the legacy stream, one on stream S, no events."""
+    p = Prog()
+    p.legacy()
+    p.stream("S", other_kind)
+    p.alloc("x")
+    if legacy_first:
+        p.launch("legacy", "produce", writes=["x"])
+        p.launch("S", "consume", reads=["x"])
+    else:
+        p.launch("S", "produce", writes=["x"])
+        p.launch("legacy", "consume", reads=["x"])
+    return p
+
+
+def blocking_streams_without_legacy():
+    # Blocking streams synchronize with the legacy stream only, not with each other.
+    return two_streams("blocking", "blocking")
+
+
+def blocking_streams_no_edge():
+    p = blocking_streams_without_legacy()
+    p.launch("A", "produce", writes=["x"])
+    p.launch("B", "consume", reads=["x"])
+    return p
+
+
+def blocking_streams_joined_through_legacy():
+    p = blocking_streams_without_legacy()
+    p.legacy()
+    p.alloc("y")
+    p.launch("A", "produce", writes=["x"])
+    p.launch("legacy", "unrelated", writes=["y"])  # waits for `produce`; later B work waits for it
+    p.launch("B", "consume", reads=["x"])
+    return p
+
+
+def per_thread_and_blocking_no_legacy():
+    p = two_streams("per_thread", "blocking")
+    p.launch("A", "produce", writes=["x"])
+    p.launch("B", "consume", reads=["x"])
+    return p
+
+
+def host_sync(kind: str):
+    p = two_streams()
+    p.event("done")
+    p.launch("A", "produce", writes=["x"])
+    p.record("done", "A")
+    if kind == "stream":
+        p.sync("A")
+    elif kind == "event":
+        p.event_sync("done")
+    elif kind == "device":
+        p.device_sync()
+    elif kind == "other stream":
+        p.sync("B")
+    p.host(reads=["x"], name="read result")
+    return p
+
+
+def sync_then_issue(kind: str):
+    # The host issues later work only after the sync returns, so that work is ordered too.
+    p = two_streams(buffers=("x", "y"))
+    p.event("done")
+    p.launch("B", "unrelated", writes=["y"])  # B has seen the host before the sync
+    p.launch("A", "produce", writes=["x"])
+    p.record("done", "A")
+    if kind == "stream":
+        p.sync("A")
+    elif kind == "event":
+        p.event_sync("done")
+    elif kind == "device":
+        p.device_sync()
+    p.launch("B", "consume", reads=["x"])
+    return p
+
+
+def event_sync_recorded_too_early():
+    p = two_streams()
+    p.event("done")
+    p.record("done", "A")
+    p.launch("A", "produce", writes=["x"])
+    p.event_sync("done")
+    p.host(reads=["x"])
+    return p
+
+
+def host_write_then_launch():
+    # Work issued after a host access executes after it: issue order is an edge.
+    p = two_streams()
+    p.host(writes=["x"], name="fill on host")
+    p.launch("A", "consume", reads=["x"])
+    return p
+
+
+def host_overwrites_while_stream_reads():
+    p = two_streams()
+    p.launch("A", "consume", reads=["x"])
+    p.host(writes=["x"], name="refill on host")
+    return p
+
+
+def copy_program(kind: CopyKind, waited: bool):
+    p = two_streams(buffers=("x", "y"))
+    p.event("copied")
+    if kind is CopyKind.H2D:  # host -> x on A, then B reads x
+        p.copy("A", kind, dst="x")
+    elif kind is CopyKind.D2H:  # A reads x into host memory, then B overwrites x
+        p.copy("A", kind, src="x")
+    else:  # A copies x -> y, then B reads y
+        p.copy("A", kind, src="x", dst="y")
+    p.record("copied", "A")
+    if waited:
+        p.wait("B", "copied")
+    if kind is CopyKind.H2D:
+        p.launch("B", "consume", reads=["x"])
+    elif kind is CopyKind.D2H:
+        p.launch("B", "overwrite", writes=["x"])
+    else:
+        p.launch("B", "consume", reads=["y"])
+    return p
+
+
+def byte_ranges(a_range: tuple, b_range: tuple):
+    p = two_streams()
+    p.launch("A", "fill first part", writes=[("x", *a_range)])
+    p.launch("B", "fill second part", writes=[("x", *b_range)])
+    return p
+
+
+def free_program(how: str):
+    p = two_streams()
+    p.event("done")
+    p.launch("A", "produce", writes=["x"])
+    if how == "host, no sync":
+        p.free("x")
+    elif how == "host, after sync":
+        p.sync("A")
+        p.free("x")
+    elif how == "on other stream, no wait":
+        p.free("x", stream="B")
+    elif how == "on other stream, after wait":
+        p.record("done", "A")
+        p.wait("B", "done")
+        p.free("x", stream="B")
+    elif how == "on same stream":
+        p.free("x", stream="A")
+    return p
+
+
+def thread_start(parent):
+    p = two_streams()
+    p.launch("A", "produce", writes=["x"])
+    p.sync("A")
+    p.thread_start(1, parent=parent)  # after the sync: a child inherits what its parent knows
+    p.host(reads=["x"], thread=1, name="worker reads")
+    return p
+
+
+def thread_join(joined: bool):
+    p = two_streams()
+    p.thread_start(1, parent=0)
+    p.host(writes=["x"], thread=1, name="worker fills")
+    if joined:
+        p.thread_join(1)
+    p.launch("A", "consume", reads=["x"])
+    return p
+
+
+def stream_of_other_thread(synced_by: int):
+    # A stream sync orders only the thread that called it.
+    p = two_streams()
+    p.thread_start(1, parent=0)
+    p.launch("A", "produce", writes=["x"])
+    p.sync("A", thread=synced_by)
+    p.host(reads=["x"], thread=1, name="worker reads")
+    return p
+
+
+def concurrent_reads():
+    p = two_streams()
+    p.stream("C")
+    p.host(writes=["x"], name="fill")
+    p.launch("A", "read a", reads=["x"])
+    p.launch("B", "read b", reads=["x"])
+    p.launch("C", "read c", reads=["x"])
+    p.host(reads=["x"], name="host read")
+    return p
+
+
+def event_chain(complete: bool):
+    p = two_streams()
+    p.stream("C")
+    p.alloc("t")
+    p.event("e1")
+    p.event("e2")
+    p.launch("A", "produce", writes=["x"])
+    p.record("e1", "A")
+    if complete:
+        p.wait("B", "e1")
+    p.launch("B", "middle", writes=["t"])
+    p.record("e2", "B")
+    p.wait("C", "e2")
+    p.launch("C", "consume", reads=["x", "t"])
+    return p
+
+
+def implicit_sync(reason: str, host_reader: bool):
+    p = two_streams()
+    p.launch("A", "produce", writes=["x"])
+    p.implicit(reason)
+    if host_reader:
+        p.host(reads=["x"])
+    else:
+        p.launch("B", "consume", reads=["x"])
+    return p
+
+
+IMPLICIT_REASONS = ["first cuBLAS call", "lazy kernel loading", "memory-pool growth (cudaMalloc)",
+                    "synchronous copy from pageable memory"]
+
+CASES = [
+    # Operations on one stream execute in issue order.
+    pytest.param(same_stream_in_order, [], id="stream-order-safe"),
+    pytest.param(two_streams_no_edge, ["RAW"], id="stream-order-two-streams-racy"),
+    # record(event, stream) captures the work so far; wait_event orders later work after it.
+    pytest.param(record_then_wait, [], id="record-wait-safe"),
+    pytest.param(wait_on_never_recorded_event, ["RAW"], id="wait-never-recorded-is-noop-racy"),
+    pytest.param(wait_then_rerecord, ["RAW"], id="wait-sees-state-at-wait-call-racy"),
+    pytest.param(rerecord_then_wait, [], id="rerecord-before-wait-safe"),
+    pytest.param(record_before_producer, ["RAW"], id="record-before-producer-racy"),
+    # Legacy default stream and blocking / per-thread / non-blocking streams.
+    pytest.param(lambda: legacy_program("blocking", True), [], id="legacy-then-blocking-safe"),
+    pytest.param(lambda: legacy_program("blocking", False), [], id="blocking-then-legacy-safe"),
+    pytest.param(lambda: legacy_program("non_blocking", True), ["RAW"], id="legacy-then-nonblocking-racy"),
+    pytest.param(lambda: legacy_program("non_blocking", False), ["RAW"], id="nonblocking-then-legacy-racy"),
+    pytest.param(lambda: legacy_program("per_thread", True), [], id="legacy-then-per-thread-safe"),
+    pytest.param(lambda: legacy_program("per_thread", False), [], id="per-thread-then-legacy-safe"),
+    pytest.param(blocking_streams_no_edge, ["RAW"], id="two-blocking-streams-racy"),
+    pytest.param(per_thread_and_blocking_no_legacy, ["RAW"], id="per-thread-and-blocking-racy"),
+    pytest.param(blocking_streams_joined_through_legacy, [], id="blocking-joined-through-legacy-safe"),
+    # Host synchronization.
+    pytest.param(lambda: host_sync("none"), ["RAW"], id="host-read-without-sync-racy"),
+    pytest.param(lambda: host_sync("stream"), [], id="stream-sync-safe"),
+    pytest.param(lambda: host_sync("event"), [], id="event-sync-safe"),
+    pytest.param(lambda: host_sync("device"), [], id="device-sync-safe"),
+    pytest.param(lambda: host_sync("other stream"), ["RAW"], id="sync-of-other-stream-racy"),
+    pytest.param(lambda: sync_then_issue("none"), ["RAW"], id="issue-without-host-sync-racy"),
+    pytest.param(lambda: sync_then_issue("stream"), [], id="stream-sync-orders-later-issue-safe"),
+    pytest.param(lambda: sync_then_issue("event"), [], id="event-sync-orders-later-issue-safe"),
+    pytest.param(lambda: sync_then_issue("device"), [], id="device-sync-orders-later-issue-safe"),
+    pytest.param(event_sync_recorded_too_early, ["RAW"], id="event-sync-recorded-too-early-racy"),
+    pytest.param(host_write_then_launch, [], id="host-write-then-launch-safe"),
+    pytest.param(host_overwrites_while_stream_reads, ["WAR"], id="host-overwrite-during-read-racy"),
+    # Async copies are accesses on their stream.
+    pytest.param(lambda: copy_program(CopyKind.H2D, False), ["RAW"], id="copy-H2D-racy"),
+    pytest.param(lambda: copy_program(CopyKind.H2D, True), [], id="copy-H2D-safe"),
+    pytest.param(lambda: copy_program(CopyKind.D2H, False), ["WAR"], id="copy-D2H-racy"),
+    pytest.param(lambda: copy_program(CopyKind.D2H, True), [], id="copy-D2H-safe"),
+    pytest.param(lambda: copy_program(CopyKind.D2D, False), ["RAW"], id="copy-D2D-racy"),
+    pytest.param(lambda: copy_program(CopyKind.D2D, True), [], id="copy-D2D-safe"),
+    # Byte ranges: only overlapping bytes conflict.
+    pytest.param(lambda: byte_ranges((0, 32), (32, 64)), [], id="disjoint-halves-safe"),
+    pytest.param(lambda: byte_ranges((0, 40), (24, 64)), ["WAW"], id="overlapping-ranges-racy"),
+    pytest.param(lambda: byte_ranges((16, 17), (0, 64)), ["WAW"], id="one-byte-inside-racy"),
+    # Freeing memory still in use on another stream is a race.
+    pytest.param(lambda: free_program("host, no sync"), ["FREE"], id="host-free-without-sync-racy"),
+    pytest.param(lambda: free_program("host, after sync"), [], id="host-free-after-sync-safe"),
+    pytest.param(lambda: free_program("on other stream, no wait"), ["FREE"], id="stream-free-racy"),
+    pytest.param(lambda: free_program("on other stream, after wait"), [], id="stream-free-after-wait-safe"),
+    pytest.param(lambda: free_program("on same stream"), [], id="stream-free-same-stream-safe"),
+    # Host threads: each has its own clock.
+    pytest.param(lambda: thread_start(None), ["RAW"], id="thread-without-parent-racy"),
+    pytest.param(lambda: thread_start(0), [], id="thread-with-parent-safe"),
+    pytest.param(lambda: thread_join(False), ["RAW"], id="thread-not-joined-racy"),
+    pytest.param(lambda: thread_join(True), [], id="thread-joined-safe"),
+    pytest.param(lambda: stream_of_other_thread(0), ["RAW"], id="sync-by-other-thread-racy"),
+    pytest.param(lambda: stream_of_other_thread(1), [], id="sync-by-same-thread-safe"),
+    # Concurrent reads never race.
+    pytest.param(concurrent_reads, [], id="concurrent-reads-safe"),
+    # Event chains are transitive: A -> B -> C.
+    pytest.param(lambda: event_chain(True), [], id="event-chain-A-B-C-safe"),
+    pytest.param(lambda: event_chain(False), ["RAW"], id="event-chain-broken-racy"),
+    # Things that behave like a sync but are not one.
+    *[pytest.param(lambda r=r: implicit_sync(r, False), ["RAW"], id=f"implicit-{r.split()[0]}-stream-racy")
+      for r in IMPLICIT_REASONS],
+    *[pytest.param(lambda r=r: implicit_sync(r, True), ["RAW"], id=f"implicit-{r.split()[0]}-host-racy")
+      for r in IMPLICIT_REASONS],
+]
+
+
+@pytest.mark.parametrize("build, kinds", CASES)
+def test_cuda_rule(build, kinds):
+    p = build()
+    races = p.races()
+    assert sorted(r.kind for r in races) == sorted(kinds), format_report(races)
+
+
+# A device synchronize orders the host after all device work, but not after another host
+# thread's own accesses: that case needs a join, tested above.
+DEVICE_SYNC_FIXES = [c for c in CASES if c.values[1] and c.id != "thread-not-joined-racy"]
+
+
+@pytest.mark.parametrize("build", [c.values[0] for c in DEVICE_SYNC_FIXES], ids=[c.id for c in DEVICE_SYNC_FIXES])
+def test_racy_pattern_becomes_safe_with_device_sync_before_last_op(build):
+    """In every racy case the race is with the last operation, and a device synchronize by
+    the thread that issues it (a stronger edge than any event) removes it."""
+    p = build()
+    last = p.ops.pop()
+    p._add(DeviceSync, last.thread)
+    p.ops.append(last)
+    assert p.races() == [], format_report(p.races())
+
+
+# --- report content ---------------------------------------------------------------------------
+
+def flashnorm_bug(steps: int = 1) -> tuple[Prog, dict]:
+    """The talk's bug: post-scale on B reads the matmul output without waiting for A."""
+    p = Prog()
+    sites = {"A": p.stream("A"), "B": p.stream("B"), "out": p.alloc("out", 4096), "rms": p.alloc("rms", 8),
+             "y": p.alloc("y", 4096)}
+    p.event("rms done")
+    p.event("post done")
+    for _ in range(steps):
+        p.wait("A", "post done")  # the WAR edge: the next matmul waits for the last post-scale
+        sites["matmul"] = p.launch("A", "matmul", writes=[("out", 0, 4096)])
+        sites["rms kernel"] = p.launch("B", "rms", writes=[("rms", 0, 8)])
+        p.record("rms done", "B")
+        p.wait("B", "rms done")
+        sites["post_scale"] = p.launch("B", "post_scale", reads=[("out", 0, 4096), ("rms", 0, 8)],
+                                       writes=[("y", 0, 4096)])
+        p.record("post done", "B")
+    return p, sites
+
+
+def test_report_names_everything_a_user_needs():
+    p, sites = flashnorm_bug()
+    [race] = p.races()
+    assert race.kind == "RAW"
+    assert (race.buffer, race.buffer_site, race.start, race.stop) == ("out", sites["out"], 0, 4096)
+    assert (race.first.actor, race.first.name, race.first.site, race.first.write) == (
+        "stream A", "matmul", sites["matmul"], True)
+    assert (race.second.actor, race.second.name, race.second.site, race.second.write) == (
+        "stream B", "post_scale", sites["post_scale"], False)
+    assert race.missing_edge == (
+        f"stream B never waited for an event recorded on stream A after `matmul` ({sites['matmul']})")
+    assert "record an event on stream A after `matmul`" in race.hint
+    assert "stream B wait on it" in race.hint and str(sites["post_scale"]) in race.hint
+    text = format_report([race])
+    for piece in ("RAW race on `out` bytes [0, 4096)", f"allocated at {sites['out']}",
+                  f"stream A: `matmul` writes at {sites['matmul']}",
+                  f"stream B: `post_scale` reads at {sites['post_scale']}", race.missing_edge, race.hint):
+        assert piece in text
+
+
+def test_report_range_is_the_overlap():
+    [race] = byte_ranges((0, 40), (24, 64)).races()
+    assert (race.start, race.stop) == (24, 40)
+    assert race.first.name == "fill first part" and race.second.name == "fill second part"
+
+
+def test_wait_before_record_has_its_own_wording():
+    p = wait_on_never_recorded_event()
+    [race] = p.races()
+    wait_site = p.ops[5].site
+    assert isinstance(p.ops[5], StreamWait)
+    assert race.missing_edge.startswith(f"stream B waited on event `done` at {wait_site} before it was ever recorded")
+    assert "a wait on a never-recorded event is a no-op" in race.missing_edge
+    assert race.hint.startswith("issue the wait after the record")
+
+
+def test_wait_before_rerecord_has_its_own_wording():
+    [race] = wait_then_rerecord().races()
+    assert "before it was re-recorded on stream A after `produce`" in race.missing_edge
+    assert "the state the event had at the wait call" in race.missing_edge
+    assert race.hint.startswith("issue the wait after the record")
+
+
+def test_record_too_early_has_its_own_wording():
+    p = record_before_producer()
+    [race] = p.races()
+    record_site = p.ops[4].site
+    assert isinstance(p.ops[4], EventRecord)
+    assert race.missing_edge.startswith(
+        f"stream B waited on event `done`, but it was recorded on stream A (at {record_site}) before `produce`")
+    assert race.hint.startswith("record the event after `produce`")
+
+
+def test_non_blocking_with_legacy_says_why():
+    [race] = legacy_program("non_blocking", False).races()
+    assert race.first.actor == "stream S" and race.second.actor == "legacy default stream"
+    assert "a non-blocking stream never synchronizes with the legacy default stream" in race.missing_edge
+
+
+def test_host_read_without_sync_says_synchronize():
+    [race] = host_sync("none").races()
+    assert race.second.actor == "host thread 0" and race.second.name == "read result"
+    assert "without synchronizing with stream A after `produce`" in race.missing_edge
+    assert race.hint.startswith("call stream A.synchronize()")
+
+
+def test_free_race_names_the_free():
+    [race] = free_program("on other stream, no wait").races()
+    assert race.kind == "FREE"
+    assert (race.second.actor, race.second.name, race.second.write) == ("stream B", "free", True)
+    assert (race.start, race.stop) == (0, NBYTES)
+
+
+def test_race_with_other_host_thread_names_the_thread():
+    [race] = thread_join(False).races()
+    assert race.first.actor == "host thread 1" and race.first.name == "worker fills"
+    assert "never synchronized with thread 1" in race.missing_edge
+
+
+def test_repeated_race_is_one_report_with_a_count():
+    p, _ = flashnorm_bug(steps=5)
+    races = p.races()
+    assert len(races) == 1, format_report(races)
+    assert races[0].count == 5
+    assert "(seen 5x)" in format_report(races)
+
+
+def test_races_seen_so_far_are_readable_while_feeding():
+    p, _ = flashnorm_bug(steps=3)
+    checker = Checker()
+    counts = []
+    for op in p.ops:
+        checker.feed(op)
+        counts.append(sum(r.count for r in checker.races))
+    assert counts[-1] == 3
+    assert counts == sorted(counts)  # reports only accumulate
+
+
+def test_json_round_trips():
+    p, sites = flashnorm_bug(steps=2)
+    races = p.races() + free_program("host, no sync").races()
+    data = json.loads(reports_to_json(races))
+    assert data == [r.to_dict() for r in races]
+    first = data[0]
+    assert first["kind"] == "RAW" and first["buffer"] == "out" and first["count"] == 2
+    assert first["first"] == {"actor": "stream A", "name": "matmul", "site": str(sites["matmul"]), "write": True}
+    assert first["second"]["site"] == str(sites["post_scale"])
+    assert first["missing_edge"] == races[0].missing_edge
+    assert data[1]["kind"] == "FREE"
+
+
+def test_no_races_report():
+    assert format_report(record_then_wait().races()) == "streamcheck: no races found"
+    assert json.loads(reports_to_json([])) == []
