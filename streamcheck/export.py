@@ -75,6 +75,7 @@ class Edge:
     dst: int
     kind: str  # "event" (record -> wait), "sync" (work -> host sync), "missing"
     label: str
+    race: Optional[Race] = None  # for "missing": the race that lacks it
 
 
 @dataclass(frozen=True)
@@ -194,6 +195,14 @@ def _op_name(op) -> str:
     return getattr(op, "name", type(op).__name__)
 
 
+def _lane_of(op) -> tuple:
+    """Where an operation is drawn: its stream, or its host thread (syncs block the host)."""
+    stream = getattr(op, "stream", None)
+    if stream is None or isinstance(op, _HOST_OPS):
+        return ("host", op.thread)
+    return ("stream", stream)
+
+
 def _actor(op, stream_labels: dict) -> Optional[str]:
     stream = getattr(op, "stream", None)
     if stream is None:  # host access or host-side free
@@ -289,8 +298,7 @@ def build_model(source) -> Model:
     out: dict = {}
     for index, (start, end, measured) in slices.items():
         op = ops[index]
-        stream = getattr(op, "stream", None)
-        lane = ("stream", stream) if stream is not None else ("host", op.thread)
+        lane = _lane_of(op)
         name, category = _describe(op, event_names, stream_names)
         reads = _ranges(getattr(op, "reads", ()), buffer_names)
         writes = _ranges(getattr(op, "writes", ()), buffer_names)
@@ -302,7 +310,7 @@ def build_model(source) -> Model:
     located = tuple(_locate(ops, race, second_at, stream_labels, buffer_ids) for race in races)
     for loc in located:
         if loc.first is not None and loc.second is not None:
-            edges.append(Edge(loc.first, loc.second, "missing", _missing_label(loc.race)))
+            edges.append(Edge(loc.first, loc.second, "missing", _missing_label(loc.race), loc.race))
 
     used = {s.lane for s in out.values()}
     hosts = sorted(k for k in used if k[0] == "host")
@@ -358,15 +366,14 @@ def _place(ops, drawn: list, op_times: Mapping, clock: str) -> dict:
             issued = max(issued, upper)
         if index not in drawn_set:
             continue
-        stream = getattr(op, "stream", None)
-        lane = ("stream", stream) if stream is not None else ("host", op.thread)
+        lane = _lane_of(op)
         if index in known:
             start, end = known[index]
             # Slices on one track must not overlap (Perfetto nests them); event timing
             # can be off by a little, so keep stream order.
             start = max(start, lane_end.get(lane, start))
             placed[index] = (start, max(end, start + _MIN_WIDTH * nominal), True)
-        elif stream is not None:  # device work with no time: after its stream's previous work
+        elif lane[0] == "stream":  # device work with no time: after its stream's previous work
             start = max(issued, lane_end.get(lane, 0.0))
             placed[index] = (start, start + nominal, False)
         else:
@@ -422,9 +429,9 @@ def _edges(ops, slices: dict, event_names: dict) -> tuple:
                 edges.append(Edge(src, index, "sync", "sync"))
             last_on_stream = {}  # later device syncs only need the work issued after this one
             continue
-        stream = getattr(op, "stream", None)
-        if stream is not None and index in slices:
-            last_on_stream[stream] = index
+        lane = _lane_of(op)
+        if lane[0] == "stream" and index in slices:
+            last_on_stream[lane[1]] = index
     return edges, notes
 
 

@@ -1,0 +1,247 @@
+"""A PNG timeline of a recorded run, readable at a glance.
+
+One lane per host thread and per stream; a box per operation labelled with its
+kernel name; the racing pair in red with the buffer it races on; record -> wait
+edges as arrows; and a dashed red arrow from the producer's end to the consumer's
+start: the wait the program is missing. Drawn from the same model as the Perfetto
+export (export.build_model), so both show the same times.
+
+matplotlib is imported here, lazily, and drawn with the Agg canvas directly: no
+pyplot, so the caller's interactive backend is left alone.
+"""
+from __future__ import annotations
+
+import textwrap
+from typing import Optional
+
+from .export import ISSUE_ORDER, MICROSECONDS, STEPS, Model, Slice, build_model
+
+# Colours: quiet for ordinary work so the race stands out.
+_FACE = {"kernel": "#a6cee3", "copy": "#b2df8a", "record": "#d9d9d9", "wait": "#d9d9d9",
+         "free": "#cab2d6", "sync": "#fdbf6f", "host": "#e0e0e0"}
+_RACE = "#d7191c"
+_EDGE = "#4d4d4d"
+_SMALL = ("record", "wait")  # drawn as short boxes: they order work, they do no work
+_LABEL_IN = 2.3  # inches left of the plot for lane names
+_BOX_IN = 1.1  # inches per box (sim step), so an 8-point kernel name fits inside
+_MAX_IN = 22.0
+_MAX_BOXES = (_MAX_IN - _LABEL_IN - 0.3) / _BOX_IN  # wider runs zoom to the first race
+
+
+def render_timeline(source, path, title: Optional[str] = None, *, window=None, dpi: int = 120) -> dict:
+    """Draw `source` (a Device, a Trace, or a mapping as export.build_model takes) to a PNG
+    at `path`. `window`: (start, end) on the run's clock; by default the whole run, or
+    the first race's neighbourhood when the run is long. Returns what was drawn:
+    lanes, boxes, highlighted (racing) operations, arrows and missing-edge arrows."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+        from matplotlib.patches import FancyArrowPatch, Rectangle
+    except ImportError:  # pragma: no cover - depends on the environment
+        raise ImportError("render_timeline needs matplotlib: pip install 'streamcheck[plot]'") from None
+
+    model = source if isinstance(source, Model) else build_model(source)
+    x0, x1 = _window(model, window)
+    shown = {i: s for i, s in model.slices.items() if s.end > x0 and s.start < x1}
+    lanes = [lane for lane in model.lanes if any(s.lane == lane.key for s in shown.values())] or list(model.lanes)
+    row = {lane.key: len(lanes) - 1 - n for n, lane in enumerate(lanes)}  # first lane on top
+
+    label_in = _LABEL_IN
+    width = min(max(8.0, label_in + 0.3 + _BOX_IN * (x1 - x0) * _units_per_box(model)), _MAX_IN)
+    footer_lines = _footer(model, int(width * 72 * 0.97 / (0.6 * 8)))
+    height = 1.5 + 0.8 * len(lanes) + 0.22 * len(footer_lines)
+    fig = Figure(figsize=(width, height), dpi=dpi)
+    FigureCanvasAgg(fig)
+    bottom = (0.55 + 0.22 * len(footer_lines)) / height
+    fig.subplots_adjust(left=label_in / width, right=1 - 0.3 / width, top=1 - 0.85 / height, bottom=bottom)
+    ax = fig.add_subplot(1, 1, 1)
+    ax.set_xlim(x0, x1)
+    ax.set_ylim(-0.6, len(lanes) - 0.4)
+    ax.set_yticks([row[lane.key] for lane in lanes])
+    ax.set_yticklabels([lane.label for lane in lanes], fontsize=9)
+    ax.set_xlabel(_axis_label(model), fontsize=9)
+    ax.tick_params(axis="x", labelsize=8)
+    for y in range(len(lanes)):
+        ax.axhline(y, color="#eeeeee", zorder=0, linewidth=8)
+    for spine in ("top", "right", "left"):
+        ax.spines[spine].set_visible(False)
+    px_per_unit = (width * (1 - (label_in + 0.3) / width)) * dpi / max(x1 - x0, 1e-9)
+
+    roles = model.race_roles()
+    summary = {"path": str(path), "lanes": [lane.label for lane in lanes], "boxes": [], "highlighted": [],
+               "arrows": [], "missing": [], "window": (x0, x1)}
+
+    for index in sorted(shown):
+        s = shown[index]
+        if s.lane not in row:
+            continue
+        y = row[s.lane]
+        small = s.category in _SMALL
+        h = _height(s)
+        racing = roles.get(index, [])
+        face = _RACE if racing else _FACE.get(s.category, "#e0e0e0")
+        ax.add_patch(Rectangle((s.start, y - h / 2), s.duration, h, facecolor=face, edgecolor=_EDGE,
+                               linewidth=1.4 if racing else 0.6, hatch="//" if s.category == "sync" else None,
+                               zorder=2))
+        label = _box_label(s, racing)
+        lines = label.split("\n")
+        size = 7 if small or len(lines) > 2 else 8
+        fits = len(max(lines, key=len)) * 0.6 * size * dpi / 72 <= s.duration * px_per_unit
+        if racing:
+            if fits:
+                ax.text(s.start + s.duration / 2, y, label, ha="center", va="center", fontsize=size,
+                        color="white", fontweight="bold", zorder=4)
+            else:
+                ax.text(s.start + s.duration / 2, y + h / 2 + 0.04, label.replace("\n", " "), ha="center",
+                        va="bottom", fontsize=8, color=_RACE, fontweight="bold", zorder=4)
+            for located, role in racing:
+                summary["highlighted"].append({"index": index, "lane": _label(model, s.lane), "name": s.name,
+                                               "role": role, "kind": located.race.kind,
+                                               "buffer": located.race.buffer, "label": label})
+        elif small or not fits:
+            # Under the box, when it is not much wider than the box.
+            if len(label) * 0.6 * 7 * dpi / 72 <= 1.6 * s.duration * px_per_unit:
+                ax.text(s.start + s.duration / 2, y - h / 2 - 0.04, label, ha="center", va="top", fontsize=7,
+                        color="#333333", zorder=4)
+        else:
+            box = {"boxstyle": "square,pad=0.1", "facecolor": face, "edgecolor": "none"} if s.category == "sync" else None
+            ax.text(s.start + s.duration / 2, y, label, ha="center", va="center", fontsize=8, zorder=4, bbox=box)
+        summary["boxes"].append({"index": index, "lane": _label(model, s.lane), "name": s.name,
+                                 "start": s.start, "end": s.end, "race": bool(racing)})
+
+    labelled, buffers = {}, {}
+    for edge in model.edges:
+        src, dst = shown.get(edge.src), shown.get(edge.dst)
+        if src is None or dst is None or src.lane not in row or dst.lane not in row:
+            continue
+        if edge.kind == "missing":
+            # From the producer's end to the consumer's start, leaving and entering the
+            # boxes on the facing edges so the arrow never hides on a red box.
+            ys, yd = row[src.lane], row[dst.lane]
+            toward = -1 if ys > yd else 1
+            start = (src.end, ys + toward * _height(src) / 2)
+            end = (dst.start, yd - toward * _height(dst) / 2)
+            ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=18, color=_RACE,
+                                         linestyle=(0, (4, 3)), linewidth=2.0, zorder=5, shrinkA=0, shrinkB=4))
+            # Where the wait belongs: right before the consumer starts.
+            ax.plot([dst.start, dst.start], [yd - 0.42, yd + 0.42], color=_RACE, linewidth=3, zorder=5,
+                    solid_capstyle="butt")
+            # Missing edges from one producer into one lane share a label: "missing wait (Y, x)".
+            group = (edge.src, dst.lane)
+            if group not in labelled:
+                labelled[group] = ax.text(
+                    start[0] + 0.5 * (end[0] - start[0]), start[1] + 0.5 * (end[1] - start[1]), "", ha="center",
+                    va="center", fontsize=9, color=_RACE, fontweight="bold", zorder=6,
+                    bbox={"boxstyle": "round,pad=0.25", "facecolor": "white", "edgecolor": _RACE, "linewidth": 1})
+                buffers[group] = []
+            buffers[group].append(edge.race.buffer if edge.race else "")
+            names = ", ".join(b for b in dict.fromkeys(buffers[group]) if b)
+            words = edge.label.split(":")[0]
+            labelled[group].set_text(f"{words} ({names})" if names else words)
+            summary["missing"].append({"from": (_label(model, src.lane), src.end),
+                                       "to": (_label(model, dst.lane), dst.start), "label": edge.label})
+        elif edge.kind == "event":
+            # Sync edges (work -> host synchronize) stay in the Perfetto export: here they
+            # would cross every lane and bury the race.
+            start, end = (src.end, row[src.lane]), (dst.start, row[dst.lane])
+            ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=13, color=_EDGE,
+                                         linewidth=1.3, zorder=3, shrinkA=0, shrinkB=2))
+            summary["arrows"].append({"kind": edge.kind, "label": edge.label,
+                                      "from": (_label(model, src.lane), start[0]),
+                                      "to": (_label(model, dst.lane), end[0])})
+
+    summary["title"] = title if title is not None else _title(model)
+    fig.suptitle(summary["title"], fontsize=11, fontweight="bold", x=0.5, y=1 - 0.12 / height, va="top")
+    for n, line in enumerate(footer_lines):
+        fig.text(0.01, (0.1 + 0.22 * (len(footer_lines) - 1 - n)) / height, line, fontsize=8,
+                 color=_RACE if n == 0 and model.races else "#333333", family="monospace")
+    fig.savefig(path, dpi=dpi)
+    summary["size"] = (int(round(width * dpi)), int(round(height * dpi)))
+    return summary
+
+
+def _height(s: Slice) -> float:
+    return 0.28 if s.category in _SMALL else 0.62
+
+
+def _label(model: Model, key: tuple) -> str:
+    return model.lane(key).label
+
+
+def _units_per_box(model: Model) -> float:
+    """Scale for the figure width: sim steps and issue-order units are one box each."""
+    if model.clock in (STEPS, ISSUE_ORDER):
+        return 1.0
+    durations = sorted(s.duration for s in model.slices.values() if s.measured) or [1.0]
+    return 1.0 / max(durations[len(durations) // 2], 1e-9)
+
+
+def _window(model: Model, window) -> tuple:
+    if window is not None:
+        start, end = float(window[0]), float(window[1])
+        if not end > start:
+            raise ValueError(f"render_timeline: window must be (start, end) with end > start, got {window!r}")
+        return start, end
+    per_box = _units_per_box(model)
+    pad = 0.15 / per_box
+    starts = [s.start for s in model.slices.values()] or [0.0]
+    ends = [s.end for s in model.slices.values()] or [1.0]
+    lo, hi = min(starts), max(ends)
+    fit = _MAX_BOXES / per_box  # the longest stretch whose labels still fit
+    pair = [model.slices[i] for i in (model.races[0].first, model.races[0].second)
+            if i in model.slices] if model.races else []
+    if hi - lo <= fit or not pair:
+        return lo - pad, hi + pad
+    # A long run: zoom to the first race, filling the rest with its neighbourhood.
+    a, b = min(s.start for s in pair), max(s.end for s in pair)
+    room = max(fit - (b - a), 0.0)
+    a, b = a - room / 2, b + room / 2
+    if a < lo:
+        a, b = lo, min(hi, b + (lo - a))
+    if b > hi:
+        a, b = max(lo, a - (b - hi)), hi
+    return a - pad, b + pad
+
+
+def _box_label(s: Slice, racing) -> str:
+    if not racing:
+        return s.name
+    parts = []
+    for located, role in racing:
+        access = located.race.first if role == "first" else located.race.second
+        parts.append(f"{'writes' if access.write else 'reads'} {located.race.buffer}")
+    return "\n".join([s.name] + list(dict.fromkeys(parts)))
+
+
+def _axis_label(model: Model) -> str:
+    if model.clock == STEPS:
+        return "sim scheduler step (1 step = 1 µs in the Perfetto export)"
+    if model.clock == MICROSECONDS:
+        return "time (µs, measured with CUDA events; hollow spots: placed by issue order)"
+    return "operations in issue order (no times recorded)"
+
+
+def _title(model: Model) -> str:
+    if not model.races:
+        streams = sum(1 for lane in model.lanes if lane.key[0] == "stream")
+        return f"no races: {len(model.slices)} operations on {streams} stream{'s' if streams != 1 else ''}"
+    located = model.races[0]
+    race = located.race
+    verb = "writes" if race.second.write else "reads"
+    struck = model.struck(located)
+    if struck:
+        how = f"before `{race.first.name}` ({race.first.actor}) finished"
+    else:
+        how = f"unordered after `{race.first.name}` ({race.first.actor}); it did not strike in this run"
+    more = f"  (+{len(model.races) - 1} more)" if len(model.races) > 1 else ""
+    return (f"{race.kind} race on `{race.buffer}`{more}\n"
+            f"`{race.second.name}` ({race.second.actor}) {verb} {race.buffer} {how}")
+
+
+def _footer(model: Model, chars: int) -> list:
+    if not model.races:
+        return []
+    race = model.races[0].race
+    lines = textwrap.wrap(f"missing edge: {race.missing_edge}", chars)
+    lines += textwrap.wrap(f"fix: {race.hint}", chars)
+    return lines
