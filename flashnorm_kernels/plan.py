@@ -3,8 +3,10 @@
     caller ──fork_a──► A: Y = x·W*ᵀ ──join_mm──┐
            └─fork_b──► B: r = 1/RMS(x) ─join_rms─┴─► post-scale: out = Y·r ──join_back──► caller
 
-plus `war`: step t+1's matmul waits until step t's post-scale has read Y (the
-output buffer is persistent, as inference engines preallocate it).
+plus `war`: step t+1's matmul (stream A) and RMS (stream B) wait until step t's
+post-scale has read Y and r (those buffers are persistent, as inference engines
+preallocate them). The caller's own ordering (join_back, then next step's forks)
+covers the same hazard; `war` is what keeps it closed when the caller does not wait.
 
 Each edge is an event recorded on the source stream and waited on by the target.
 A plan names the edges present, the stream that runs the post-scale, and the
