@@ -1,1 +1,4 @@
 """FlashNorm kernels: weight folding, dual-stream deferred normalization, pre-norm cancellation."""
+from .fold import AlreadyFoldedError, FlashNormError, UnsupportedArchitectureError, flashify
+from .checkpoint import CheckpointPathError, flashify_checkpoint
+from .cancel import NotCancellableError, cancellable_projections

@@ -1,0 +1,258 @@
+"""flashify_checkpoint and the `flashnorm flashify` CLI: atomic output, untouched source, refusals."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+import transformers  # noqa: E402
+from safetensors import safe_open  # noqa: E402
+
+from flashnorm_kernels.checkpoint import CheckpointPathError, flashify_checkpoint  # noqa: E402
+from flashnorm_kernels.cli import main  # noqa: E402
+from flashnorm_kernels.fold import AlreadyFoldedError, UnsupportedArchitectureError  # noqa: E402
+
+TOKENIZER_JSON = '{"version": "1.0", "model": {"type": "WordLevel"}}\n'
+GENERATION_CONFIG = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "max_new_tokens": 17}
+
+
+def _save_tiny_llama(path: Path, dtype=torch.float32, tie: bool = True) -> transformers.PreTrainedModel:
+    """A tiny Llama checkpoint (tied embeddings, random gains) with tokenizer and generation files."""
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=128, pad_token_id=0, bos_token_id=1, eos_token_id=2, tie_word_embeddings=tie,
+    )
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+    with torch.no_grad():
+        for module in model.modules():
+            if type(module).__name__.endswith("RMSNorm"):
+                module.weight.uniform_(0.5, 1.5)
+    model.save_pretrained(path)
+    (path / "tokenizer.json").write_text(TOKENIZER_JSON)
+    (path / "tokenizer_config.json").write_text('{"model_max_length": 64}\n')
+    (path / "generation_config.json").write_text(json.dumps(GENERATION_CONFIG, indent=1) + "\n")
+    return model
+
+
+def _tree_hash(path: Path) -> dict[str, tuple[str, int]]:
+    return {
+        str(p.relative_to(path)): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
+        for p in sorted(path.rglob("*"))
+        if p.is_file()
+    }
+
+
+@pytest.fixture
+def src(tmp_path) -> Path:
+    _save_tiny_llama(tmp_path / "src")
+    return tmp_path / "src"
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(ids).logits
+
+
+def test_folded_checkpoint_is_complete_and_the_source_untouched(tmp_path):
+    original = _save_tiny_llama(tmp_path / "src")
+    before = _tree_hash(tmp_path / "src")
+
+    dst = flashify_checkpoint(tmp_path / "src", tmp_path / "out" / ".." / "dst")
+
+    assert dst == (tmp_path / "dst").resolve()
+    assert _tree_hash(tmp_path / "src") == before
+    assert sorted(os.listdir(tmp_path)) == ["dst", "src"]  # no temporary directory left behind
+    assert (dst / "tokenizer.json").read_text() == TOKENIZER_JSON
+    assert (dst / "tokenizer_config.json").read_bytes() == (tmp_path / "src" / "tokenizer_config.json").read_bytes()
+    assert json.loads((dst / "generation_config.json").read_text()) == GENERATION_CONFIG
+    config = json.loads((dst / "config.json").read_text())
+    assert config["flashnorm"]["folded"] is True and config["flashnorm"]["untied_lm_head"] is True
+    assert config["tie_word_embeddings"] is False
+    with safe_open(dst / "model.safetensors", "pt") as f:
+        keys = set(f.keys())
+        assert torch.all(f.get_tensor("model.norm.weight") == 1)
+        assert torch.equal(f.get_tensor("model.embed_tokens.weight"), original.model.embed_tokens.weight)
+    assert "lm_head.weight" in keys  # the folded head is its own tensor now
+
+    folded = transformers.AutoModelForCausalLM.from_pretrained(dst).eval()
+    ids = torch.randint(3, 120, (2, 10), generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(_logits(folded, ids), _logits(original, ids), rtol=1e-5, atol=1e-5)
+
+
+def test_checkpoint_dtype_is_kept(tmp_path):
+    _save_tiny_llama(tmp_path / "src", dtype=torch.bfloat16)
+    dst = flashify_checkpoint(tmp_path / "src", tmp_path / "dst")
+    with safe_open(dst / "model.safetensors", "pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
+    assert json.loads((dst / "config.json").read_text())["dtype"] == "bfloat16"
+
+
+def test_existing_destination_is_refused(src, tmp_path):
+    (tmp_path / "dst").mkdir()  # even an empty one: rename would silently replace it
+    with pytest.raises(CheckpointPathError, match="already exists"):
+        flashify_checkpoint(src, tmp_path / "dst")
+    assert os.listdir(tmp_path / "dst") == []
+
+
+def test_destination_equal_to_source_is_refused(src):
+    before = _tree_hash(src)
+    with pytest.raises(CheckpointPathError, match="is the source"):
+        flashify_checkpoint(src, src)
+    assert _tree_hash(src) == before
+
+
+@pytest.mark.parametrize("via_symlink", [False, True])
+def test_destination_inside_source_is_refused(src, tmp_path, via_symlink):
+    before = _tree_hash(src)
+    if via_symlink:
+        (tmp_path / "link").symlink_to(src)
+        dst = tmp_path / "link" / "folded"
+    else:
+        dst = src / "folded"
+    with pytest.raises(CheckpointPathError, match="inside the source"):
+        flashify_checkpoint(src, dst)
+    assert _tree_hash(src) == before and not (src / "folded").exists()
+
+
+def test_missing_destination_parent_is_refused(src, tmp_path):
+    with pytest.raises(CheckpointPathError, match="does not exist; create it first"):
+        flashify_checkpoint(src, tmp_path / "no" / "such" / "dst")
+
+
+def test_source_that_is_not_a_checkpoint_is_refused(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointPathError, match="config.json not found"):
+        flashify_checkpoint(tmp_path / "empty", tmp_path / "dst")
+
+
+def test_already_folded_checkpoint_is_refused(src, tmp_path):
+    flashify_checkpoint(src, tmp_path / "once")
+    with pytest.raises(AlreadyFoldedError, match="already folded"):
+        flashify_checkpoint(tmp_path / "once", tmp_path / "twice")
+    assert not (tmp_path / "twice").exists()
+
+
+def test_unsupported_checkpoint_is_refused_before_loading(tmp_path, monkeypatch):
+    config = transformers.GPT2Config(n_embd=32, n_layer=1, n_head=4, vocab_size=128, n_positions=32)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "gpt2")
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("weights were loaded for an unsupported model type")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_load)
+    with pytest.raises(UnsupportedArchitectureError, match="'gpt2'.*llama"):
+        flashify_checkpoint(tmp_path / "gpt2", tmp_path / "dst")
+    assert not (tmp_path / "dst").exists()
+
+
+def _fail_mid_save(self, save_directory, *args, **kwargs):
+    Path(save_directory, "model.safetensors").write_bytes(b"partial")
+    raise OSError("disk full (injected)")
+
+
+def _fail_copy(*args, **kwargs):
+    raise OSError("I/O error (injected)")
+
+
+def _fail_rename(*args, **kwargs):
+    raise OSError("rename failed (injected)")
+
+
+@pytest.mark.parametrize(
+    "target, name, failure",
+    [
+        (transformers.PreTrainedModel, "save_pretrained", _fail_mid_save),
+        (shutil, "copy2", _fail_copy),
+        (os, "rename", _fail_rename),
+    ],
+    ids=["save", "copy-extras", "rename"],
+)
+def test_failure_mid_write_leaves_no_destination(src, tmp_path, monkeypatch, target, name, failure):
+    before = _tree_hash(src)
+    monkeypatch.setattr(target, name, failure)
+    with pytest.raises(OSError, match="injected"):
+        flashify_checkpoint(src, tmp_path / "dst")
+    monkeypatch.undo()
+    assert sorted(os.listdir(tmp_path)) == ["src"]  # neither dst nor the temporary directory
+    assert _tree_hash(src) == before
+
+
+def test_destination_appearing_during_the_fold_is_not_overwritten(src, tmp_path, monkeypatch):
+    real_save = transformers.PreTrainedModel.save_pretrained
+
+    def save_then_race(self, save_directory, *args, **kwargs):
+        real_save(self, save_directory, *args, **kwargs)
+        (tmp_path / "dst").mkdir()  # another process wins the race
+
+    monkeypatch.setattr(transformers.PreTrainedModel, "save_pretrained", save_then_race)
+    with pytest.raises(CheckpointPathError, match="appeared while folding"):
+        flashify_checkpoint(src, tmp_path / "dst")
+    assert os.listdir(tmp_path / "dst") == []
+    assert sorted(os.listdir(tmp_path)) == ["dst", "src"]
+
+
+# -------------------------------------------------------------------------------------- CLI
+
+
+def test_cli_main_folds_and_returns_zero(src, tmp_path, capsys):
+    assert main(["flashify", str(src), str(tmp_path / "dst")]) == 0
+    assert "wrote folded checkpoint" in capsys.readouterr().out
+    assert json.loads((tmp_path / "dst" / "config.json").read_text())["flashnorm"]["folded"] is True
+
+
+@pytest.mark.parametrize(
+    "make_args, message",
+    [
+        (lambda src, tmp: [str(src), str(src / "inside")], "inside the source"),
+        (lambda src, tmp: [str(tmp / "nowhere"), str(tmp / "dst")], "is not a directory"),
+        (lambda src, tmp: [str(src), str(src.parent)], "already exists"),
+    ],
+    ids=["dst-inside-src", "missing-src", "dst-exists"],
+)
+def test_cli_errors_go_to_stderr_with_exit_code_2(src, tmp_path, capsys, make_args, message):
+    assert main(["flashify", *make_args(src, tmp_path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("flashnorm flashify: error:") and message in captured.err
+
+
+def test_cli_usage_errors_exit_2(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["flashify", "only-one-arg"])
+    assert info.value.code == 2
+    assert main([]) == 2  # no command: help on stderr
+    assert "flashify" in capsys.readouterr().err
+
+
+def _console_script() -> list[str]:
+    script = Path(sys.executable).with_name("flashnorm")
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-m", "flashnorm_kernels.cli"]  # not installed: same main()
+
+
+def test_console_script_help_and_fold(src, tmp_path):
+    help_run = subprocess.run([*_console_script(), "--help"], capture_output=True, text=True, timeout=120)
+    assert help_run.returncode == 0 and "flashify" in help_run.stdout
+
+    run = subprocess.run(
+        [*_console_script(), "flashify", str(src), str(tmp_path / "dst")], capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / "dst" / "model.safetensors").is_file()
+
+    again = subprocess.run(
+        [*_console_script(), "flashify", str(src), str(tmp_path / "dst")], capture_output=True, text=True, timeout=300
+    )
+    assert again.returncode == 2
+    assert "already exists" in again.stderr
