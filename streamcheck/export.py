@@ -353,6 +353,20 @@ def _place(ops, drawn: list, op_times: Mapping, clock: str) -> dict:
         own = known[index][0] if index in known else math.inf
         later_start[index] = min(own, later_start[index + 1])
 
+    # For untimed stream work: the start of the next timed work on its stream, and how
+    # many untimed operations (itself included) come before that.
+    room: dict = {}
+    ahead: dict = {}  # lane -> (next timed start, untimed count), scanning backwards
+    for index in reversed(drawn):
+        lane = _lane_of(ops[index])
+        if lane[0] != "stream":
+            continue
+        if index in known:
+            ahead[lane] = (known[index][0], 0)
+        else:
+            high, waiting = ahead.get(lane, (math.inf, 0))
+            ahead[lane] = room[index] = (high, waiting + 1)
+
     placed = {}
     lane_end: dict = {}  # lane -> end of its last placed slice
     host_end: dict = {}  # host thread -> when it was last free to issue
@@ -373,9 +387,16 @@ def _place(ops, drawn: list, op_times: Mapping, clock: str) -> dict:
             # can be off by a little, so keep stream order.
             start = max(start, lane_end.get(lane, start))
             placed[index] = (start, max(end, start + _MIN_WIDTH * nominal), True)
-        elif lane[0] == "stream":  # device work with no time: after its stream's previous work
-            start = max(issued, lane_end.get(lane, 0.0))
-            placed[index] = (start, start + nominal, False)
+        elif lane[0] == "stream":
+            # Device work with no time: after its stream's previous work and before the
+            # stream's next timed work (stream order), sharing the gap if it is short.
+            low = lane_end.get(lane, 0.0)
+            high, waiting = room[index]
+            width = nominal if high == math.inf else min(nominal, (high - low) / waiting)
+            if width <= 0:
+                width = _MIN_WIDTH * nominal  # measured work leaves no gap: overlap a little
+            start = max(low, min(max(issued, low), high - width * waiting))
+            placed[index] = (start, start + width, False)
         else:
             start = max(issued, lane_end.get(lane, 0.0))
             end = start + nominal

@@ -1,0 +1,340 @@
+"""Chrome Trace Event export: valid for Perfetto, and it shows the race and the missing wait."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from streamcheck import trace as T
+from streamcheck.device import Device
+from streamcheck.export import RACE_PREFIX, build_model, to_chrome_trace, write_chrome_trace
+
+
+# --- a Trace Event validator (the format's rules, and what Perfetto needs to bind flows) ------
+
+PHASES = {"X", "B", "E", "i", "I", "s", "t", "f", "M", "C"}
+NAME_METADATA = {"process_name", "thread_name"}
+
+
+def trace_event_errors(data) -> list:
+    """Every way `data` breaks the Trace Event format as Perfetto reads it; [] when valid."""
+    errors = []
+    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
+        return ["top level must be an object with a traceEvents list"]
+    try:
+        json.loads(json.dumps(data, allow_nan=False))
+    except ValueError as exc:
+        errors.append(f"not plain JSON: {exc}")
+    events = data["traceEvents"]
+    for n, e in enumerate(events):
+        where = f"event {n} ({e.get('name')!r}, ph={e.get('ph')!r})"
+        for key in ("name", "ph", "pid", "tid"):
+            if key not in e:
+                errors.append(f"{where}: missing {key}")
+        if e.get("ph") not in PHASES:
+            errors.append(f"{where}: unknown phase")
+            continue
+        if not isinstance(e.get("name"), str) or not isinstance(e.get("pid"), int) or not isinstance(e.get("tid"), int):
+            errors.append(f"{where}: name must be a string, pid and tid integers")
+        if e["ph"] == "M":
+            if e.get("name") in NAME_METADATA and not (isinstance(e.get("args"), dict) and e["args"].get("name")):
+                errors.append(f"{where}: name metadata needs args.name")
+            continue
+        if not isinstance(e.get("ts"), (int, float)) or e["ts"] < 0:
+            errors.append(f"{where}: ts must be a non-negative number")
+        if e["ph"] == "X" and not (isinstance(e.get("dur"), (int, float)) and e["dur"] >= 0):
+            errors.append(f"{where}: X needs a non-negative dur")
+        if e["ph"] in ("s", "t", "f") and ("id" not in e or "cat" not in e):
+            errors.append(f"{where}: flow events need id and cat")
+        if e["ph"] == "i" and e.get("s", "t") not in ("t", "p", "g"):
+            errors.append(f"{where}: instant scope must be t, p or g")
+        if "args" in e and not isinstance(e["args"], dict):
+            errors.append(f"{where}: args must be an object")
+
+    # Complete events on one thread must nest (Perfetto lays out the rest on overflow tracks).
+    by_tid: dict = {}
+    for e in events:
+        if e.get("ph") == "X" and isinstance(e.get("ts"), (int, float)) and isinstance(e.get("dur"), (int, float)):
+            by_tid.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"], e["name"]))
+    for key, spans in by_tid.items():
+        spans.sort()
+        for (a0, a1, an), (b0, b1, bn) in zip(spans, spans[1:]):
+            if b0 < a1 and b1 > a1:
+                errors.append(f"tid {key[1]}: {an!r} [{a0}, {a1}) and {bn!r} [{b0}, {b1}) overlap without nesting")
+
+    # Flows: one start and one end per (cat, name, id), start first in time, each inside a
+    # slice of its thread (Perfetto binds both to the enclosing slice).
+    flows: dict = {}
+    for e in events:
+        if e.get("ph") in ("s", "f"):
+            flows.setdefault((e.get("cat"), e["name"], e.get("id")), {}).setdefault(e["ph"], []).append(e)
+    for key, ends in flows.items():
+        if len(ends.get("s", [])) != 1 or len(ends.get("f", [])) != 1:
+            errors.append(f"flow {key}: needs exactly one s and one f")
+            continue
+        s, f = ends["s"][0], ends["f"][0]
+        if f.get("bp") != "e":
+            errors.append(f"flow {key}: f must bind to the enclosing slice (bp=e)")
+        if not s["ts"] < f["ts"]:
+            errors.append(f"flow {key}: s at {s['ts']} must come before f at {f['ts']}")
+        for end in (s, f):
+            if enclosing(events, end) is None:
+                errors.append(f"flow {key}: {end['ph']} at {end['ts']} is inside no slice of tid {end['tid']}")
+    return errors
+
+
+def enclosing(events, point):
+    """The innermost complete event on `point`'s thread that contains its timestamp."""
+    best = None
+    for e in events:
+        if e.get("ph") == "X" and e["tid"] == point["tid"] and e["pid"] == point["pid"]:
+            if "ts" not in e or "dur" not in e:
+                continue
+            if e["ts"] <= point["ts"] < e["ts"] + e["dur"] and (best is None or e["dur"] < best["dur"]):
+                best = e
+    return best
+
+
+def test_validator_rejects_what_perfetto_cannot_read():
+    good = {"traceEvents": [
+        {"name": "thread_name", "ph": "M", "pid": 1, "tid": 1, "args": {"name": "stream A"}},
+        {"name": "k", "ph": "X", "ts": 0, "dur": 2, "pid": 1, "tid": 1},
+        {"name": "k2", "ph": "X", "ts": 5, "dur": 2, "pid": 1, "tid": 2},
+        {"name": "e", "cat": "event", "ph": "s", "id": 1, "ts": 1, "pid": 1, "tid": 1},
+        {"name": "e", "cat": "event", "ph": "f", "bp": "e", "id": 1, "ts": 6, "pid": 1, "tid": 2},
+    ]}
+    assert trace_event_errors(good) == []
+
+    def broken(n, **change):
+        data = json.loads(json.dumps(good))
+        data["traceEvents"][n].update(change)
+        for key in [k for k, v in change.items() if v is None]:
+            del data["traceEvents"][n][key]
+        return trace_event_errors(data)
+
+    assert any("missing ts" in e or "ts must" in e for e in broken(1, ts=None))
+    assert any("dur" in e for e in broken(1, dur=None))
+    assert any("args.name" in e for e in broken(0, args={}))
+    assert any("id and cat" in e for e in broken(3, id=None))
+    assert any("before" in e for e in broken(3, ts=6.5, tid=2))
+    assert any("inside no slice" in e for e in broken(4, ts=9))
+    assert any("overlap" in e for e in broken(2, tid=1, ts=1))
+
+
+# --- the implicit-join pattern (DESIGN.md) ---------------------------------------------------
+
+def matmul(x, w, y):
+    y[...] = x @ w.T
+
+
+def rms(x, r):
+    r[...] = 1.0 / np.sqrt((x * x).mean(axis=-1, keepdims=True))
+
+
+def postscale(y, r, out):
+    out[...] = y * r
+
+
+def implicit_join(post="C", steps=4, join=False):
+    """matmul on A writes Y; rms on B; post-scale waits on B only and reads Y (the bug),
+    or on both (`join=True`, the fix). Stream A runs late by `steps` host calls."""
+    dev = Device("sim", policy="delay", streams=["A"], steps=steps)
+    x = dev.alloc((1, 8), name="x", fill=1.0)
+    w = dev.alloc((8, 8), name="W", fill=0.5)
+    y = dev.alloc((1, 8), name="Y", fill=0.0)
+    r = dev.alloc((1, 1), name="r", fill=0.0)
+    out = dev.alloc((1, 8), name="out", fill=0.0)
+    a, b = dev.stream("A"), dev.stream("B")
+    c = dev.legacy if post == "legacy" else dev.stream("C")
+    dev.launch(matmul, (x, w, y), stream=a, reads=[x, w], writes=[y])
+    dev.launch(rms, (x, r), stream=b, reads=[x], writes=[r])
+    c.wait_event(b.record(dev.event("rms_done")))
+    if join:
+        c.wait_event(a.record(dev.event("mm_done")))
+    dev.launch(postscale, (y, r, out), stream=c, reads=[y, r], writes=[out])
+    dev.synchronize()
+    value = dev.host_read(out)
+    return dev, value
+
+
+def named(events, name, ph="X"):
+    return [e for e in events if e["ph"] == ph and e["name"] == name]
+
+
+def thread_names(events) -> dict:
+    return {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+
+
+@pytest.mark.parametrize("post", ["C", "legacy"])
+def test_implicit_join_export_is_valid_and_shows_the_race(post):
+    dev, _ = implicit_join(post)
+    race = dev.races[0]
+    data = to_chrome_trace(dev)
+    events = data["traceEvents"]
+    assert trace_event_errors(data) == []
+
+    lanes = thread_names(events)
+    consumer_lane = "stream C (non_blocking)" if post == "C" else "legacy default stream"
+    assert {"host thread 0", "stream A (non_blocking)", "stream B (non_blocking)", consumer_lane} <= set(lanes.values())
+
+    # The racing pair: prefixed, red, on their streams, with call sites and byte ranges.
+    (producer,) = named(events, RACE_PREFIX + "matmul")
+    (consumer,) = named(events, RACE_PREFIX + "postscale")
+    assert lanes[producer["tid"]] == "stream A (non_blocking)"
+    assert lanes[consumer["tid"]] == consumer_lane
+    for event, role, access in ((producer, "first", race.first), (consumer, "second", race.second)):
+        assert event["cname"] == "terrible" and event["args"]["race"] is True
+        assert event["args"]["site"] == str(access.site)
+        (info,) = event["args"]["races"]
+        assert (info["kind"], info["buffer"], info["role"]) == ("RAW", "Y", role)
+    assert "Y bytes [0, 32)" in producer["args"]["writes"]
+    assert "Y bytes [0, 32)" in consumer["args"]["reads"]
+    assert "x bytes [0, 32)" in producer["args"]["reads"]
+    assert not named(events, RACE_PREFIX + "rms") and len(named(events, "rms")) == 1
+
+    # The missing edge: an instant on the consumer's stream at its start, and a flow
+    # joining exactly the producer and the consumer.
+    (mark,) = [e for e in events if e["ph"] == "i" and e["name"].startswith("missing wait:")]
+    assert mark["tid"] == consumer["tid"] and mark["ts"] == consumer["ts"]
+    assert "stream A" in mark["name"] and "`matmul`" in mark["name"]
+    ends = [e for e in events if e["ph"] in "sf" and e["cat"] == "race"]
+    assert {e["ph"] for e in ends} == {"s", "f"}
+    assert {enclosing(events, e)["tid"] for e in ends} == {producer["tid"], consumer["tid"]}
+    assert {enclosing(events, e)["name"] for e in ends} == {producer["name"], consumer["name"]}
+
+    # record -> wait of the edge the program does have.
+    (record,) = named(events, "record rms_done")
+    (wait,) = named(events, "wait rms_done")
+    (start,) = [e for e in events if e["ph"] == "s" and e["name"] == "event rms_done"]
+    (end,) = [e for e in events if e["ph"] == "f" and e["name"] == "event rms_done"]
+    assert enclosing(events, start) is record and enclosing(events, end) is wait
+
+    # The device synchronize is a slice on the host track that ends when the device is idle.
+    (sync,) = named(events, "device synchronize")
+    assert lanes[sync["tid"]] == "host thread 0"
+    device_end = max(e["ts"] + e["dur"] for e in events if e["ph"] == "X" and lanes[e["tid"]] != "host thread 0")
+    assert sync["ts"] + sync["dur"] == pytest.approx(device_end)
+
+
+def test_sim_steps_are_microseconds():
+    dev, _ = implicit_join("C")
+    data = to_chrome_trace(dev)
+    assert "1 step = 1 µs" in data["otherData"]["clock"]
+    assert str(dev.schedule) == data["otherData"]["schedule"]
+    times = dev.backend.op_times
+    for e in data["traceEvents"]:
+        if e["ph"] == "X" and e["cat"] in ("kernel", "kernel,race", "record", "wait"):
+            start, end = times[e["args"]["trace index"]]
+            assert (e["ts"], e["dur"]) == (start, end - start)
+            assert e["args"]["time"] == "scheduler step"
+
+
+def test_struck_race_arrow_runs_from_the_consumer_that_ran_first():
+    # A held back long enough: post-scale runs before the matmul, and reads the stale Y.
+    dev, value = implicit_join("C", steps=8)
+    assert np.all(value == 0.0)
+    events = to_chrome_trace(dev)["traceEvents"]
+    (producer,) = named(events, RACE_PREFIX + "matmul")
+    (consumer,) = named(events, RACE_PREFIX + "postscale")
+    assert consumer["ts"] < producer["ts"]
+    (start,) = [e for e in events if e["ph"] == "s" and e["cat"] == "race"]
+    (end,) = [e for e in events if e["ph"] == "f" and e["cat"] == "race"]
+    assert enclosing(events, start)["tid"] == consumer["tid"]  # Perfetto needs the start first in time
+    assert enclosing(events, end) is producer
+    (mark,) = [e for e in events if e["ph"] == "i"]
+    assert mark["args"]["struck in this run"] is True
+    model = build_model(dev)
+    assert model.struck(model.races[0]) is True
+
+
+def test_fixed_program_has_no_race_marks():
+    dev, value = implicit_join("C", steps=8, join=True)
+    assert np.allclose(value, 4.0)
+    data = to_chrome_trace(dev)
+    assert trace_event_errors(data) == []
+    events = data["traceEvents"]
+    assert not [e for e in events if e["name"].startswith(RACE_PREFIX) or e["name"].startswith("missing")]
+    assert {e["name"] for e in events if e["ph"] == "s"} >= {"event rms_done", "event mm_done"}
+
+
+def test_unchecked_device_races_are_found_by_replaying_the_trace():
+    dev = Device("sim", check=False)
+    buf = dev.alloc((4,), name="buf", fill=0.0)
+    a, b = dev.stream("A"), dev.stream("B")
+    dev.launch(lambda v: v.fill(1.0), (buf,), stream=a, writes=[buf], name="produce")
+    dev.launch(lambda v: None, (buf,), stream=b, reads=[buf], name="consume")
+    dev.synchronize()
+    assert dev.races == []
+    names = {e["name"] for e in to_chrome_trace(dev)["traceEvents"] if e["ph"] == "X"}
+    assert {RACE_PREFIX + "produce", RACE_PREFIX + "consume"} <= names
+
+
+def test_host_read_without_sync_marks_a_missing_sync_on_the_host_track():
+    dev = Device("sim", policy="delay", streams=["A"], steps=4)
+    buf = dev.alloc((4,), name="buf", fill=0.0)
+    a = dev.stream("A")
+    dev.launch(lambda v: v.fill(1.0), (buf,), stream=a, writes=[buf], name="produce")
+    dev.host_read(buf)
+    data = to_chrome_trace(dev)
+    assert trace_event_errors(data) == []
+    events = data["traceEvents"]
+    lanes = thread_names(events)
+    (read,) = named(events, RACE_PREFIX + "host read")
+    assert lanes[read["tid"]] == "host thread 0"
+    (mark,) = [e for e in events if e["ph"] == "i" and e["name"].startswith("missing sync:")]
+    assert mark["tid"] == read["tid"]
+
+
+def test_wait_before_record_is_noted_as_a_no_op():
+    dev = Device("sim")
+    a, b = dev.stream("A"), dev.stream("B")
+    ev = dev.event("late")
+    b.wait_event(ev)  # CUDA: a wait on a never-recorded event does nothing
+    a.record(ev)
+    events = to_chrome_trace(dev)["traceEvents"]
+    (note,) = [e for e in events if e["ph"] == "i" and e["name"].startswith("no-op wait")]
+    assert "`late`" in note["name"]
+    assert not [e for e in events if e["ph"] == "s" and e["name"] == "event late"]
+
+
+def test_gpu_times_in_microseconds_and_untimed_ops_placed_by_issue_order():
+    dev, _ = implicit_join("C", steps=8)
+    ops = dev.trace.ops
+    launches = [i for i, op in enumerate(ops) if isinstance(op, T.Launch)]
+    # As a GPU backend reports them: kernels only, measured in µs from an arbitrary origin.
+    measured = {launches[0]: (5000.0, 5200.0), launches[1]: (5010.0, 5030.0), launches[2]: (5040.0, 5045.0)}
+    data = to_chrome_trace({"trace": dev.trace, "races": dev.races, "op_times": measured,
+                            "clock": "us", "backend": "cupy"})
+    assert trace_event_errors(data) == []
+    assert "measured" in data["otherData"]["clock"]
+    events = data["traceEvents"]
+    by_index = {e["args"]["trace index"]: e for e in events if e["ph"] == "X"}
+    for index, (start, end) in measured.items():
+        assert (by_index[index]["ts"], by_index[index]["dur"]) == (start - 5000.0, end - start)
+        assert by_index[index]["args"]["time"] == "measured with CUDA events"
+    # The untimed record/wait sit between the rms and the post-scale, in stream order.
+    (record,) = named(events, "record rms_done")
+    (wait,) = named(events, "wait rms_done")
+    assert record["args"]["time"].startswith("placed by issue order")
+    rms_end = by_index[launches[1]]["ts"] + by_index[launches[1]]["dur"]
+    assert rms_end <= record["ts"] <= wait["ts"] + wait["dur"] <= by_index[launches[2]]["ts"]
+    # The sync waits for the matmul (the last work to finish).
+    (sync,) = named(events, "device synchronize")
+    assert sync["ts"] + sync["dur"] == pytest.approx(200.0)
+
+
+def test_plain_trace_without_times_lays_ops_out_in_issue_order(tmp_path):
+    dev, _ = implicit_join("C")
+    path = write_chrome_trace(dev.trace, tmp_path / "run.json")
+    data = json.loads(open(path, encoding="utf-8").read())
+    assert trace_event_errors(data) == []
+    slices = [e for e in data["traceEvents"] if e["ph"] == "X"]
+    order = [e["args"]["trace index"] for e in sorted(slices, key=lambda e: e["ts"])]
+    assert order == sorted(order)
+    assert {RACE_PREFIX + "matmul", RACE_PREFIX + "postscale"} <= {e["name"] for e in slices}
+
+
+def test_bad_source_is_named():
+    with pytest.raises(TypeError, match="expected a Device"):
+        to_chrome_trace(42)
