@@ -253,6 +253,14 @@ class DeferredNormProjection:
         stream.synchronize()
         return [self.decode(self.device.host_read(out)) for out in outputs]
 
+    def forget_previous_step(self) -> None:
+        """Issue no `war` wait in the next step. Only right once the previous step's
+        post-scale has completed (a device or caller synchronize). Needed around a CUDA
+        graph capture: inside one, waiting on an event recorded outside it crosses the
+        capture boundary (cudaErrorStreamCaptureIsolation), and after one, waiting on an
+        event last recorded inside it is refused (cudaErrorCapturedEvent)."""
+        self._war_stream = None
+
     # --- one step -------------------------------------------------------------------------
     def _check_input(self, x, what: str) -> Region:
         if isinstance(x, Buffer):
