@@ -109,7 +109,7 @@ def render_timeline(source, path, title: Optional[str] = None, *, window=None, d
         summary["boxes"].append({"index": index, "lane": _label(model, s.lane), "name": s.name,
                                  "start": s.start, "end": s.end, "race": bool(racing)})
 
-    labelled, buffers = {}, {}
+    labelled, buffers, spots = {}, {}, []
     for edge in model.edges:
         src, dst = shown.get(edge.src), shown.get(edge.dst)
         if src is None or dst is None or src.lane not in row or dst.lane not in row:
@@ -129,8 +129,14 @@ def render_timeline(source, path, title: Optional[str] = None, *, window=None, d
             # Missing edges from one producer into one lane share a label: "missing wait (Y, x)".
             group = (edge.src, dst.lane)
             if group not in labelled:
-                labelled[group] = ax.text(
-                    start[0] + 0.5 * (end[0] - start[0]), start[1] + 0.5 * (end[1] - start[1]), "", ha="center",
+                # Along the arrow, at the first spot clear of the labels already placed.
+                half = (len(edge.label.split(":")[0]) + 6) * 0.6 * 9 * dpi / 72 / px_per_unit / 2
+                for at in (0.5, 0.3, 0.7, 0.15, 0.85):
+                    spot = (start[0] + at * (end[0] - start[0]), start[1] + at * (end[1] - start[1]))
+                    if all(abs(spot[0] - x) > half + w or abs(spot[1] - y) > 0.3 for x, y, w in spots):
+                        break
+                spots.append((spot[0], spot[1], half))
+                labelled[group] = ax.text(spot[0], spot[1], "", ha="center",
                     va="center", fontsize=9, color=_RACE, fontweight="bold", zorder=6,
                     bbox={"boxstyle": "round,pad=0.25", "facecolor": "white", "edgecolor": _RACE, "linewidth": 1})
                 buffers[group] = []
@@ -156,7 +162,7 @@ def render_timeline(source, path, title: Optional[str] = None, *, window=None, d
         fig.text(0.01, (0.1 + 0.22 * (len(footer_lines) - 1 - n)) / height, line, fontsize=8,
                  color=_RACE if n == 0 and model.races else "#333333", family="monospace")
     fig.savefig(path, dpi=dpi)
-    summary["size"] = (int(round(width * dpi)), int(round(height * dpi)))
+    summary["size"] = tuple(fig.canvas.get_width_height())  # pixels, as written
     return summary
 
 
