@@ -1,0 +1,479 @@
+"""The `cupy` backend: the device API on a real GPU through CuPy.
+
+Streams, events and kernels are CUDA's own; nothing is simulated. What the
+backend adds is *pressure*: a bounded spin kernel (cuda/spin_delay.cu) enqueued
+on chosen streams before chosen launches, so that a missing edge strikes and a
+consumer really reads a stale value, plus randomized stream priorities and
+launch-order jitter.
+
+Launch contract (the FlashNorm pipeline relies on it): `launch` calls
+`kernel(*arrays)` on the host immediately, with Buffer/Region arguments turned
+into CuPy array views, while the launch's stream is CuPy's current stream
+(`with stream.handle:`). CuPy operations and RawKernel launches inside the
+callable therefore go to that stream.
+
+Policies
+- sequential: synchronize the device after every operation (like
+  CUDA_LAUNCH_BLOCKING=1): the reference run.
+- eager: no injected delay.
+- delay: spin `delay_us` on the chosen streams (`streams=` by name; seed-chosen
+  if none are named) before every launch/copy, or only before the kernels named
+  in `kernels=`.
+- random / pct: randomized stream priorities, and seeded random spins before
+  launches (every launch may get one under random; only at `depth - 1` seeded
+  change points under pct).
+
+Implicit synchronization (first cuBLAS call, lazy module loading, memory-pool
+growth) often makes a race *not* strike in a single-shot program. `warm_up()`
+gets these out of the way and records each as `device.note_implicit_sync(...)`,
+which the checker deliberately does not treat as an edge.
+"""
+from __future__ import annotations
+
+import os
+import random
+import zlib
+from typing import Optional
+
+import numpy as np
+
+from ..schedule import Schedule, ScheduleError
+from ..trace import StreamKind
+
+POLICIES = ("sequential", "eager", "delay", "random", "pct")
+SPIN_SOURCE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "cuda", "spin_delay.cu")
+MAX_DELAY_US = 50_000  # the spin kernel's hard cap (STREAMCHECK_SPIN_MAX_NS): nothing can hang
+_DTYPES = {"float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
+           "uint64", "bool"}
+_CONTEXT_PARAMS = ("steps", "horizon")  # the sim's units; accepted so one test runs on both backends
+
+
+def _suppressed():
+    """Work the backend issues itself (spins, timing events, fills) is not the program's:
+    keep it out of an active streamcheck.instrument() session."""
+    from .. import instrument
+
+    return instrument.suppressed()
+
+
+class SpinDelay:
+    """The spin kernel, loaded once per process through cupy.RawModule (NVRTC)."""
+
+    _loaded: Optional["SpinDelay"] = None
+
+    def __init__(self):
+        import cupy
+        from cupy._core import raw  # the original class, never an instrumented subclass
+
+        with open(SPIN_SOURCE, encoding="utf-8") as f:
+            code = f.read()
+        self._cupy = cupy
+        self._module = raw.RawModule(code=code)
+        # get_function compiles (NVRTC) and loads the module now, not inside the program's first delay.
+        self._kernel = self._module.get_function("streamcheck_spin")
+        rt = cupy.cuda.runtime
+        try:
+            khz = rt.deviceGetAttribute(rt.cudaDevAttrClockRate, rt.getDevice())
+        except Exception:  # attribute missing in this CUDA/CuPy build: assume a fast clock
+            khz = 2_000_000
+        self.clock_khz = int(khz) or 2_000_000
+        # clock64 cap: twice the cycles the longest allowed spin takes at the rated SM clock,
+        # a backstop only; %globaltimer ends the spin on time.
+        self.max_cycles = np.uint64(2 * MAX_DELAY_US * self.clock_khz // 1000)
+        self._elapsed = cupy.zeros(1, dtype=cupy.uint64)
+
+    @classmethod
+    def get(cls) -> "SpinDelay":
+        if cls._loaded is None:
+            with _suppressed():
+                cls._loaded = cls()
+        return cls._loaded
+
+    def enqueue(self, stream, us: float) -> None:
+        """Spin `us` microseconds (clamped to MAX_DELAY_US) on the CuPy stream `stream`."""
+        ns = int(min(max(us, 0.0), MAX_DELAY_US) * 1000)
+        if ns == 0:
+            return
+        with _suppressed(), stream:
+            self._kernel((1,), (1,), (np.uint64(ns), self.max_cycles, 0))
+
+    def measure(self, us: float) -> float:
+        """Spin once on a private stream and return how long the GPU says it spun (µs)."""
+        cupy = self._cupy
+        with _suppressed():
+            stream = cupy.cuda.Stream(non_blocking=True)
+            with stream:
+                ns = int(min(max(us, 0.0), MAX_DELAY_US) * 1000)
+                self._kernel((1,), (1,), (np.uint64(ns), self.max_cycles, self._elapsed))
+            stream.synchronize()
+            return float(self._elapsed.get(stream=stream)[0]) / 1000.0
+
+
+class _Policy:
+    """What the backend does around each launch. Built from the policy name and params."""
+
+    def __init__(self, name: str, seed: int, params: dict):
+        self.name = name
+        self.seed = seed
+        self.rng = random.Random(seed)
+        params = dict(params)
+        for key in _CONTEXT_PARAMS:
+            params.pop(key, None)
+        self.delay_us = params.pop("delay_us", 200.0 if name in ("delay", "pct") else 50.0)
+        self.streams = frozenset(params.pop("streams", ()) or ())
+        self.kernels = frozenset(params.pop("kernels", ()) or ())
+        self.depth = params.pop("depth", 2)
+        self.launches = 0
+        self.change_points: frozenset = frozenset()
+        if params:
+            raise ScheduleError(f"cupy backend, policy {name!r}: unknown parameters {sorted(params)}; "
+                                "accepted: delay_us, streams, kernels (delay), depth (pct), timing, caller")
+        if not isinstance(self.delay_us, (int, float)) or not 0 <= self.delay_us <= MAX_DELAY_US:
+            raise ScheduleError(f"cupy backend: delay_us must be a number in [0, {MAX_DELAY_US}] µs "
+                                f"(the spin kernel's cap), got {self.delay_us!r}")
+        if name == "pct":
+            if not isinstance(self.depth, int) or self.depth < 1:
+                raise ScheduleError(f"pct: depth must be an integer >= 1, got {self.depth!r}")
+            horizon = 200
+            self.change_points = frozenset(self.rng.sample(range(1, horizon + 1), min(self.depth - 1, horizon)))
+
+    def describe(self) -> str:
+        if self.name == "delay":
+            parts = [f"delay_us={self.delay_us:g}"]
+            if self.streams:
+                parts.append("streams=" + "+".join(sorted(self.streams)))
+            if self.kernels:
+                parts.append("kernels=" + "+".join(sorted(self.kernels)))
+            return f"delay({', '.join(parts)})"
+        if self.name == "random":
+            return f"random(seed={self.seed}, jitter_us={self.delay_us:g})"
+        if self.name == "pct":
+            return f"pct(seed={self.seed}, depth={self.depth}, delay_us={self.delay_us:g})"
+        return self.name
+
+    def targets(self, stream_name: str) -> bool:
+        if self.streams:
+            return stream_name in self.streams
+        # No stream named: the seed picks which streams run late (as the sim's delay policy does).
+        return (zlib.crc32(stream_name.encode()) + self.seed) % 2 == 0
+
+    def spin_before(self, stream_name: str, op_name: str) -> float:
+        """Microseconds to spin on the stream before this launch/copy (0: none)."""
+        self.launches += 1
+        if self.name == "delay":
+            if self.kernels and op_name not in self.kernels:
+                return 0.0
+            if self.kernels and not self.streams:
+                return float(self.delay_us)  # kernels named, no streams: delay those kernels wherever
+            return float(self.delay_us) if self.targets(stream_name) else 0.0
+        if self.name == "random":
+            return self.rng.uniform(0.0, float(self.delay_us)) if self.rng.random() < 0.5 else 0.0
+        if self.name == "pct":
+            return float(self.delay_us) if self.launches in self.change_points else 0.0
+        return 0.0
+
+    def priority(self, requested: int, least: int, greatest: int) -> int:
+        """CUDA priorities: lower numbers run first; the range is [greatest, least]."""
+        if self.name in ("random", "pct"):
+            return self.rng.randint(greatest, least)
+        return max(greatest, min(least, requested))
+
+
+class CupyBackend:
+    """Device-API backend on a CUDA GPU through CuPy. See the module docstring."""
+
+    name = "cupy"
+
+    def __init__(self, device, policy="eager", seed: int = 0, *, timing: bool = False, caller: str = "cupy",
+                 **params):
+        import cupy
+
+        if not isinstance(policy, str):
+            raise ScheduleError(f"cupy backend: policy must be a name ({', '.join(POLICIES)}), got {policy!r}")
+        if policy.startswith("replay:"):
+            raise ScheduleError("cupy backend: replay strings replay the sim's decisions and cannot drive a GPU; "
+                                "rerun with the same policy and seed instead")
+        if policy not in POLICIES:
+            raise ScheduleError(f"cupy backend: unknown policy {policy!r}; choose one of: {', '.join(POLICIES)}")
+        if caller not in ("cupy", "torch"):
+            raise ScheduleError(f"cupy backend: caller must be 'cupy' or 'torch', got {caller!r}")
+        self._cupy = cupy
+        self._device = device
+        self.policy = _Policy(policy, seed, params)
+        self.schedule = Schedule(self.policy.describe(), seed)
+        self.delays: list = []  # (trace index, stream name, µs) of every injected spin
+        self.timing = bool(timing)
+        self.caller = caller
+        self._pending_times: dict = {}  # trace index -> (start event, end event)
+        self._op_times: dict = {}
+        self._spin: Optional[SpinDelay] = None
+        self._host_stream = None  # private stream for host_read/host_write (see there)
+        try:
+            self._least, self._greatest = cupy.cuda.runtime.deviceGetStreamPriorityRange()
+        except Exception:  # not exposed by this CuPy build; CUDA clamps out-of-range values anyway
+            self._least, self._greatest = 0, -5
+        self._t0 = None
+        if self.timing:
+            with _suppressed():
+                self._t0 = cupy.cuda.Event()
+                self._t0.record(cupy.cuda.Stream.null)
+
+    # --- objects ------------------------------------------------------------------------
+    def dtype(self, dtype) -> np.dtype:
+        if str(dtype) == "bfloat16":
+            try:
+                import ml_dtypes  # CuPy 14 holds bfloat16 through ml_dtypes
+
+                dt = np.dtype(ml_dtypes.bfloat16)
+                self._cupy.empty(0, dtype=dt)
+                return dt
+            except Exception as exc:
+                raise TypeError(f"bfloat16 needs ml_dtypes and CuPy >= 14 ({exc}); store the bits in uint16") from None
+        dt = np.dtype(dtype)
+        if dt.name not in _DTYPES:
+            raise TypeError(f"the cupy backend supports {sorted(_DTYPES)} (and bfloat16 with ml_dtypes)")
+        return dt
+
+    def new_stream(self, stream) -> None:
+        cupy = self._cupy
+        with _suppressed():
+            if stream.kind is StreamKind.LEGACY:
+                stream.handle = cupy.cuda.Stream.null
+            elif stream.kind is StreamKind.PER_THREAD:
+                stream.handle = cupy.cuda.Stream.ptds
+            else:
+                prio = self.policy.priority(stream.priority, self._least, self._greatest)
+                stream.priority = prio
+                stream.handle = cupy.cuda.Stream(non_blocking=stream.kind is StreamKind.NON_BLOCKING, priority=prio)
+
+    def new_event(self, event) -> None:
+        with _suppressed():
+            event.handle = self._cupy.cuda.Event(disable_timing=True)
+
+    def alloc(self, buf, fill) -> None:
+        cupy = self._cupy
+        pool = cupy.get_default_memory_pool()
+        before = pool.total_bytes()
+        with _suppressed():
+            storage = cupy.empty(buf.shape, dtype=buf.dtype)
+            # Like the sim: floats start as NaN (garbage made visible), others as 0. The fill runs on
+            # the legacy stream and the host waits for it, so it can race with nothing.
+            with cupy.cuda.Stream.null:
+                if fill is not None:
+                    storage.fill(fill)
+                elif buf.dtype.kind == "f" and buf.dtype.name in ("float16", "float32", "float64"):
+                    storage.fill(np.nan)
+                elif storage.nbytes:
+                    storage.data.memset_async(0, storage.nbytes)
+            cupy.cuda.Stream.null.synchronize()
+        buf.storage = storage
+        grown = pool.total_bytes() - before
+        if grown > 0:
+            self._device.note_implicit_sync(f"memory pool growth by {grown} bytes (cudaMalloc) for `{buf.name}`")
+
+    def free(self, buf, stream) -> None:
+        # CuPy's pool hands the bytes to later allocations on the stream that allocated them;
+        # the checker reports work still pending elsewhere as a FREE race.
+        buf.storage = None
+
+    # --- issuing ------------------------------------------------------------------------
+    def _handle(self, stream):
+        if stream.kind is StreamKind.LEGACY and self.caller == "torch":
+            return self._torch_stream()
+        return stream.handle
+
+    def _torch_stream(self):
+        """torch's current stream as a CuPy stream: the caller's stream of a module inside a torch model."""
+        import torch
+
+        cupy = self._cupy
+        ptr = torch.cuda.current_stream().cuda_stream
+        if ptr == 0:
+            return cupy.cuda.Stream.null
+        return _external_stream(cupy, ptr)
+
+    def _trace_index(self) -> int:
+        return len(self._device.trace) - 1  # the device recorded this operation just before calling us
+
+    def _before(self, stream, name: str):
+        """Spin (per the policy) and open a timing window; return what _after needs."""
+        index = self._trace_index()
+        us = self.policy.spin_before(stream.name, name)
+        handle = self._handle(stream)
+        if us > 0:
+            if self._spin is None:
+                self._spin = SpinDelay.get()
+            self._spin.enqueue(handle, us)
+            self.delays.append((index, stream.name, us))
+            self.schedule.decisions.append(stream.id)
+        start = None
+        if self.timing:
+            with _suppressed():
+                start = self._cupy.cuda.Event()
+                start.record(handle)
+        return index, handle, start
+
+    def _after(self, token) -> None:
+        index, handle, start = token
+        if start is not None:
+            with _suppressed():
+                end = self._cupy.cuda.Event()
+                end.record(handle)
+            self._pending_times[index] = (start, end)
+
+    def _arrays(self, args):
+        from ..device import Buffer, Region
+
+        return [a.array() if isinstance(a, Region) else a.region().array() if isinstance(a, Buffer) else a
+                for a in args]
+
+    def launch(self, stream, kernel, args, name, site) -> None:
+        from ..device import KernelError
+
+        arrays = self._arrays(args)
+        token = self._before(stream, name)
+        try:
+            with token[1]:
+                kernel(*arrays)
+        except Exception as exc:
+            raise KernelError(f"kernel `{name}` launched at {site} on {stream.name} raised "
+                              f"{type(exc).__name__}: {exc}") from exc
+        self._after(token)
+
+    def copy(self, stream, dst, src, site) -> None:
+        token = self._before(stream, "copy D2D")
+        with _suppressed(), token[1]:
+            out = dst.array()
+            out[...] = src.array().reshape(out.shape)
+        self._after(token)
+
+    def upload(self, stream, dst, host_array, site) -> None:
+        token = self._before(stream, "copy H2D")
+        out = dst.array()
+        with _suppressed():
+            out.set(np.ascontiguousarray(host_array.reshape(out.shape), dtype=out.dtype), stream=token[1])
+        self._after(token)
+
+    def download(self, stream, src, site) -> np.ndarray:
+        import cupyx
+
+        token = self._before(stream, "copy D2H")
+        array = src.array()
+        # Pinned memory: a D2H copy into pageable memory would block the host until the
+        # stream reaches it, an implicit sync that hides exactly the races we look for.
+        out = cupyx.empty_pinned(array.shape, dtype=array.dtype)
+        out[...] = np.nan if array.dtype.kind == "f" else 0
+        with _suppressed():
+            array.get(stream=token[1], out=out, blocking=False)
+        self._after(token)
+        return out
+
+    def record(self, event, stream) -> None:
+        with _suppressed():
+            event.handle.record(self._handle(stream))
+
+    def wait(self, stream, event) -> None:
+        with _suppressed():
+            self._handle(stream).wait_event(event.handle)
+
+    def _private_stream(self):
+        # A non-blocking stream of our own: its copy runs *now*, synchronizing with none of the
+        # program's streams, which is what a host access without synchronization means.
+        if self._host_stream is None:
+            self._host_stream = self._cupy.cuda.Stream(non_blocking=True)
+        return self._host_stream
+
+    def host_read(self, region) -> np.ndarray:
+        with _suppressed():
+            stream = self._private_stream()
+            value = region.array().get(stream=stream, blocking=True)
+        return value
+
+    def host_write(self, region, value) -> None:
+        with _suppressed():
+            stream = self._private_stream()
+            target = region.array()
+            host = np.ascontiguousarray(np.broadcast_to(np.asarray(value, dtype=target.dtype), target.shape))
+            target.set(host, stream=stream)
+            stream.synchronize()
+
+    def sync_stream(self, stream, site) -> None:
+        with _suppressed():
+            self._handle(stream).synchronize()
+
+    def sync_event(self, event, site) -> None:
+        with _suppressed():
+            event.handle.synchronize()
+
+    def sync_device(self, site) -> None:
+        with _suppressed():
+            self._cupy.cuda.runtime.deviceSynchronize()
+
+    def tick(self) -> None:
+        if self.policy.name == "sequential":
+            with _suppressed():
+                self._cupy.cuda.runtime.deviceSynchronize()
+
+    # --- warm-up and timing -------------------------------------------------------------
+    def warm_up(self, pool_bytes: int = 64 << 20) -> list:
+        """Trigger what synchronizes implicitly the first time (cuBLAS handle creation, the
+        spin module's load, CuPy's fill/copy kernels, memory-pool growth) before the program's
+        first racy step; record each as an implicit sync (never an edge for the checker).
+        Returns the reasons recorded."""
+        cupy = self._cupy
+        reasons = []
+        with _suppressed():
+            a = cupy.ones((8, 8), dtype=cupy.float32)
+            (a @ a).sum()  # cuBLAS handle + workspace, elementwise and reduction kernels
+            a[...] = a.copy()
+            cupy.cuda.runtime.deviceSynchronize()
+        reasons.append("first cuBLAS call (handle creation) and CuPy's first fill/copy/reduction kernels")
+        if self._spin is None:
+            self._spin = SpinDelay.get()
+        reasons.append("lazy module load: streamcheck spin kernel (NVRTC compile + cuModuleLoad)")
+        pool = cupy.get_default_memory_pool()
+        before = pool.total_bytes()
+        if pool.free_bytes() < pool_bytes:
+            with _suppressed():
+                block = cupy.empty(pool_bytes, dtype=cupy.uint8)
+                del block
+        grown = pool.total_bytes() - before
+        if grown > 0:
+            reasons.append(f"memory pool growth by {grown} bytes (cudaMalloc)")
+        for reason in reasons:
+            self._device.note_implicit_sync(reason)
+        return reasons
+
+    @property
+    def op_times(self) -> dict:
+        """trace index -> (start_us, end_us) from CUDA events, relative to the backend's creation.
+        Empty unless built with timing=True (two events per operation cost host time).
+        Reading it synchronizes the device."""
+        if not self._pending_times:
+            return dict(self._op_times)
+        cupy = self._cupy
+        with _suppressed():
+            cupy.cuda.runtime.deviceSynchronize()
+            for index, (start, end) in self._pending_times.items():
+                self._op_times[index] = (cupy.cuda.get_elapsed_time(self._t0, start) * 1000.0,
+                                         cupy.cuda.get_elapsed_time(self._t0, end) * 1000.0)
+        self._pending_times.clear()
+        return dict(self._op_times)
+
+
+class _CudaStreamProtocol:
+    """The CUDA stream protocol (`__cuda_stream__`) for a raw stream pointer."""
+
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+    def __cuda_stream__(self):
+        return (0, self.ptr)
+
+
+def _external_stream(cupy, ptr: int):
+    """A CuPy stream object for a stream CuPy did not create (e.g. torch's)."""
+    from_external = getattr(cupy.cuda.Stream, "from_external", None)
+    if from_external is not None:
+        return from_external(_CudaStreamProtocol(ptr))
+    return cupy.cuda.ExternalStream(ptr)  # CuPy < 14

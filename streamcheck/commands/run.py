@@ -1,0 +1,167 @@
+"""`streamcheck run [options] script.py [args...]`: check an unmodified CuPy program.
+
+The command runs the script in this process, as `python script.py args...` would
+(runpy, `__name__ == "__main__"`, sys.argv and sys.path[0] set alike), after
+streamcheck.instrument has wrapped CuPy's entry points; every stream operation is
+recorded and fed to the happens-before checker. At the end each race is printed
+to stderr.
+
+Exit status: --error-exitcode when a race was found (if given), else the script's
+own status (0, its sys.exit code, or 1 for an uncaught exception, whose traceback
+is printed as Python would). 2: bad usage, a script that cannot be opened, or no
+GPU (CuPy missing or no CUDA device).
+
+The environment variable STREAMCHECK_RUN=1 is set while the script runs, so a
+program (or its test) can tell it is being checked. It does not instrument
+anything by itself: there is no sitecustomize hook, and child processes the
+script starts are not checked (run them under `streamcheck run` too).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+import threading
+import traceback
+
+from ..backends.cupy_backend import MAX_DELAY_US
+
+
+def _delay_us(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of microseconds, got {text!r}") from None
+    if not 0 <= value <= MAX_DELAY_US:
+        raise argparse.ArgumentTypeError(f"must be in [0, {MAX_DELAY_US}] microseconds (the spin kernel's cap, "
+                                         f"so nothing can hang), got {text}")
+    return value
+
+
+def _exit_code(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer in [0, 255], got {text!r}") from None
+    if not 0 <= value <= 255:
+        raise argparse.ArgumentTypeError(f"must be an integer in [0, 255], got {text}")
+    return value
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "run", help="run an unmodified CuPy script and report its stream races",
+        description="Run a CuPy script with every stream operation recorded and checked for races "
+                    "(happens-before analysis; optionally with injected delays so that races strike).",
+        epilog="Streams are named in creation order: s1, s2, ...; the legacy default stream is 'legacy', "
+               "per-thread default streams 'ptds<thread>'. STREAMCHECK_RUN=1 is set while the script runs. "
+               "See docs/instrument.md for what can and cannot be seen.")
+    p.add_argument("--delay-us", type=_delay_us, default=0.0, metavar="N",
+                   help=f"spin N microseconds (<= {MAX_DELAY_US}) on targeted streams before each launch or copy")
+    p.add_argument("--delay-stream", action="append", default=[], metavar="NAME",
+                   help="stream to delay (repeatable): s1, s2, ... in creation order, legacy, ptds<thread>, or "
+                        "all; none given: the seed picks")
+    p.add_argument("--delay-kernel", action="append", default=[], metavar="NAME",
+                   help="delay only before launches of this kernel (repeatable)")
+    p.add_argument("--seed", type=int, default=0, help="seed for choosing delayed streams (default 0)")
+    p.add_argument("--error-exitcode", type=_exit_code, default=None, metavar="CODE",
+                   help="exit with CODE when any race was found (default: the script's own status)")
+    p.add_argument("--no-warm-up", action="store_true",
+                   help="skip the warm-up (first cuBLAS call, pool growth) before the script")
+    p.add_argument("--report-json", metavar="FILE", help="also write the race reports as JSON to FILE")
+    p.add_argument("--trace-json", metavar="FILE", help="also write the recorded trace as JSON to FILE")
+    p.add_argument("script", help="the Python script to run")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+    p.set_defaults(func=run)
+
+
+def _status(code) -> int:
+    """The exit status Python gives SystemExit(code)."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _print_script_traceback(exc: BaseException, script: str) -> None:
+    """Print the traceback as `python script.py` would: from the script's first frame on."""
+    tb = exc.__traceback__
+    target = os.path.abspath(script)
+    first = tb
+    while first is not None and os.path.abspath(first.tb_frame.f_code.co_filename) != target:
+        first = first.tb_next
+    traceback.print_exception(type(exc), exc, first or tb)
+
+
+def run(args) -> int:
+    script = args.script
+    if not os.path.isfile(script):
+        # What `python script.py` says and returns for a missing file.
+        print(f"streamcheck run: can't open file {os.path.abspath(script)!r}: [Errno 2] No such file or directory",
+              file=sys.stderr)
+        return 2
+
+    from ..backends import gpu_available
+
+    if not gpu_available():
+        print("streamcheck run: needs an NVIDIA GPU and CuPy (pip install 'streamcheck[gpu]'); none found here "
+              "(CuPy is missing or sees no CUDA device). Programs written against the device API can be checked "
+              "on the CPU with Device('sim').", file=sys.stderr)
+        return 2
+
+    from .. import instrument
+
+    session = instrument.start(delay_us=args.delay_us, delay_streams=args.delay_stream,
+                               delay_kernels=args.delay_kernel, seed=args.seed, warm_up=not args.no_warm_up)
+    before = set(threading.enumerate())
+    saved_argv, saved_path0 = sys.argv, sys.path[0] if sys.path else None
+    os.environ["STREAMCHECK_RUN"] = "1"
+    sys.argv = [script] + list(args.args)
+    if sys.path:
+        sys.path[0] = os.path.dirname(os.path.abspath(script))
+    else:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    status = 0
+    script_globals = None
+    try:
+        script_globals = runpy.run_path(script, run_name="__main__")
+        # Like interpreter exit: wait for the script's non-daemon threads before the report.
+        for thread in set(threading.enumerate()) - before:
+            if not thread.daemon and thread is not threading.current_thread():
+                thread.join()
+    except SystemExit as exc:
+        status = _status(exc.code)
+    except BaseException as exc:  # the script's own error: its traceback and status, plus our report
+        _print_script_traceback(exc, script)
+        status = 130 if isinstance(exc, KeyboardInterrupt) else 1
+    finally:
+        instrument.stop()
+        sys.argv = saved_argv
+        if saved_path0 is not None:
+            sys.path[0] = saved_path0
+        os.environ.pop("STREAMCHECK_RUN", None)
+    del script_globals  # the script's arrays are freed after recording stopped: no end-of-run frees
+
+    sys.stdout.flush()
+    races = session.races
+    print(session.summary(), file=sys.stderr)
+    for problem in session.unpatched:
+        print(f"streamcheck: not intercepted in this CuPy version: {problem}", file=sys.stderr)
+    print(session.report(), file=sys.stderr)
+    if races and args.delay_us == 0:
+        print(f"streamcheck: to make them strike, rerun with delays: streamcheck run --delay-us 200 "
+              f"--seed {args.seed} {script} {' '.join(args.args)}".rstrip(), file=sys.stderr)
+    if args.report_json:
+        from ..hb import reports_to_json
+
+        with open(args.report_json, "w", encoding="utf-8") as f:
+            f.write(reports_to_json(races))
+    if args.trace_json:
+        with open(args.trace_json, "w", encoding="utf-8") as f:
+            f.write(session.trace.to_json())
+    if races and args.error_exitcode is not None:
+        return args.error_exitcode
+    return status
