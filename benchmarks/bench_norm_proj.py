@@ -4,7 +4,8 @@
 
 Every path is timed the same way: `steps` calls captured in one CUDA graph
 (torch.cuda.CUDAGraph), the graph replayed `replays` times between two CUDA events,
-time per call = elapsed / (replays * steps); the median of `repeats` such samples.
+time per call = elapsed / (replays * steps); the median of `repeats` such samples,
+taken round-robin over the paths so that clock and power drift hits all alike.
 Graph replay takes Python and launch overhead out, as an inference engine does.
 
 Paths, for x [M, d] and a projection [n, d]:
@@ -20,6 +21,9 @@ Paths, for x [M, d] and a projection [n, d]:
               API's Python cost is paid at capture time only, as for the baselines.
 - dual_raw:   the same kernels, streams and events launched by hand (no device API):
               a cross-check that the pipeline adds nothing on the GPU.
+- dual_raw_4chunks (M >= 1024, experiment): as dual_raw, but the matmul is issued in 4
+              row blocks, each with its own join event, so the post-scale of block k
+              overlaps the matmul of block k+1.
 - dual_eager: the pipeline called eagerly (no graph), CUDA events around many steps:
               bound by the host (device-API bookkeeping), reported for information.
 
@@ -88,11 +92,12 @@ def _cupy_stream(cupy, torch_stream):
     return cupy.cuda.ExternalStream(ptr)
 
 
-def graph_time_us(torch, fn, steps: int, replays: int, repeats: int, before_capture=None, after_capture=None):
-    """Median µs per call of `fn` over CUDA-graph replays (see module docstring)."""
+def capture(torch, fn, steps: int, before_capture=None, after_capture=None):
+    """`steps` calls of `fn` captured in one CUDA graph, after a warm-up off the default
+    stream (torch's capture recipe: cuBLAS workspaces, lazy loads, allocator warm)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up off the default stream (torch's capture recipe)
+    with torch.cuda.stream(side):
         for _ in range(3):
             fn()
     torch.cuda.current_stream().wait_stream(side)
@@ -107,16 +112,28 @@ def graph_time_us(torch, fn, steps: int, replays: int, repeats: int, before_capt
         after_capture()
     graph.replay()
     torch.cuda.synchronize()
+    return graph
+
+
+def replay_us(torch, graph, steps: int, replays: int) -> float:
+    """One sample: µs per call over `replays` back-to-back replays between two CUDA events."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    samples = []
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1000.0 / (replays * steps)
+
+
+def interleaved_medians(torch, graphs: dict, steps: int, replays: int, repeats: int) -> dict:
+    """Median per path, sampling the paths round-robin so that clock and power drift
+    (a long bf16 GEMM heats the chip) falls on every path alike."""
+    samples = {name: [] for name in graphs}
     for _ in range(repeats):
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1000.0 / (replays * steps))
-    return statistics.median(samples)
+        for name, graph in graphs.items():
+            samples[name].append(replay_us(torch, graph, steps, replays))
+    return {name: statistics.median(v) for name, v in samples.items()}
 
 
 def eager_time_us(torch, fn, iters: int, repeats: int):
@@ -160,7 +177,7 @@ def bench_shape(torch, cupy, m: int, d: int, n: int, args) -> dict:
     big = m * n >= 1 << 24
     steps = 4 if big else 20
     replays = 5 if big else 20
-    times, errors = {}, {}
+    errors = {}
 
     @torch.no_grad()
     def hf_eager():
@@ -178,12 +195,13 @@ def bench_shape(torch, cupy, m: int, d: int, n: int, args) -> dict:
     def matmul():
         return F.linear(x, w_folded)
 
-    for name, fn in (("hf_eager", hf_eager), ("rms_norm", rms_norm), ("folded", folded), ("matmul", matmul)):
-        times[name] = graph_time_us(torch, fn, steps, replays, args.repeats)
     reference = hf_eager().float()
 
     def rel_err(out) -> float:
         return float((out.float() - reference).abs().max() / reference.abs().max())
+
+    graphs = {name: capture(torch, fn, steps)
+              for name, fn in (("hf_eager", hf_eager), ("rms_norm", rms_norm), ("folded", folded), ("matmul", matmul))}
 
     # --- our pipeline through the device API, captured ---------------------------------
     device = Device("cupy", check=False, caller="torch")
@@ -199,9 +217,8 @@ def bench_shape(torch, cupy, m: int, d: int, n: int, args) -> dict:
     def dual_step():
         outs[:] = module(xbuf)
 
-    times["dual_graph"] = graph_time_us(torch, dual_step, steps, replays, args.repeats,
-                                        before_capture=module.forget_previous_step,
-                                        after_capture=module.forget_previous_step)
+    graphs["dual_graph"] = capture(torch, dual_step, steps, before_capture=module.forget_previous_step,
+                                   after_capture=module.forget_previous_step)
     device.synchronize()
     out_bits = cupy.asnumpy(outs[0].array())
     errors["dual_graph"] = rel_err(torch.from_numpy(module.decode(out_bits)).to(dev))
@@ -213,36 +230,46 @@ def bench_shape(torch, cupy, m: int, d: int, n: int, args) -> dict:
     x_cp, y_cp, out_cp = (cupy.from_dlpack(t.view(torch.int16)) for t in (x, y, out))
     r_cp = cupy.from_dlpack(r)
     stream_a, stream_b = torch.cuda.Stream(), torch.cuda.Stream()
-    fork, join_mm, join_rms = (torch.cuda.Event() for _ in range(3))
+    fork, join_rms = torch.cuda.Event(), torch.cuda.Event()
+    chunk_done = [torch.cuda.Event() for _ in range(8)]
     columns = [(0, n)]
 
-    def dual_raw():
+    def dual_raw(chunks: int = 1):
+        # chunks > 1: an experiment. The post-scale of row block k (caller) overlaps the
+        # matmul of block k+1 (A); each block has its own join_mm event.
         caller = torch.cuda.current_stream()
         fork.record(caller)
         stream_a.wait_event(fork)
         stream_b.wait_event(fork)
-        with torch.cuda.stream(stream_a):
-            torch.matmul(x, w_folded.t(), out=y)
         with _cupy_stream(cupy, stream_b):
             kernels_cuda.rms(x_cp, r_cp, eps=EPS, dtype="bfloat16")
-        join_mm.record(stream_a)
         join_rms.record(stream_b)
-        caller.wait_event(join_mm)
         caller.wait_event(join_rms)
-        with _cupy_stream(cupy, caller):
-            kernels_cuda.postscale(y_cp, r_cp, out_cp, columns=columns, dtype="bfloat16")
+        bounds = [m * k // chunks for k in range(chunks + 1)]
+        for k in range(chunks):
+            lo, hi = bounds[k], bounds[k + 1]
+            with torch.cuda.stream(stream_a):
+                torch.matmul(x[lo:hi], w_folded.t(), out=y[lo:hi])
+            chunk_done[k].record(stream_a)
+            caller.wait_event(chunk_done[k])
+            with _cupy_stream(cupy, caller):
+                kernels_cuda.postscale(y_cp[lo:hi], r_cp[lo:hi], out_cp[lo:hi], columns=columns, dtype="bfloat16")
         return out
 
-    times["dual_raw"] = graph_time_us(torch, dual_raw, steps, replays, args.repeats)
+    graphs["dual_raw"] = capture(torch, dual_raw, steps)
     errors["dual_raw"] = rel_err(dual_raw())
+    if m >= 1024:
+        graphs["dual_raw_4chunks"] = capture(torch, lambda: dual_raw(4), steps)
+        errors["dual_raw_4chunks"] = rel_err(dual_raw(4))
 
+    times = interleaved_medians(torch, graphs, steps, replays, args.repeats)
     if not args.no_eager:
         times["dual_eager"] = eager_time_us(torch, dual_step, iters=20 if big else 200, repeats=max(3, args.repeats // 3))
     return {"M": m, "d": d, "n": n, "dtype": "bfloat16", "us": times, "max_rel_err_vs_hf": errors}
 
 
 def format_table(rows) -> str:
-    cols = ["hf_eager", "rms_norm", "folded", "matmul", "dual_graph", "dual_raw", "dual_eager"]
+    cols = ["hf_eager", "rms_norm", "folded", "matmul", "dual_graph", "dual_raw", "dual_raw_4chunks", "dual_eager"]
     head = ("| M | d | n | " + " | ".join(f"{c} µs" for c in cols)
             + " | hf/dual | dual/matmul | dual/rms_norm |")
     lines = [head, "|" + "---|" * (3 + len(cols) + 3)]
