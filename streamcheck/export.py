@@ -162,16 +162,18 @@ def _stream_lane_label(op: T.StreamCreate) -> str:
     return f"stream {name} ({kind.value})"
 
 
-def _replay(ops) -> tuple:
+def _replay(ops, races) -> tuple:
     """Feed a fresh checker: its races, stream labels as reports name them, and the
-    trace index at which each race (by key) was first seen -- its second access."""
+    trace index at which each race (by key) was first seen -- its second access.
+    With `races` known, only operations at their second access's call site are checked."""
     checker = Checker()
     second_at: dict = {}
     known = 0
+    watch = None if races is None else {race.second.site for race in races}
     try:
         for index, op in enumerate(ops):
             checker.feed(op)
-            if isinstance(op, _ACCESS_OPS):
+            if isinstance(op, _ACCESS_OPS) and (watch is None or op.site in watch):
                 races = checker.races
                 if len(races) > known:
                     for race in races:
@@ -269,7 +271,7 @@ def build_model(source) -> Model:
     """The timeline model of a run: a Device, a Trace, or a mapping with keys `trace`
     and optionally `races`, `op_times`, `clock` ("steps" | "us"), `backend`, `schedule`."""
     ops, races, op_times, clock, backend, schedule = _parts(source)
-    replay_races, stream_labels, second_at = _replay(ops)
+    replay_races, stream_labels, second_at = _replay(ops, races)
     if races is None:
         races = replay_races
     if clock is None:
