@@ -47,7 +47,7 @@ def render_timeline(source, path, title: Optional[str] = None, *, window=None, d
     row = {lane.key: len(lanes) - 1 - n for n, lane in enumerate(lanes)}  # first lane on top
 
     label_in = _LABEL_IN
-    width = min(max(8.0, label_in + 0.3 + _BOX_IN * (x1 - x0) * _units_per_box(model)), _MAX_IN)
+    width = min(max(8.0, _LABEL_IN + 0.3 + _BOX_IN * (x1 - x0) * _units_per_box(model)), _MAX_IN)
     footer_lines = _footer(model, int(width * 72 * 0.97 / (0.6 * 8)))
     height = 1.5 + 0.8 * len(lanes) + 0.22 * len(footer_lines)
     fig = Figure(figsize=(width, height), dpi=dpi)
@@ -80,9 +80,10 @@ def render_timeline(source, path, title: Optional[str] = None, *, window=None, d
         h = _height(s)
         racing = roles.get(index, [])
         face = _RACE if racing else _FACE.get(s.category, "#e0e0e0")
+        untimed = model.clock == MICROSECONDS and not s.measured
         ax.add_patch(Rectangle((s.start, y - h / 2), s.duration, h, facecolor=face, edgecolor=_EDGE,
                                linewidth=1.4 if racing else 0.6, hatch="//" if s.category == "sync" else None,
-                               zorder=2))
+                               linestyle="--" if untimed else "-", zorder=2))
         label = _box_label(s, racing)
         lines = label.split("\n")
         size = 7 if small or len(lines) > 2 else 8
@@ -223,7 +224,7 @@ def _axis_label(model: Model) -> str:
     if model.clock == STEPS:
         return "sim scheduler step (1 step = 1 µs in the Perfetto export)"
     if model.clock == MICROSECONDS:
-        return "time (µs, measured with CUDA events; hollow spots: placed by issue order)"
+        return "time (µs, measured with CUDA events; dashed outline: not timed, placed by issue order)"
     return "operations in issue order (no times recorded)"
 
 
