@@ -357,4 +357,10 @@ def test_bad_step_input_is_a_clear_value_error():
         nb(nb.alloc_input(4))
     with pytest.raises(ValueError, match="own side streams"):
         mod(x[0:4], mod.stream_a)
+    # A buffer whose backend array is strided (e.g. adopted from a transposed external array):
+    # its rows are not `in` consecutive elements, which the kernels assume.
+    strided = mod.alloc_input(4, name="strided")
+    strided.storage = np.asfortranarray(strided.storage)
+    with pytest.raises(ValueError, match="x .*strided.* is not C-contiguous"):
+        mod(strided)
     assert dev.races == []
