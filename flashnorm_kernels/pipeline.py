@@ -38,7 +38,7 @@ from streamcheck.device import Buffer, Device, Region, Stream
 from streamcheck.trace import StreamKind
 
 from . import kernels_cpu
-from .plan import SyncPlan
+from .plan import EDGES, SyncPlan
 
 DTYPES = ("bfloat16", "float16", "float32")
 _ALIASES = {
@@ -205,7 +205,8 @@ class DeferredNormProjection:
         side = plan.side_kind
         self.stream_a = device.stream(f"{name}.A", kind=side)
         self.stream_b = device.stream(f"{name}.B", kind=side)
-        self._events = {edge: device.event(f"{name}.{edge}") for edge in plan.edges}
+        # In EDGES order, not the frozenset's (string hashing varies per process): same trace every run.
+        self._events = {edge: device.event(f"{name}.{edge}") for edge in EDGES if edge in plan.edges}
         self._war_stream: Optional[Stream] = None  # where `war` was last recorded (None: never)
 
         alloc = self.storage.alloc_dtype
