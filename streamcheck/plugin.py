@@ -195,7 +195,15 @@ def _read_settings(config) -> Settings:
 
 
 @pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    # Runs before any pytest_configure (xdist workers call it too): our hypothesis
+    # profiles must exist before hypothesis's plugin loads the one named by
+    # --hypothesis-profile in its pytest_configure.
+    _select_hypothesis_profile(config)
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    # Not tryfirst: the cacheprovider (tryfirst) must have made config.cache for `last`.
     config.addinivalue_line(
         "markers",
         "streamcheck(schedules=N, policies='delay,random', check='on'): override the streamcheck options "
@@ -212,12 +220,11 @@ def pytest_configure(config: pytest.Config) -> None:
     cache = getattr(config, "cache", None)
     if cache is not None and not hasattr(config, "workerinput"):
         cache.set(CACHE_KEY, settings.seed)  # for --streamcheck-seed=last next time
-    _select_hypothesis_profile(config)
 
 
 def _select_hypothesis_profile(config) -> None:
-    """Register our profiles before hypothesis's plugin loads the one named on the command
-    line (this hook runs first), and load the one named by the environment."""
+    """Register our profiles if the command line names one, and load the one the
+    environment names (the command line wins: hypothesis's plugin loads it later)."""
     from_cli = config.getoption("hypothesis_profile", None) if _has_option(config, "hypothesis_profile") else None
     env = any(os.environ.get(var) for var in ("STREAMCHECK_HYPOTHESIS_PROFILE", "HYPOTHESIS_PROFILE"))
     if not from_cli and not env:
@@ -335,11 +342,9 @@ def _test_config(item, settings: Settings) -> _TestConfig:
 
 
 def _policy_params(policy: str, backend: str, settings: Settings) -> dict:
-    if policy != "delay":
-        return {}
     if backend == "cupy":
-        return {"delay_us": settings.delay_us}
-    return {"steps": settings.delay_steps}
+        return {"delay_us": settings.delay_us} if policy in ("delay", "pct") else {}
+    return {"steps": settings.delay_steps} if policy == "delay" else {}
 
 
 def _make_device(config, spec: ScheduleSpec, check: str):
@@ -587,27 +592,30 @@ def _safe_name(nodeid: str) -> str:
 
 
 def _write_trace(config, nodeid: str, device) -> Optional[str]:
-    """With --streamcheck-trace-dir: the device's trace, report and (streamcheck.export, when
-    present) Perfetto JSON and PNG timeline, in DIR/<node id>/."""
+    """With --streamcheck-trace-dir: DIR/<node id>/ gets the failing run's trace.json and
+    report.txt, and (where streamcheck.export / streamcheck.timeline are installed)
+    perfetto.json for ui.perfetto.dev and timeline.png."""
     trace_dir = config.stash[SETTINGS_KEY].trace_dir
     if not trace_dir or device is None:
         return None
-    out = os.path.join(str(config.rootpath), trace_dir) if not os.path.isabs(trace_dir) else trace_dir
-    out = os.path.join(out, _safe_name(nodeid))
+    out = os.path.join(str(config.rootpath), trace_dir, _safe_name(nodeid))
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "trace.json"), "w") as fh:
         fh.write(device.trace.to_json())
+    notes = [device.report()]
+    schedule = device.schedule
+    if schedule is not None:
+        notes.append(f"schedule: {schedule.policy} seed {schedule.seed}, decisions {schedule.compact() or '-'}")
+    for module, function, filename in (("export", "write_chrome_trace", "perfetto.json"),
+                                       ("timeline", "render_timeline", "timeline.png")):
+        try:
+            writer = getattr(__import__(f"streamcheck.{module}", fromlist=[function]), function)
+            writer(device, os.path.join(out, filename))
+        except Exception as exc:  # an exporter problem must not hide the test's own failure
+            notes.append(f"{filename} not written: streamcheck.{module}.{function} raised "
+                         f"{type(exc).__name__}: {exc}")
     with open(os.path.join(out, "report.txt"), "w") as fh:
-        fh.write(device.report() + "\n")
-        if device.schedule is not None:
-            fh.write(f"schedule: {device.schedule}\n")
-    try:
-        from . import export
-    except ImportError:
-        return out  # exporter not installed: trace.json and report.txt only
-    writer = getattr(export, "write_artifacts", None) or getattr(export, "export_device", None)
-    if writer is not None:
-        writer(device, out)
+        fh.write("\n".join(notes) + "\n")
     return out
 
 
@@ -674,11 +682,11 @@ class _Summary:
                              f"({', '.join(value['kinds'])})")
             if value["wrong"]:
                 parts.append(f"{value['wrong']} of {value['schedules']} schedules gave wrong values")
-            terminalreporter.write_line(f"{outcome.upper()} {nodeid}: {'; '.join(parts)}")
+            terminalreporter.line(f"{outcome.upper()} {nodeid}: {'; '.join(parts)}")
             if value["replay"]:
-                terminalreporter.write_line(f"    replay: {value['replay']}")
+                terminalreporter.line(f"    replay: {value['replay']}")
         racy = sum(1 for row in found if row[2]["races"])
         schedules = sum(row[2]["schedules"] for row in self.rows)
-        terminalreporter.write_line(
+        terminalreporter.line(
             f"streamcheck: {len(self.rows)} tests, {schedules} schedules, races found in {racy} "
             f"test{'s' if racy != 1 else ''}; --streamcheck-seed={settings.seed}")

@@ -12,12 +12,14 @@ the default stream kinds: the smallest plan that still fails.
 Profiles (chosen with `--hypothesis-profile=NAME` or STREAMCHECK_HYPOTHESIS_PROFILE /
 HYPOTHESIS_PROFILE): `dev` (randomized, moderate), `ci` (derandomized and bounded, so
 CI is fast and a failure reproduces on every run; prints the reproduce blob) and
-`fuzz` (long). Names already registered by the user are left alone.
+`fuzz` (long). They are registered when this module is first imported; a profile the
+user registers later under the same name wins.
 """
 from __future__ import annotations
 
 import itertools
 import os
+from functools import lru_cache
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -29,8 +31,8 @@ from flashnorm_kernels.plan import CALLER_KINDS, EDGES, POST_STREAMS, SIDE_KINDS
 
 from .trace import StreamKind
 
-# The sim holds numpy data: no bfloat16 there (the cupy kernels add it on a GPU).
-SIM_DTYPES = ("float32", "float64", "float16")
+# The pipeline's dtypes (flashnorm_kernels.pipeline.DTYPES); the sim emulates bfloat16.
+DTYPES = ("float32", "float16", "bfloat16")
 # Policies that reorder work; `sequential` is the reference, not a schedule to explore.
 EXPLORING_POLICIES = ("delay", "random", "pct", "eager")
 SEED_MAX = 2**32 - 1
@@ -53,7 +55,7 @@ class Shape:
 
 
 def shapes(*, max_tokens: int = 4, max_hidden: int = 32, max_out: int = 32,
-           dtypes: Sequence[str] = SIM_DTYPES) -> st.SearchStrategy[Shape]:
+           dtypes: Sequence[str] = DTYPES) -> st.SearchStrategy[Shape]:
     """Small shapes the sim runs in microseconds; raise the bounds on a GPU."""
     for name, bound in (("max_tokens", max_tokens), ("max_hidden", max_hidden), ("max_out", max_out)):
         if not isinstance(bound, int) or bound < 1:
@@ -100,18 +102,22 @@ def all_plans(*, post_streams: Sequence[str] = POST_STREAMS, side_kinds: Sequenc
             for caller in caller_kinds]
 
 
-def safe_plans() -> st.SearchStrategy[SyncPlan]:
-    """Plans the oracle calls safe (no required ordering missing)."""
+@lru_cache(maxsize=1)
+def _plans_by_verdict() -> tuple:
     from .oracle import is_safe
 
-    return st.sampled_from([p for p in all_plans() if is_safe(p)])
+    plans = all_plans()
+    return tuple(p for p in plans if is_safe(p)), tuple(p for p in plans if not is_safe(p))
+
+
+def safe_plans() -> st.SearchStrategy[SyncPlan]:
+    """Plans the oracle calls safe (no required ordering missing)."""
+    return st.sampled_from(_plans_by_verdict()[0])
 
 
 def unsafe_plans() -> st.SearchStrategy[SyncPlan]:
     """Plans the oracle calls unsafe: a race the checker must report."""
-    from .oracle import is_safe
-
-    return st.sampled_from([p for p in all_plans() if not is_safe(p)])
+    return st.sampled_from(_plans_by_verdict()[1])
 
 
 def stream_kinds(*, legacy: bool = True) -> st.SearchStrategy[StreamKind]:
@@ -128,24 +134,29 @@ class ScheduleChoice:
 
     policy: str
     seed: int = 0
-    delay_steps: int = 8  # delay: host calls a held operation waits (sim)
+    delay_steps: int = 8  # sim, delay: host calls a held operation waits
     pct_depth: int = 2  # pct: bug depth searched for
+    delay_us: int = 200  # cupy, delay and pct: spin before a delayed launch
 
-    def params(self) -> dict:
+    def params(self, backend: str = "sim") -> dict:
+        """Keyword arguments for Device(backend, policy=..., seed=..., **params)."""
+        params = {}
         if self.policy == "delay":
-            return {"steps": self.delay_steps}
-        if self.policy == "pct":
-            return {"depth": self.pct_depth}
-        return {}
+            params = {"delay_us": self.delay_us} if backend == "cupy" else {"steps": self.delay_steps}
+        elif self.policy == "pct":
+            params = {"depth": self.pct_depth}
+            if backend == "cupy":
+                params["delay_us"] = self.delay_us
+        return params
 
     def device(self, backend: str = "sim", *, check: bool = True):
         """A fresh Device running this schedule."""
         from .device import Device
 
-        return Device(backend, check=check, policy=self.policy, seed=self.seed, **self.params())
+        return Device(backend, check=check, policy=self.policy, seed=self.seed, **self.params(backend))
 
-    def describe(self) -> str:
-        params = "".join(f" {k}={v}" for k, v in self.params().items())
+    def describe(self, backend: str = "sim") -> str:
+        params = "".join(f" {k}={v}" for k, v in self.params(backend).items())
         return f"{self.policy} seed={self.seed}{params}"
 
 
@@ -183,12 +194,11 @@ PROFILES = {
 
 
 def register_profiles() -> None:
-    """Register dev/ci/fuzz unless a profile of that name exists already (the user's wins)."""
+    """Register dev/ci/fuzz. Ours replace hypothesis's built-in `ci` (same spirit, fewer
+    examples); this runs once, when the module is imported, so a profile the user
+    registers afterwards under one of these names wins."""
     for name, kwargs in PROFILES.items():
-        try:
-            settings.get_profile(name)
-        except InvalidArgument:
-            settings.register_profile(name, **kwargs)
+        settings.register_profile(name, **kwargs)
 
 
 def profile_from_env() -> Optional[str]:
@@ -202,7 +212,6 @@ def profile_from_env() -> Optional[str]:
 def load_profile(name: Optional[str] = None, default: Optional[str] = None) -> Optional[str]:
     """Load `name`, else the profile named by the environment, else `default`; return the
     one loaded (None: nothing was chosen, hypothesis keeps its own default)."""
-    register_profiles()
     chosen = name or profile_from_env() or default
     if chosen is None:
         return None

@@ -1,0 +1,318 @@
+"""The pytest plugin, tested the way users meet it: pytest runs in a subprocess
+(pytester.runpytest_subprocess) over small test files, on the sim backend."""
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import zlib
+
+import numpy as np
+import pytest
+
+from streamcheck.plugin import SEED_MOD, compare, per_test_seed, schedule_specs
+
+# A producer on stream A, a consumer on stream B. `racy` never orders them (the
+# consumer may read x before it is written); `fixed` makes B wait on an event.
+PROGRAMS = '''
+import json, os
+import numpy as np
+import pytest
+
+def produce(x):
+    x[...] = np.arange(4, dtype=x.dtype) + 1
+
+def consume(y, x):
+    y[...] = x * 2
+
+def program(dev, join):
+    a, b = dev.stream("A"), dev.stream("B")
+    x = dev.alloc(4, fill=0.0, name="x")
+    y = dev.alloc(4, fill=0.0, name="y")
+    dev.launch(produce, (x,), stream=a, writes=[x])
+    if join:
+        b.wait_event(a.record())
+    dev.launch(consume, (y, x), stream=b, reads=[x], writes=[y])
+    dev.synchronize()
+    return dev.host_read(y)
+
+def note(name, value):
+    # Tests run in workers under xdist: leave evidence in files, not on stdout.
+    with open(os.path.join(os.environ["NOTES"], name), "w") as fh:
+        json.dump(value, fh)
+'''
+
+SEEDS = PROGRAMS + '''
+@pytest.mark.parametrize("i", range(4))
+def test_seed(streamcheck_seed, request, i):
+    note(f"seed-{i}", [request.node.nodeid, streamcheck_seed])
+
+def test_fixed(run_schedules):
+    run = run_schedules(lambda dev: program(dev, join=True))
+    assert run.reference.tolist() == [2.0, 4.0, 6.0, 8.0]
+    note("fixed", [r.schedule for r in run.results])
+'''
+
+RACY = PROGRAMS + '''
+def test_racy(run_schedules):
+    run_schedules(lambda dev: program(dev, join=False))
+'''
+
+HEADER = re.compile(r"^streamcheck: backend=(\w+) policy=(\S+) schedules=(\d+) check=(\w+) --streamcheck-seed=(\d+)$",
+                    re.M)
+
+
+@pytest.fixture(autouse=True)
+def _notes_dir(tmp_path, monkeypatch):
+    (tmp_path / "notes").mkdir()
+    monkeypatch.setenv("NOTES", str(tmp_path / "notes"))
+
+
+def _run(pytester, tmp_path, *args):
+    return pytester.runpytest_subprocess("--streamcheck-backend=sim", *args)
+
+
+def _notes(tmp_path) -> dict:
+    notes = {p.name: json.loads(p.read_text()) for p in (tmp_path / "notes").iterdir()}
+    for p in (tmp_path / "notes").iterdir():
+        p.unlink()
+    return notes
+
+
+def _header_seed(result) -> int:
+    match = HEADER.search(result.stdout.str())
+    assert match, result.stdout.str()
+    return int(match.group(5))
+
+
+def _failure_block(result) -> list:
+    """The failure's schedule, mismatch, race report and replay lines (the `E` lines)."""
+    return [line for line in result.stdout.lines if line.startswith("E ")]
+
+
+# --- seeds ----------------------------------------------------------------------------------
+
+
+def test_same_seed_same_per_test_seeds_and_schedules(pytester, tmp_path):
+    pytester.makepyfile(test_seeds=SEEDS)
+    first = _run(pytester, tmp_path, "--streamcheck-seed=1234")
+    first.assert_outcomes(passed=5)
+    assert _header_seed(first) == 1234
+    assert "streamcheck: backend=sim policy=delay,random,pct schedules=8 check=on --streamcheck-seed=1234" \
+        in first.stdout.str()
+    notes = _notes(tmp_path)
+    for i in range(4):
+        nodeid, seed = notes[f"seed-{i}"]
+        assert seed == (1234 + zlib.crc32(nodeid.encode())) % SEED_MOD
+    assert len(set(seed for _, seed in (notes[f"seed-{i}"] for i in range(4)))) == 4
+    # The same seed again, and a -k subset: the same per-test seeds and the same decisions.
+    again = _run(pytester, tmp_path, "--streamcheck-seed=1234", "-k", "seed and 2 or fixed")
+    again.assert_outcomes(passed=2, deselected=3)
+    renotes = _notes(tmp_path)
+    assert renotes["seed-2"] == notes["seed-2"]
+    assert renotes["fixed"] == notes["fixed"]
+    assert len(set(notes["fixed"])) > 1  # the schedules really differ from each other
+
+
+def test_seed_is_random_per_run_and_last_replays_it(pytester, tmp_path):
+    pytester.makepyfile(test_seeds=SEEDS)
+    one = _run(pytester, tmp_path, "-k", "not fixed")
+    two = _run(pytester, tmp_path, "-k", "not fixed")
+    seed_one, seed_two = _header_seed(one), _header_seed(two)
+    assert seed_one != seed_two  # random per run (collision chance 2^-32)
+    notes_two = _notes(tmp_path)
+    last = _run(pytester, tmp_path, "-k", "not fixed", "--streamcheck-seed=last")
+    assert _header_seed(last) == seed_two
+    assert _notes(tmp_path) == notes_two
+
+
+def test_xdist_workers_use_the_controllers_seed(pytester, tmp_path):
+    pytester.makepyfile(test_seeds=SEEDS)
+    result = _run(pytester, tmp_path, "-n", "2")
+    result.assert_outcomes(passed=5)
+    seed = _header_seed(result)  # drawn by the controller, not given
+    notes = _notes(tmp_path)
+    for i in range(4):
+        nodeid, got = notes[f"seed-{i}"]
+        assert got == per_test_seed(seed, nodeid)
+    # And the schedules the workers ran are the ones a single process runs with that seed.
+    single = _run(pytester, tmp_path, f"--streamcheck-seed={seed}", "-k", "fixed")
+    single.assert_outcomes(passed=1, deselected=4)
+    assert _notes(tmp_path)["fixed"] == notes["fixed"]
+
+
+# --- failures and replay --------------------------------------------------------------------
+
+
+def test_racy_test_fails_with_report_and_replay_command_that_reproduces_it(pytester, tmp_path):
+    pytester.makepyfile(test_racy=RACY)
+    result = _run(pytester, tmp_path, "--streamcheck-seed=7")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "gave values that differ from the sequential reference" in out
+    assert "RAW race on `x`" in out
+    assert "first:  stream A: `produce` writes at test_racy.py:" in out
+    assert "second: stream B: `consume` reads at test_racy.py:" in out
+    # The summary lists races per test.
+    assert re.search(r"FAILED test_racy.py::test_racy: 1 race \(RAW on x\); \d+ of 8 schedules gave wrong values", out)
+    block = _failure_block(result)
+    replay = [line for line in block if "replay: pytest" in line]
+    assert len(replay) == 1
+    command = replay[0].split("replay: ", 1)[1]
+    assert "--streamcheck-seed=7" in command and "--streamcheck-replay=" in command
+    argv = shlex.split(command)
+    assert argv[0] == "pytest" and argv[1] == "test_racy.py::test_racy"
+    again = _run(pytester, tmp_path, *argv[1:])
+    again.assert_outcomes(failed=1)
+    # Same schedule (policy, seed, decisions), same wrong values, same race report, same command.
+    strip = re.compile(r"\(\d+ of \d+ schedules wrong\)")
+    assert [strip.sub("", line) for line in _failure_block(again)] == [strip.sub("", line) for line in block]
+    assert "(1 of 1 schedules wrong)" in again.stdout.str()
+
+
+def test_races_fail_even_when_values_match_unless_check_is_relaxed(pytester, tmp_path):
+    pytester.makepyfile(test_device=PROGRAMS + '''
+def test_device(streamcheck_device):
+    # Eager: the producer always ran first, so the value is right; the race is still there.
+    assert program(streamcheck_device, join=False).tolist() == [2.0, 4.0, 6.0, 8.0]
+
+def test_device_fixed(streamcheck_device):
+    assert program(streamcheck_device, join=True).tolist() == [2.0, 4.0, 6.0, 8.0]
+''')
+    strict = _run(pytester, tmp_path, "--streamcheck-policy=eager", "--streamcheck-seed=3")
+    strict.assert_outcomes(failed=1, passed=1)
+    out = strict.stdout.str()
+    assert "the happens-before checker found 1 race" in out
+    assert "missing edge: stream B never waited for an event recorded on stream A" in out
+    assert "replay: pytest test_device.py::test_device --streamcheck-seed=3" in out
+    warn = _run(pytester, tmp_path, "--streamcheck-policy=eager", "--streamcheck-check=warn")
+    warn.assert_outcomes(passed=2)
+    assert "PASSED test_device.py::test_device: 1 race (RAW on x)" in warn.stdout.str()
+    off = _run(pytester, tmp_path, "--streamcheck-policy=eager", "--streamcheck-check=off")
+    off.assert_outcomes(passed=2)
+    assert "RAW race" not in off.stdout.str()
+    assert "races found in 0 tests" in off.stdout.str()
+
+
+def test_marker_overrides_options(pytester, tmp_path):
+    pytester.makepyfile(test_marked=PROGRAMS + '''
+@pytest.mark.streamcheck(schedules=3, policies=["random"])
+def test_marked(run_schedules):
+    run = run_schedules(lambda dev: program(dev, join=True))
+    note("marked", [r.spec.label for r in run.results])
+
+@pytest.mark.streamcheck(check="off")
+def test_unchecked(run_schedules):
+    run = run_schedules(lambda dev: program(dev, join=False), policies=["eager"], schedules=2)
+    note("unchecked", [len(run.races), [r.spec.label for r in run.results]])
+
+@pytest.mark.streamcheck(schedules=0)
+def test_bad_marker(run_schedules):
+    run_schedules(lambda dev: 0)
+''')
+    result = _run(pytester, tmp_path, "--streamcheck-schedules=5", "--streamcheck-policy=delay")
+    result.assert_outcomes(passed=2, failed=1)
+    notes = _notes(tmp_path)
+    assert notes["marked"] == ["random:0", "random:1", "random:2"]
+    assert notes["unchecked"] == [0, ["eager:0", "eager:1"]]
+    assert "@pytest.mark.streamcheck on test_marked.py::test_bad_marker: schedules='0' is not valid; " \
+           "accepted values: an integer >= 1" in result.stdout.str()
+
+
+def test_trace_dir_gets_the_failing_runs_trace(pytester, tmp_path):
+    pytester.makepyfile(test_racy=RACY)
+    result = _run(pytester, tmp_path, "--streamcheck-seed=7", "--streamcheck-trace-dir=traces")
+    result.assert_outcomes(failed=1)
+    out = pytester.path / "traces" / "test_racy.py_test_racy"
+    ops = json.loads((out / "trace.json").read_text())
+    assert [op["name"] for op in ops if op["op"] == "Launch"] == ["produce", "consume"]
+    report = (out / "report.txt").read_text()
+    assert "RAW race on `x`" in report
+    # The schedule of the failing run, as the failure printed it.
+    decisions = re.search(r"decisions (\S+)$", result.stdout.str(), re.M).group(1)
+    assert f", decisions {decisions}" in report
+    assert "not written" not in report, report
+    assert "traceEvents" in json.loads((out / "perfetto.json").read_text())
+    assert (out / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --- options ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--streamcheck-policy=delay,bogus"], "--streamcheck-policy='delay,bogus' is not valid; accepted values: "
+                                           "a comma-separated list of sequential, eager, delay, random, pct"),
+    (["--streamcheck-seed=abc"], "--streamcheck-seed='abc' is not valid; accepted values: an integer in"),
+    (["--streamcheck-schedules=0"], "--streamcheck-schedules='0' is not valid; accepted values: an integer >= 1"),
+    (["--streamcheck-backend=tpu"], "--streamcheck-backend='tpu' is not valid; accepted values: auto, sim, cupy"),
+    (["--streamcheck-check=maybe"], "--streamcheck-check='maybe' is not valid; accepted values: on, warn, off"),
+    (["--streamcheck-replay=delay"], "--streamcheck-replay='delay' is not valid; accepted values: POLICY:INDEX"),
+    (["-o", "streamcheck_delay_steps=-1"], "ini option streamcheck_delay_steps='-1' is not valid"),
+    (["--streamcheck-seed=last", "-p", "no:cacheprovider"], "no previous seed is stored"),
+])
+def test_bad_option_values_are_usage_errors(pytester, args, message):
+    pytester.makepyfile(test_nothing="def test_nothing(): pass")
+    result = pytester.runpytest_subprocess(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert message in result.stderr.str()
+
+
+def test_disabled_plugin_leaves_no_options_or_fixtures(pytester):
+    pytester.makepyfile(test_uses=RACY)
+    no_option = pytester.runpytest_subprocess("-p", "no:streamcheck", "--streamcheck-seed=1")
+    assert no_option.ret == pytest.ExitCode.USAGE_ERROR
+    assert "unrecognized arguments: --streamcheck-seed=1" in no_option.stderr.str()
+    no_fixture = pytester.runpytest_subprocess("-p", "no:streamcheck")
+    no_fixture.assert_outcomes(errors=1)
+    assert "fixture 'run_schedules' not found" in no_fixture.stdout.str()
+    assert "streamcheck: backend=" not in no_fixture.stdout.str()
+
+
+def test_hypothesis_profiles_are_selectable(pytester, monkeypatch):
+    pytester.makepyfile(test_profile='''
+from hypothesis import settings
+import os
+
+def test_profile():
+    current = settings.default
+    name = os.environ["WANT"]
+    assert settings.get_current_profile_name() == name
+    if name == "ci":
+        assert current.derandomize and current.print_blob and current.max_examples <= 50
+    else:
+        assert current.max_examples >= 10_000
+''')
+    monkeypatch.setenv("WANT", "ci")
+    monkeypatch.setenv("STREAMCHECK_HYPOTHESIS_PROFILE", "ci")
+    pytester.runpytest_subprocess().assert_outcomes(passed=1)
+    monkeypatch.setenv("WANT", "fuzz")  # the command line wins over the environment
+    pytester.runpytest_subprocess("--hypothesis-profile=fuzz").assert_outcomes(passed=1)
+
+
+# --- the pieces, directly -----------------------------------------------------------------------
+
+
+def test_schedule_seeds_name_a_schedule_for_good():
+    specs = schedule_specs(99, ("delay", "random"), 6)
+    assert [s.label for s in specs] == ["delay:0", "random:0", "delay:1", "random:1", "delay:2", "random:2"]
+    # The k-th schedule of a policy keeps its seed whatever the count or the other policies.
+    alone = schedule_specs(99, ("random",), 3)
+    assert [s.seed for s in alone] == [s.seed for s in specs if s.policy == "random"]
+    assert schedule_specs(99, ("delay",), 8, replay=("random", 2)) == [specs[5]]
+    assert len({s.seed for s in specs}) == 6
+    assert schedule_specs(100, ("delay",), 1)[0].seed != specs[0].seed
+
+
+def test_compare_reports_the_first_difference():
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    assert compare(a, a.copy()) is None
+    nan = np.full(3, np.nan, np.float32)
+    assert compare(nan, nan.copy()) is None  # garbage in both: same garbage, same result
+    b = a.copy()
+    b[1, 2] += 1e-6
+    assert compare(a, b) == ("result: 1 of 6 elements differ (exact); first at (1, 2): "
+                             "got np.float32(5.000001), want np.float32(5.0)")
+    assert compare(a, b, atol=1e-5) is None
+    assert "float64[2, 3], the reference is float32[2, 3]" in compare(a, b.astype(np.float64))
+    assert compare({"out": [a, 1]}, {"out": [a, 2]}) == "result['out'][1]: got 2, want 1"
+    assert compare((a,), (a, a)) == "result: 2 items, the reference has 1"
