@@ -46,14 +46,13 @@ def render_timeline(source, path, title: Optional[str] = None, *, window=None, d
     lanes = [lane for lane in model.lanes if any(s.lane == lane.key for s in shown.values())] or list(model.lanes)
     row = {lane.key: len(lanes) - 1 - n for n, lane in enumerate(lanes)}  # first lane on top
 
-    label_in = _LABEL_IN
     width = min(max(8.0, _LABEL_IN + 0.3 + _BOX_IN * (x1 - x0) * _units_per_box(model)), _MAX_IN)
     footer_lines = _footer(model, int(width * 72 * 0.97 / (0.6 * 8)))
     height = 1.5 + 0.8 * len(lanes) + 0.22 * len(footer_lines)
     fig = Figure(figsize=(width, height), dpi=dpi)
     FigureCanvasAgg(fig)
     bottom = (0.55 + 0.22 * len(footer_lines)) / height
-    fig.subplots_adjust(left=label_in / width, right=1 - 0.3 / width, top=1 - 0.85 / height, bottom=bottom)
+    fig.subplots_adjust(left=_LABEL_IN / width, right=1 - 0.3 / width, top=1 - 0.85 / height, bottom=bottom)
     ax = fig.add_subplot(1, 1, 1)
     ax.set_xlim(x0, x1)
     ax.set_ylim(-0.6, len(lanes) - 0.4)
@@ -65,7 +64,7 @@ def render_timeline(source, path, title: Optional[str] = None, *, window=None, d
         ax.axhline(y, color="#eeeeee", zorder=0, linewidth=8)
     for spine in ("top", "right", "left"):
         ax.spines[spine].set_visible(False)
-    px_per_unit = (width * (1 - (label_in + 0.3) / width)) * dpi / max(x1 - x0, 1e-9)
+    px_per_unit = (width * (1 - (_LABEL_IN + 0.3) / width)) * dpi / max(x1 - x0, 1e-9)
 
     roles = model.race_roles()
     summary = {"path": str(path), "lanes": [lane.label for lane in lanes], "boxes": [], "highlighted": [],
@@ -105,7 +104,9 @@ def render_timeline(source, path, title: Optional[str] = None, *, window=None, d
                 ax.text(s.start + s.duration / 2, y - h / 2 - 0.04, label, ha="center", va="top", fontsize=7,
                         color="#333333", zorder=4)
         else:
-            box = {"boxstyle": "square,pad=0.1", "facecolor": face, "edgecolor": "none"} if s.category == "sync" else None
+            # A sync's label sits on a patch of its colour, above the hatching.
+            box = {"boxstyle": "square,pad=0.1", "facecolor": face, "edgecolor": "none"} if s.category == "sync" \
+                else None
             ax.text(s.start + s.duration / 2, y, label, ha="center", va="center", fontsize=8, zorder=4, bbox=box)
         summary["boxes"].append({"index": index, "lane": _label(model, s.lane), "name": s.name,
                                  "start": s.start, "end": s.end, "race": bool(racing)})
@@ -159,9 +160,9 @@ def render_timeline(source, path, title: Optional[str] = None, *, window=None, d
 
     summary["title"] = title if title is not None else _title(model)
     fig.suptitle(summary["title"], fontsize=11, fontweight="bold", x=0.5, y=1 - 0.12 / height, va="top")
-    for n, line in enumerate(footer_lines):
-        fig.text(0.01, (0.1 + 0.22 * (len(footer_lines) - 1 - n)) / height, line, fontsize=8,
-                 color=_RACE if n == 0 and model.races else "#333333", family="monospace")
+    for n, (line, color) in enumerate(footer_lines):
+        fig.text(0.01, (0.1 + 0.22 * (len(footer_lines) - 1 - n)) / height, line, fontsize=8, color=color,
+                 family="monospace")
     fig.savefig(path, dpi=dpi)
     summary["size"] = tuple(fig.canvas.get_width_height())  # pixels, as written
     return summary
@@ -246,9 +247,10 @@ def _title(model: Model) -> str:
 
 
 def _footer(model: Model, chars: int) -> list:
+    """(line, colour) pairs under the plot: the first race's missing edge and its fix."""
     if not model.races:
         return []
     race = model.races[0].race
-    lines = textwrap.wrap(f"missing edge: {race.missing_edge}", chars)
-    lines += textwrap.wrap(f"fix: {race.hint}", chars)
+    lines = [(line, _RACE) for line in textwrap.wrap(f"missing edge: {race.missing_edge}", chars)]
+    lines += [(line, "#333333") for line in textwrap.wrap(f"fix: {race.hint}", chars)]
     return lines
