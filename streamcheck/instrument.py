@@ -371,7 +371,7 @@ class Session:
             return (2, self._tid())
         return ptr
 
-    def _register_stream(self, ptr: int, site: CallSite, fresh: bool = False) -> int:
+    def _register_stream(self, ptr: int, site: CallSite, fresh: bool = False, short: str = "") -> int:
         key = self._stream_key(ptr)
         with self._lock:
             if not fresh and key in self._streams:
@@ -383,8 +383,9 @@ class Session:
                 label = f"per-thread default stream of thread {key[1]}"
             else:
                 kind = self._stream_kind(ptr)
-                self._named_streams += 1
-                short = f"s{self._named_streams}"
+                if not short:
+                    self._named_streams += 1
+                    short = f"s{self._named_streams}"
                 label = f"{short} (created at {site})" if site is not UNKNOWN_SITE else f"{short} (0x{ptr:x})"
             self._streams[key] = sid
             self._stream_names[sid] = short
@@ -620,7 +621,10 @@ class Session:
             for rng in writes:
                 self._record(T.Copy(tid, site, stream=sid, kind=CopyKind.H2D, src=None, dst=rng))
             return result
-        self._record(T.Launch(tid, site, stream=sid, name=name, reads=tuple(self._ranges(inputs)), writes=writes))
+        # A range both read and written (in place) is recorded as a write: that conflicts with any
+        # unordered access already, and one report per racing pair is enough.
+        reads = tuple(r for r in self._ranges(inputs) if r not in writes)
+        self._record(T.Launch(tid, site, stream=sid, name=name, reads=reads, writes=writes))
         return result
 
     def host_read(self, name: str, array, stream, blocking: bool, call):
@@ -1374,7 +1378,12 @@ def torch_stream():
     from .backends.cupy_backend import _external_stream
 
     ptr = torch.cuda.current_stream().cuda_stream
-    return cupy.cuda.Stream.null if ptr == 0 else _external_stream(cupy, ptr)
+    if ptr == 0:
+        return cupy.cuda.Stream.null  # torch's default stream is the legacy default stream
+    session = _session
+    if session is not None and session._stream_key(ptr) not in session._streams:
+        session._register_stream(ptr, session._site(), short="torch")  # `--delay-stream torch` targets it
+    return _external_stream(cupy, ptr)
 
 
 class _InstrumentModule(types.ModuleType):

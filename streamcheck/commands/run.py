@@ -1,7 +1,7 @@
 """`streamcheck run [options] script.py [args...]`: check an unmodified CuPy program.
 
 The command runs the script in this process, as `python script.py args...` would
-(runpy, `__name__ == "__main__"`, sys.argv and sys.path[0] set alike), after
+(as module `__main__`, with sys.argv and sys.path[0] set alike), after
 streamcheck.instrument has wrapped CuPy's entry points; every stream operation is
 recorded and fed to the happens-before checker. At the end each race is printed
 to stderr.
@@ -19,11 +19,12 @@ script starts are not checked (run them under `streamcheck run` too).
 from __future__ import annotations
 
 import argparse
+import builtins
 import os
-import runpy
 import sys
 import threading
 import traceback
+import types
 
 from ..backends.cupy_backend import MAX_DELAY_US
 
@@ -117,17 +118,25 @@ def run(args) -> int:
     session = instrument.start(delay_us=args.delay_us, delay_streams=args.delay_stream,
                                delay_kernels=args.delay_kernel, seed=args.seed, warm_up=not args.no_warm_up)
     before = set(threading.enumerate())
-    saved_argv, saved_path0 = sys.argv, sys.path[0] if sys.path else None
+    saved_argv, saved_path0, saved_main = sys.argv, sys.path[0] if sys.path else None, sys.modules.get("__main__")
     os.environ["STREAMCHECK_RUN"] = "1"
     sys.argv = [script] + list(args.args)
     if sys.path:
         sys.path[0] = os.path.dirname(os.path.abspath(script))
     else:
         sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    # Our own module object rather than runpy.run_path: the script's globals (and the arrays
+    # they hold) must outlive the recording, or tearing them down would record frees that
+    # the program never issued.
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=script, __builtins__=builtins, __cached__=None)
+    sys.modules["__main__"] = main
     status = 0
-    script_globals = None
+    failure = None  # keeps the failing frames (and their arrays) alive until recording stopped
     try:
-        script_globals = runpy.run_path(script, run_name="__main__")
+        with open(script, "rb") as f:
+            code = compile(f.read(), script, "exec", dont_inherit=True)
+        exec(code, main.__dict__)
         # Like interpreter exit: wait for the script's non-daemon threads before the report.
         for thread in set(threading.enumerate()) - before:
             if not thread.daemon and thread is not threading.current_thread():
@@ -137,13 +146,16 @@ def run(args) -> int:
     except BaseException as exc:  # the script's own error: its traceback and status, plus our report
         _print_script_traceback(exc, script)
         status = 130 if isinstance(exc, KeyboardInterrupt) else 1
+        failure = exc
     finally:
         instrument.stop()
         sys.argv = saved_argv
         if saved_path0 is not None:
             sys.path[0] = saved_path0
+        if saved_main is not None:
+            sys.modules["__main__"] = saved_main
         os.environ.pop("STREAMCHECK_RUN", None)
-    del script_globals  # the script's arrays are freed after recording stopped: no end-of-run frees
+    del main, failure  # the script's arrays are freed after recording stopped
 
     sys.stdout.flush()
     races = session.races

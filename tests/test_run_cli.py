@@ -1,0 +1,218 @@
+"""`streamcheck run` and the instrumentation's CPU-testable parts (no GPU needed).
+
+The GPU behaviour (races reported, values wrong under delay) is in
+test_cupy_backend_gpu.py; here: usage errors, the no-GPU exit, missing scripts,
+lazy imports, and the pure pieces (CUDA signature parsing, delay targeting).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import zlib
+
+import pytest
+
+from streamcheck import cli
+from streamcheck.backends.cupy_backend import MAX_DELAY_US, _Policy
+from streamcheck.instrument import _param_names, kernel_signature
+from streamcheck.schedule import ScheduleError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NO_CUPY = "import sys; sys.modules['cupy'] = None; "  # `import cupy` now raises ImportError
+
+
+def python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+
+@pytest.fixture
+def script(tmp_path):
+    path = tmp_path / "prog.py"
+    path.write_text("print('ran')\n")
+    return str(path)
+
+
+# --- usage --------------------------------------------------------------------------------
+
+def test_help_lists_the_options(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["run", "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    for option in ("--delay-us", "--delay-stream", "--error-exitcode", "--seed", "script"):
+        assert option in out
+
+
+@pytest.mark.parametrize("value", ["-5", "-0.5", str(MAX_DELAY_US + 1), "lots"])
+def test_bad_delay_is_a_usage_error(value, script, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["run", "--delay-us", value, script])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--delay-us" in err and value in err
+
+
+@pytest.mark.parametrize("value", ["256", "-1", "x"])
+def test_bad_error_exitcode_is_a_usage_error(value, script, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["run", "--error-exitcode", value, script])
+    assert exc.value.code == 2
+    assert "--error-exitcode" in capsys.readouterr().err
+
+
+def test_script_is_required(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["run"])
+    assert exc.value.code == 2
+
+
+def test_missing_script_exits_2_like_python(tmp_path, capsys):
+    missing = tmp_path / "nope.py"
+    assert cli.main(["run", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert "can't open file" in err and "nope.py" in err and "No such file" in err
+
+
+def test_script_arguments_are_not_taken_as_options(script, monkeypatch, capsys):
+    monkeypatch.setattr("streamcheck.backends.gpu_available", lambda: False)
+    # `--delay-us` after the script belongs to the script; the run still stops at the GPU check.
+    assert cli.main(["run", script, "--delay-us", "-5"]) == 2
+    assert "needs an NVIDIA GPU" in capsys.readouterr().err
+
+
+# --- no GPU -------------------------------------------------------------------------------
+
+def test_no_gpu_exits_2_with_a_clear_message(script, monkeypatch, capsys):
+    monkeypatch.setattr("streamcheck.backends.gpu_available", lambda: False)
+    assert cli.main(["run", "--error-exitcode", "1", script]) == 2
+    captured = capsys.readouterr()
+    assert "needs an NVIDIA GPU and CuPy" in captured.err
+    assert "ran" not in captured.out  # the script did not run half-checked
+
+
+def test_without_cupy_end_to_end(script):
+    proc = python(NO_CUPY + f"from streamcheck.cli import main; sys.exit(main(['run', {script!r}]))")
+    assert proc.returncode == 2, proc.stderr
+    assert "needs an NVIDIA GPU and CuPy" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_console_script_entry_point_without_cupy(script):
+    # The same through `python -m streamcheck.cli`, as CI machines run it.
+    proc = subprocess.run([sys.executable, "-c", NO_CUPY + "import runpy; runpy.run_module('streamcheck.cli', "
+                           f"run_name='__main__')", "run", script], capture_output=True, text=True, cwd=ROOT,
+                          timeout=120)
+    assert proc.returncode == 2
+    assert "needs an NVIDIA GPU and CuPy" in proc.stderr
+
+
+# --- lazy imports -------------------------------------------------------------------------
+
+def test_importing_streamcheck_and_instrument_loads_neither_cupy_nor_torch():
+    proc = python(textwrap.dedent("""
+        import sys
+        import streamcheck
+        import streamcheck.instrument as inst
+        from streamcheck import declare_access, declare_kernel
+        assert callable(streamcheck.instrument) and streamcheck.instrument is inst
+        print('cupy' in sys.modules, 'torch' in sys.modules)
+    """))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["False", "False"]
+
+
+def test_instrument_without_cupy_fails_only_when_used():
+    proc = python(NO_CUPY + textwrap.dedent("""
+        import streamcheck
+        from streamcheck.instrument import InstrumentError, active
+        streamcheck.declare_access(reads=[], writes=[])  # no session: does nothing
+        streamcheck.declare_kernel('k', reads=(0,), writes=(1,))
+        assert not active()
+        try:
+            with streamcheck.instrument():
+                pass
+        except InstrumentError as exc:
+            print('InstrumentError:', exc)
+    """))
+    assert proc.returncode == 0, proc.stderr
+    assert "InstrumentError: streamcheck.instrument needs an NVIDIA GPU and CuPy" in proc.stdout
+
+
+def test_device_cupy_without_gpu_says_what_to_do(monkeypatch):
+    from streamcheck.backends import BackendUnavailable
+    from streamcheck.device import Device
+
+    monkeypatch.setattr("streamcheck.backends.gpu_available", lambda: False)
+    with pytest.raises(BackendUnavailable, match="backend='sim'"):
+        Device("cupy")
+
+
+# --- CUDA signatures: const pointers are reads --------------------------------------------
+
+@pytest.mark.parametrize("code, name, expected", [
+    ('extern "C" __global__ void k(const float* x, float* y, int n) {}', "k", ("r", "w", "-")),
+    ('extern "C" __global__ void k(float const *x, const float* __restrict__ y, float * const z) {}', "k",
+     ("r", "r", "w")),
+    ('__global__ void __launch_bounds__(256, 2) k(const double* a,\n  double* b /* out */) {}', "k", ("r", "w")),
+    ("template <typename T, int N> __global__ void f(const T* a, T* b) {}", "f<float, 4>", ("r", "w")),
+    ("__global__ void other(float* a) {}\n__global__ void k(const float* a) {}", "k", ("r",)),
+    ("__global__ void k(void) {}", "k", ()),
+    ("__device__ void k(float* a) {}", "k", None),  # not a kernel
+    (None, "k", None),  # precompiled module: no source
+])
+def test_kernel_signature(code, name, expected):
+    assert kernel_signature(code, name) == expected
+
+
+def test_kernel_signature_ignores_commas_in_templates():
+    code = "__global__ void k(const Pair<float, int>* p, Pair<float, int>* q, int n) {}"
+    assert kernel_signature(code, "k") == ("r", "w", "-")
+
+
+def test_elementwise_param_names():
+    assert _param_names("float32 x, raw T y, T z") == ["x", "y", "z"]
+    assert _param_names("") == []
+
+
+# --- the backend's delay targeting (pure) -------------------------------------------------
+
+def test_delay_policy_targets_named_streams_and_kernels():
+    policy = _Policy("delay", 0, {"delay_us": 300, "streams": ["A"]})
+    assert policy.spin_before("A", "k") == 300 and policy.spin_before("B", "k") == 0
+    policy = _Policy("delay", 0, {"delay_us": 300, "kernels": ["matmul"]})
+    assert policy.spin_before("B", "matmul") == 300 and policy.spin_before("B", "rms") == 0
+    assert policy.describe() == "delay(delay_us=300, kernels=matmul)"
+
+
+def test_delay_policy_without_names_lets_the_seed_choose_like_the_sim():
+    for seed in range(4):
+        policy = _Policy("delay", seed, {})
+        for name in ("A", "B", "legacy"):
+            chosen = (zlib.crc32(name.encode()) + seed) % 2 == 0
+            assert (policy.spin_before(name, "k") > 0) == chosen
+
+
+def test_pct_and_random_policies_are_seeded():
+    a, b = _Policy("random", 7, {"delay_us": 40}), _Policy("random", 7, {"delay_us": 40})
+    spins = [a.spin_before("A", "k") for _ in range(20)]
+    assert spins == [b.spin_before("A", "k") for _ in range(20)]
+    assert all(0 <= s <= 40 for s in spins) and any(s > 0 for s in spins) and any(s == 0 for s in spins)
+    assert [a.priority(0, 0, -5) for _ in range(10)] == [b.priority(0, 0, -5) for _ in range(10)]
+    pct = _Policy("pct", 3, {"depth": 3})
+    assert sum(pct.spin_before("A", "k") > 0 for _ in range(200)) == 2  # depth - 1 change points
+
+
+@pytest.mark.parametrize("params, words", [
+    ({"delay_us": -1}, "delay_us must be"),
+    ({"delay_us": MAX_DELAY_US + 1}, "delay_us must be"),
+    ({"delay_steps": 3}, "unknown parameters"),
+])
+def test_policy_parameters_are_validated(params, words):
+    with pytest.raises(ScheduleError, match=words):
+        _Policy("delay", 0, params)
+
+
+def test_sim_parameters_are_accepted_so_one_test_runs_on_both_backends():
+    assert _Policy("delay", 0, {"steps": 6, "streams": ["A"]}).spin_before("A", "k") > 0
