@@ -12,9 +12,14 @@ reported whether or not the chosen schedule made it strike.
     done = a.record()
     b.wait_event(done)
     dev.launch(consume, (x,), stream=b, reads=[x])
+
+Misuse raises DeviceError at the call that made it, naming the call, the object
+and the user's line; it is never deferred to when the work happens to execute.
 """
 from __future__ import annotations
 
+import os
+import sys
 import threading
 from typing import Any, Iterable, Optional, Sequence
 
@@ -30,7 +35,37 @@ class DeviceError(RuntimeError):
 
 
 class KernelError(RuntimeError):
-    """A kernel raised while executing; names the launch call site (a GPU reports it later)."""
+    """A kernel raised while executing; names the launch call site (a GPU reports it later).
+    Attributes: `kernel` (name), `launch_site` (CallSite), `stream` (name)."""
+
+
+# --- call sites -------------------------------------------------------------------------------
+# trace.caller_site() walks frames and normalises every file name; once per device call
+# that is most of the cost of a trivial launch. Same rule here, cached per file and per line.
+_INTERNAL_PREFIXES = getattr(T, "_INTERNAL", (T._PACKAGE_DIR + os.sep,))
+_internal_file: dict = {}
+_sites: dict = {}
+
+
+def _site() -> CallSite:
+    """The user's call site: the first frame outside the recording machinery (as trace.caller_site)."""
+    frame = sys._getframe(1)
+    internal = _internal_file
+    for _ in range(40):
+        if frame is None:
+            break
+        code = frame.f_code
+        inside = internal.get(code.co_filename)
+        if inside is None:
+            inside = internal[code.co_filename] = os.path.abspath(code.co_filename).startswith(_INTERNAL_PREFIXES)
+        if not inside:
+            key = (code, frame.f_lineno)
+            site = _sites.get(key)
+            if site is None:
+                site = _sites[key] = CallSite(code.co_filename, frame.f_lineno, code.co_name)
+            return site
+        frame = frame.f_back
+    return T.UNKNOWN_SITE
 
 
 class Buffer:
@@ -46,9 +81,14 @@ class Buffer:
         self.nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         self.freed = False
         self.storage: Any = None  # the backend's array
+        self._whole: Optional[Region] = None
 
     def region(self) -> "Region":
-        return Region(self, 0, self.shape[0] if self.shape else 1)
+        """All of the buffer (a scalar buffer counts as one row)."""
+        whole = self._whole
+        if whole is None:
+            whole = self._whole = Region(self, 0, self.shape[0] if self.shape else 1)
+        return whole
 
     def __getitem__(self, index) -> "Region":
         return self.region()[index]
@@ -64,12 +104,24 @@ class Region:
         self.buffer = buffer
         self.start = start
         self.stop = stop
+        self._range: Optional[Range] = None
 
     def __getitem__(self, index) -> "Region":
         if not isinstance(index, slice) or index.step not in (None, 1):
-            raise DeviceError(f"{self.buffer.name}[{index!r}]: only contiguous first-axis slices (a:b) are regions")
+            raise DeviceError(f"{self!r}[{index!r}] at {_site()}: only contiguous first-axis slices (a:b) are "
+                              "regions; index the array inside the kernel instead")
         start, stop, _ = index.indices(self.stop - self.start)
         return Region(self.buffer, self.start + start, self.start + max(start, stop))
+
+    @property
+    def rows(self) -> int:
+        return self.stop - self.start
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        rng = self.byte_range()
+        return (rng.stop - rng.start) // self.buffer.dtype.itemsize
 
     @property
     def row_bytes(self) -> int:
@@ -77,7 +129,11 @@ class Region:
         return self.buffer.nbytes // max(rows, 1)
 
     def byte_range(self) -> Range:
-        return Range(self.buffer.id, self.start * self.row_bytes, self.stop * self.row_bytes)
+        rng = self._range
+        if rng is None:
+            row = self.row_bytes
+            rng = self._range = Range(self.buffer.id, self.start * row, self.stop * row)
+        return rng
 
     def array(self):
         """The backend array viewing these rows (for kernels)."""
@@ -90,16 +146,8 @@ class Region:
         return f"{self.buffer.name}[{self.start}:{self.stop}]"
 
 
-def _as_region(obj, what: str, site: CallSite) -> Region:
-    if isinstance(obj, Region):
-        region = obj
-    elif isinstance(obj, Buffer):
-        region = obj.region()
-    else:
-        raise DeviceError(f"{what} at {site}: expected a Buffer or Region, got {type(obj).__name__}")
-    if region.buffer.freed:
-        raise DeviceError(f"{what} at {site}: buffer `{region.buffer.name}` was freed; allocate a new one")
-    return region
+def _type_name(obj) -> str:
+    return type(obj).__name__
 
 
 class Stream:
@@ -113,15 +161,18 @@ class Stream:
 
     def record(self, event: Optional["Event"] = None) -> "Event":
         """Record `event` (a new one if None) on this stream and return it."""
-        event = event if event is not None else self.device.event()
-        event.record(self)
+        site = _site()
+        event = event if event is not None else self.device._new_event("", site)
+        self.device._record_event(event, self, site)
         return event
 
     def wait_event(self, event: "Event") -> None:
-        self.device._wait(self, event, caller_site())
+        """Order later work on this stream after the work `event` captured *now*."""
+        self.device._wait(self, event, _site())
 
     def synchronize(self) -> None:
-        self.device._sync_stream(self, caller_site())
+        """Block the host until everything issued to this stream so far has executed."""
+        self.device._sync_stream(self, _site())
 
     def __repr__(self) -> str:
         return f"Stream({self.name!r}, {self.kind.value})"
@@ -136,14 +187,16 @@ class Event:
         self.handle: Any = None
 
     def record(self, stream: Optional[Stream] = None) -> "Event":
-        self.device._record_event(self, stream, caller_site())
+        """Capture the work issued to `stream` (the legacy stream if None) so far."""
+        self.device._record_event(self, stream, _site())
         return self
 
     def synchronize(self) -> None:
-        self.device._sync_event(self, caller_site())
+        """Block the host until the captured work has executed (at once if never recorded)."""
+        self.device._sync_event(self, _site())
 
     def destroy(self) -> None:
-        self.device._destroy_event(self, caller_site())
+        self.device._destroy_event(self, _site())
 
     def __repr__(self) -> str:
         return f"Event({self.name!r})"
@@ -155,24 +208,29 @@ class Device:
     def __init__(self, backend="sim", *, check: bool = True, policy="eager", seed: int = 0, **policy_params):
         from .backends import make_backend  # late: cupy is imported only if asked for
 
+        site = _site()
+        if not isinstance(check, bool):
+            raise DeviceError(f"Device() at {site}: check must be True or False, got {check!r}")
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+            raise DeviceError(f"Device() at {site}: seed must be an integer, got {seed!r}")
         self.trace = T.Trace()
-        self.backend = make_backend(backend, device=self, policy=policy, seed=seed, **policy_params)
+        self.backend = make_backend(backend, device=self, policy=policy, seed=int(seed), **policy_params)
         self.checker: Optional[Checker] = Checker() if check else None
         self._lock = threading.RLock()
         self._next = {"stream": 1, "event": 1, "buffer": 1}
-        self._threads: dict[int, int] = {threading.get_ident(): 0}
+        self._threads: dict = {threading.get_ident(): 0}
         self._per_thread: dict[int, Stream] = {}
-        site = caller_site()
-        self.legacy = self._new_stream(StreamKind.LEGACY, "legacy", 0, site, id=0)
+        # Named "legacy" for delay targets; recorded without a name so reports say
+        # "legacy default stream".
+        self.legacy = self._new_stream(StreamKind.LEGACY, "", 0, site, id=0, label="legacy")
 
     # --- recording ----------------------------------------------------------------------
     def _thread_id(self) -> int:
-        ident = threading.get_ident()
-        tid = self._threads.get(ident)
+        tid = self._threads.get(threading.get_ident())
         if tid is None:
             # A thread we did not see start: unordered with everything (conservative).
-            tid = self._threads[ident] = len(self._threads)
-            self._record(T.ThreadStart(tid, caller_site(), parent=None))
+            tid = self._threads[threading.get_ident()] = len(self._threads)
+            self._record(T.ThreadStart(tid, _site(), parent=None))
         return tid
 
     def _record(self, op: T.Op) -> None:
@@ -191,57 +249,120 @@ class Device:
     def schedule(self):
         return getattr(self.backend, "schedule", None)
 
+    # --- validation ---------------------------------------------------------------------
+    def _region(self, obj, what: str, site: CallSite) -> Region:
+        if isinstance(obj, Region):
+            region = obj
+        elif isinstance(obj, Buffer):
+            region = obj.region()
+        else:
+            raise DeviceError(f"{what} at {site}: expected a Buffer or Region, got {_type_name(obj)}")
+        buf = region.buffer
+        if buf.device is not self:
+            raise DeviceError(f"{what} at {site}: buffer `{buf.name}` belongs to another Device")
+        if buf.freed:
+            raise DeviceError(f"{what} at {site}: buffer `{buf.name}` was freed; allocate a new one")
+        return region
+
+    def _regions(self, objs, what: str, site: CallSite) -> list:
+        if isinstance(objs, (Buffer, Region, str, bytes)) or not isinstance(objs, Iterable):
+            raise DeviceError(f"{what} at {site}: expected a list of Buffers/Regions, got {_type_name(objs)}; "
+                              "wrap a single buffer in a list")
+        return [self._region(obj, what, site) for obj in objs]
+
+    def _stream_or_default(self, stream: Optional[Stream], what: str, site: CallSite) -> Stream:
+        if stream is None:
+            return self.legacy
+        if not isinstance(stream, Stream) or stream.device is not self:
+            raise DeviceError(f"{what} at {site}: {stream!r} is not a stream of this device")
+        return stream
+
+    @staticmethod
+    def _name(name, what: str, site: CallSite) -> str:
+        if not isinstance(name, str):
+            raise DeviceError(f"{what} at {site}: name must be a string, got {name!r}")
+        return name
+
     # --- objects ------------------------------------------------------------------------
-    def _new_stream(self, kind, name, priority, site, id=None) -> Stream:
+    def _new_stream(self, kind, name, priority, site, id=None, label: str = "") -> Stream:
         with self._lock:
             if id is None:
                 id = self._next["stream"]
                 self._next["stream"] += 1
-            stream = Stream(self, id, kind, name or f"stream{id}", priority)
+            stream = Stream(self, id, kind, label or name or f"stream{id}", priority)
             self._record(T.StreamCreate(self._thread_id(), site, stream=id, kind=kind, name=name))
             self.backend.new_stream(stream)
             return stream
 
     def stream(self, name: str = "", kind="non_blocking", priority: int = 0) -> Stream:
-        """A new stream. `kind`: non_blocking (default), blocking."""
-        site = caller_site()
-        kind = StreamKind.parse(kind)
+        """A new stream. `kind`: non_blocking (default, cudaStreamNonBlocking) or blocking
+        (cudaStreamDefault: synchronizes with the legacy default stream)."""
+        site = _site()
+        name = self._name(name, "stream()", site)
+        try:
+            kind = StreamKind.parse(kind)
+        except ValueError as exc:
+            raise DeviceError(f"stream({name!r}) at {site}: {exc}") from None
         if kind in (StreamKind.LEGACY, StreamKind.PER_THREAD):
-            raise DeviceError(f"stream() at {site}: {kind.value} streams exist already; use device.legacy "
-                              "or device.per_thread_stream()")
-        return self._new_stream(kind, name, priority, site)
+            raise DeviceError(f"stream({name!r}) at {site}: {kind.value} streams exist already; use "
+                              "device.legacy or device.per_thread_stream()")
+        if isinstance(priority, bool) or not isinstance(priority, (int, np.integer)):
+            raise DeviceError(f"stream({name!r}) at {site}: priority must be an integer, got {priority!r}")
+        return self._new_stream(kind, name, int(priority), site)
 
     def per_thread_stream(self) -> Stream:
         """The calling thread's per-thread default stream (cudaStreamPerThread)."""
+        site = _site()
         with self._lock:
             tid = self._thread_id()
             if tid not in self._per_thread:
-                self._per_thread[tid] = self._new_stream(StreamKind.PER_THREAD, f"per-thread{tid}", 0, caller_site())
+                self._per_thread[tid] = self._new_stream(StreamKind.PER_THREAD, f"per-thread{tid}", 0, site)
             return self._per_thread[tid]
 
     def event(self, name: str = "") -> Event:
+        site = _site()
+        return self._new_event(self._name(name, "event()", site), site)
+
+    def _new_event(self, name: str, site: CallSite) -> Event:
         with self._lock:
             id = self._next["event"]
             self._next["event"] += 1
             event = Event(self, id, name or f"event{id}")
-            self._record(T.EventCreate(self._thread_id(), caller_site(), event=id, name=event.name))
+            self._record(T.EventCreate(self._thread_id(), site, event=id, name=event.name))
             self.backend.new_event(event)
             return event
 
     def alloc(self, shape, dtype="float32", name: str = "", fill=None) -> Buffer:
         """Allocate device memory. Contents are garbage (NaN in the sim) unless `fill` is given."""
-        site = caller_site()
-        shape = (shape,) if isinstance(shape, int) else tuple(shape)
-        if any((not isinstance(n, (int, np.integer))) or n < 0 for n in shape):
-            raise DeviceError(f"alloc at {site}: shape must be non-negative integers, got {shape!r}")
+        site = _site()
+        name = self._name(name, "alloc", site)
+        if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
+            shape = (shape,)
+        try:
+            shape = tuple(shape)
+        except TypeError:
+            raise DeviceError(f"alloc {name!r} at {site}: shape must be an integer or a tuple of integers, "
+                              f"got {shape!r}") from None
+        if any(isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0 for n in shape):
+            raise DeviceError(f"alloc {name!r} at {site}: shape must be non-negative integers, got {shape!r}")
+        shape = tuple(int(n) for n in shape)
+        if dtype is None:
+            raise DeviceError(f"alloc {name!r} at {site}: give a dtype (e.g. 'float32')")
         try:
             dtype = self.backend.dtype(dtype)
         except TypeError as exc:
-            raise DeviceError(f"alloc at {site}: unsupported dtype {dtype!r} ({exc})") from None
+            raise DeviceError(f"alloc {name!r} at {site}: unsupported dtype {dtype!r} ({exc})") from None
+        if fill is not None:
+            try:
+                np.asarray(fill, dtype=dtype)
+                np.broadcast_to(fill, shape)
+            except (TypeError, ValueError) as exc:
+                raise DeviceError(f"alloc {name!r} at {site}: fill {fill!r} does not fit shape {shape} "
+                                  f"dtype {dtype} ({exc})") from None
         with self._lock:
             id = self._next["buffer"]
             self._next["buffer"] += 1
-            buf = Buffer(self, id, tuple(int(n) for n in shape), dtype, name or f"buffer{id}", site)
+            buf = Buffer(self, id, shape, dtype, name or f"buffer{id}", site)
             self._record(T.Alloc(self._thread_id(), site, buffer=id, nbytes=buf.nbytes, name=buf.name))
             self.backend.alloc(buf, fill)
             self.backend.tick()
@@ -249,8 +370,12 @@ class Device:
 
     def free(self, buffer: Buffer, stream: Optional[Stream] = None) -> None:
         """Give memory back. With a stream, the free is ordered on it (as CuPy's pool does)."""
-        site = caller_site()
-        region = _as_region(buffer, "free", site)
+        site = _site()
+        if not isinstance(buffer, Buffer):
+            raise DeviceError(f"free at {site}: expected a Buffer, got {_type_name(buffer)}")
+        region = self._region(buffer, "free", site)
+        if stream is not None:
+            self._stream_or_default(stream, f"free `{buffer.name}`", site)
         with self._lock:
             self._record(T.Free(self._thread_id(), site, buffer=region.buffer.id,
                                 stream=stream.id if stream is not None else None))
@@ -259,28 +384,28 @@ class Device:
             self.backend.tick()
 
     # --- work ---------------------------------------------------------------------------
-    def _stream_or_default(self, stream: Optional[Stream], what: str, site: CallSite) -> Stream:
-        if stream is None:
-            return self.legacy
-        if not isinstance(stream, Stream) or stream.device is not self:
-            raise DeviceError(f"{what} at {site}: {stream!r} is not a stream of this device")
-        return stream
-
     def launch(self, kernel, args: Sequence = (), *, stream: Optional[Stream] = None,
                reads: Iterable = (), writes: Iterable = (), name: str = "") -> None:
         """Enqueue `kernel(*args)` on `stream`. Buffers/Regions in args become backend arrays.
         Every buffer argument must appear in `reads` or `writes`: undeclared accesses are unchecked."""
-        site = caller_site()
-        name = name or getattr(kernel, "__name__", None) or type(kernel).__name__
+        site = _site()
+        if not name:
+            name = getattr(kernel, "__name__", None) or _type_name(kernel)
+        elif not isinstance(name, str):
+            raise DeviceError(f"launch at {site}: name must be a string, got {name!r}")
+        if not callable(kernel):
+            raise DeviceError(f"launch `{name}` at {site}: kernel must be callable, got {_type_name(kernel)}")
+        if not isinstance(args, (tuple, list)):
+            raise DeviceError(f"launch `{name}` at {site}: args must be a tuple or list, got {_type_name(args)}; "
+                              "write args=(x,) for one argument")
         stream = self._stream_or_default(stream, f"launch `{name}`", site)
-        reads = [_as_region(r, f"launch `{name}` reads", site) for r in reads]
-        writes = [_as_region(w, f"launch `{name}` writes", site) for w in writes]
-        declared = {r.buffer.id for r in reads} | {w.buffer.id for w in writes}
+        reads = self._regions(reads, f"launch `{name}` reads=", site) if reads else []
+        writes = self._regions(writes, f"launch `{name}` writes=", site) if writes else []
         for arg in args:
             if isinstance(arg, (Buffer, Region)):
-                region = _as_region(arg, f"launch `{name}`", site)
-                if region.buffer.id not in declared:
-                    raise DeviceError(f"launch `{name}` at {site}: argument `{region.buffer.name}` is in neither "
+                buf = self._region(arg, f"launch `{name}` args", site).buffer
+                if not any(r.buffer is buf for r in reads) and not any(w.buffer is buf for w in writes):
+                    raise DeviceError(f"launch `{name}` at {site}: argument `{buf.name}` is in neither "
                                       "reads= nor writes=; declare how the kernel uses it")
         with self._lock:
             self._record(T.Launch(self._thread_id(), site, stream=stream.id, name=name,
@@ -290,25 +415,39 @@ class Device:
             self.backend.tick()
 
     def copy(self, dst, src, stream: Optional[Stream] = None) -> None:
-        """Async device-to-device copy on `stream`."""
-        site = caller_site()
+        """Async device-to-device copy of bytes on `stream` (cudaMemcpyAsync)."""
+        site = _site()
         stream = self._stream_or_default(stream, "copy", site)
-        dst = _as_region(dst, "copy dst", site)
-        src = _as_region(src, "copy src", site)
-        if dst.byte_range().stop - dst.byte_range().start != src.byte_range().stop - src.byte_range().start:
-            raise DeviceError(f"copy at {site}: {src} and {dst} differ in size")
+        dst = self._region(dst, "copy dst", site)
+        src = self._region(src, "copy src", site)
+        d, s = dst.byte_range(), src.byte_range()
+        if d.stop - d.start != s.stop - s.start:
+            raise DeviceError(f"copy at {site}: {src} ({s.stop - s.start} bytes) and {dst} "
+                              f"({d.stop - d.start} bytes) differ in size")
+        if d.overlaps(s):
+            raise DeviceError(f"copy at {site}: {src} and {dst} overlap; cudaMemcpy on overlapping memory is "
+                              "undefined, copy through a temporary buffer")
         with self._lock:
-            self._record(T.Copy(self._thread_id(), site, stream=stream.id, kind=T.CopyKind.D2D,
-                                src=src.byte_range(), dst=dst.byte_range()))
+            self._record(T.Copy(self._thread_id(), site, stream=stream.id, kind=T.CopyKind.D2D, src=s, dst=d))
             self.backend.copy(stream, dst, src, site)
             self.backend.tick()
 
     def upload(self, dst, host_array, stream: Optional[Stream] = None) -> None:
-        """Async host-to-device copy on `stream` (the host array must stay alive and unchanged)."""
-        site = caller_site()
+        """Async host-to-device copy on `stream` (the host array must stay alive and unchanged:
+        it is read when the copy executes)."""
+        site = _site()
         stream = self._stream_or_default(stream, "upload", site)
-        dst = _as_region(dst, "upload dst", site)
-        host_array = np.asarray(host_array)
+        dst = self._region(dst, "upload dst", site)
+        try:
+            host_array = np.asarray(host_array)
+            host_array.astype(dst.buffer.dtype, casting="unsafe")
+        except (TypeError, ValueError) as exc:
+            raise DeviceError(f"upload to {dst} at {site}: the host data is not an array of numbers ({exc})") \
+                from None
+        expected = dst.size
+        if host_array.size != expected:
+            raise DeviceError(f"upload to {dst} at {site}: {host_array.size} host elements for {expected} "
+                              "device elements; the sizes must match")
         with self._lock:
             self._record(T.Copy(self._thread_id(), site, stream=stream.id, kind=T.CopyKind.H2D,
                                 src=None, dst=dst.byte_range()))
@@ -317,9 +456,9 @@ class Device:
 
     def download(self, src, stream: Optional[Stream] = None) -> np.ndarray:
         """Async device-to-host copy on `stream`; the returned array is valid after a sync."""
-        site = caller_site()
+        site = _site()
         stream = self._stream_or_default(stream, "download", site)
-        src = _as_region(src, "download src", site)
+        src = self._region(src, "download src", site)
         with self._lock:
             self._record(T.Copy(self._thread_id(), site, stream=stream.id, kind=T.CopyKind.D2H,
                                 src=src.byte_range(), dst=None))
@@ -329,8 +468,10 @@ class Device:
 
     def host_read(self, region) -> np.ndarray:
         """Read device memory from the host *now*, with no synchronization."""
-        site = caller_site()
-        region = _as_region(region, "host_read", site)
+        return self._host_read(region, _site())
+
+    def _host_read(self, region, site: CallSite) -> np.ndarray:
+        region = self._region(region, "host_read", site)
         with self._lock:
             self._record(T.HostAccess(self._thread_id(), site, reads=(region.byte_range(),), name="host read"))
             value = self.backend.host_read(region)
@@ -339,46 +480,62 @@ class Device:
 
     def host_write(self, region, value) -> None:
         """Write device memory from the host *now*, with no synchronization."""
-        site = caller_site()
-        region = _as_region(region, "host_write", site)
+        site = _site()
+        region = self._region(region, "host_write", site)
+        if region.buffer.storage is not None:
+            shape = region.array().shape
+            try:
+                np.broadcast_to(np.asarray(value), shape)
+            except ValueError:
+                raise DeviceError(f"host_write to {region} at {site}: a value of shape {np.shape(value)} does "
+                                  f"not fit {shape}") from None
         with self._lock:
             self._record(T.HostAccess(self._thread_id(), site, writes=(region.byte_range(),), name="host write"))
             self.backend.host_write(region, value)
             self.backend.tick()
 
     def get(self, region, stream: Optional[Stream] = None) -> np.ndarray:
-        """Like CuPy's ndarray.get(): synchronize `stream` only, then read."""
-        stream = self._stream_or_default(stream, "get", caller_site())
-        stream.synchronize()
-        return self.host_read(region)
+        """Like CuPy's ndarray.get(): synchronize `stream` (the legacy stream if None) only, then read."""
+        site = _site()
+        self._region(region, "get", site)
+        stream = self._stream_or_default(stream, "get", site)
+        self._sync_stream(stream, site)
+        return self._host_read(region, site)
 
     def synchronize(self) -> None:
-        site = caller_site()
+        """Block the host until all work issued so far, on every stream, has executed."""
+        site = _site()
         with self._lock:
             self._record(T.DeviceSync(self._thread_id(), site))
             self.backend.sync_device(site)
+            self.backend.tick()
 
     def note_implicit_sync(self, reason: str) -> None:
         """Record something that looks like a sync but is not one (see trace.ImplicitSync)."""
+        site = _site()
+        if not isinstance(reason, str):
+            raise DeviceError(f"note_implicit_sync at {site}: reason must be a string, got {reason!r}")
         with self._lock:
-            self._record(T.ImplicitSync(self._thread_id(), caller_site(), reason=reason))
+            self._record(T.ImplicitSync(self._thread_id(), site, reason=reason))
 
     # --- threads ------------------------------------------------------------------------
     def thread(self, target, args: Sequence = ()) -> "DeviceThread":
         """A host thread whose start and join are ordered for the checker (as threading promises)."""
+        if not callable(target):
+            raise DeviceError(f"thread at {_site()}: target must be callable, got {_type_name(target)}")
         return DeviceThread(self, target, tuple(args))
 
     # --- called by Stream / Event -------------------------------------------------------
     def _record_event(self, event: Event, stream: Optional[Stream], site: CallSite) -> None:
-        stream = self._stream_or_default(stream, f"record `{event.name}`", site)
         self._check_event(event, "record", site)
+        stream = self._stream_or_default(stream, f"record `{event.name}`", site)
         with self._lock:
             self._record(T.EventRecord(self._thread_id(), site, event=event.id, stream=stream.id))
             self.backend.record(event, stream)
             self.backend.tick()
 
     def _wait(self, stream: Stream, event: Event, site: CallSite) -> None:
-        self._check_event(event, "wait_event", site)
+        self._check_event(event, f"{stream.name}.wait_event", site)
         with self._lock:
             self._record(T.StreamWait(self._thread_id(), site, stream=stream.id, event=event.id))
             self.backend.wait(stream, event)
@@ -388,12 +545,14 @@ class Device:
         with self._lock:
             self._record(T.StreamSync(self._thread_id(), site, stream=stream.id))
             self.backend.sync_stream(stream, site)
+            self.backend.tick()
 
     def _sync_event(self, event: Event, site: CallSite) -> None:
         self._check_event(event, "synchronize", site)
         with self._lock:
             self._record(T.EventSync(self._thread_id(), site, event=event.id))
             self.backend.sync_event(event, site)
+            self.backend.tick()
 
     def _destroy_event(self, event: Event, site: CallSite) -> None:
         self._check_event(event, "destroy", site)
@@ -416,11 +575,12 @@ class DeviceThread(threading.Thread):
 
     def start(self) -> None:
         dev = self._device
+        site = _site()
         with dev._lock:
             parent = dev._thread_id()
             self._tid = len(dev._threads)
             dev._threads[("pending", self._tid)] = self._tid  # reserve the id
-            dev._record(T.ThreadStart(self._tid, caller_site(), parent=parent))
+            dev._record(T.ThreadStart(self._tid, site, parent=parent))
         super().start()
 
     def run(self) -> None:
@@ -431,7 +591,10 @@ class DeviceThread(threading.Thread):
         super().run()
 
     def join(self, timeout=None) -> None:
+        site = _site()
         super().join(timeout)
+        if self.is_alive():
+            return  # timed out: the child's work is not ordered before anything yet
         dev = self._device
         with dev._lock:
-            dev._record(T.ThreadJoin(dev._thread_id(), caller_site(), child=self._tid))
+            dev._record(T.ThreadJoin(dev._thread_id(), site, child=self._tid))

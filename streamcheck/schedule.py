@@ -6,13 +6,14 @@ executed) and, unless the host is blocked in a synchronize, the host itself.
 Choosing the host ends the burst: the program issues its next call while the
 remaining work stays pending, which is what a busy GPU looks like to the host.
 
-Every decision is recorded; `Schedule.compact()` prints them so that
-`replay:<string>` reproduces the exact interleaving, and a seed reproduces it too.
+Every decision is recorded, forced ones included, so that `replay:<string>`
+(from `Schedule.compact()`) reproduces the exact interleaving; the same policy,
+seed and parameters reproduce it too. Policies are plain Python: no cupy, no torch.
 """
 from __future__ import annotations
 
 import random
-import zlib
+import re
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -20,13 +21,39 @@ HOST = -1  # the decision "let the host go on"
 
 POLICIES = ("sequential", "eager", "delay", "random", "pct", "replay")
 
+_TOKEN = re.compile(r"(h|[0-9]+)(?:x([0-9]+))?")
+
 
 class ScheduleError(ValueError):
     """Bad policy name or parameters, or a replay string that does not fit the program."""
 
 
+def _check_int(policy: str, what: str, value, minimum: int) -> int:
+    # bool is an int subclass; `steps=True` is a typo, not a count.
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ScheduleError(f"{policy}: {what} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _check_names(policy: str, what: str, value) -> frozenset:
+    names = (value,) if isinstance(value, str) else value
+    try:
+        names = tuple(names)
+    except TypeError:
+        raise ScheduleError(f"{policy}: {what} must be a name or a list of names, got {value!r}") from None
+    for name in names:
+        if not isinstance(name, str) or not name:
+            raise ScheduleError(f"{policy}: {what} must be non-empty strings, got {name!r}")
+    return frozenset(names)
+
+
 class Policy:
-    """Base: eager. Subclasses override `choose`."""
+    """Base: eager. Subclasses override `choose` (and `hold` to inject delays).
+
+    `choose(ready, host_may_continue)` gets the ids of streams whose next operation
+    may execute now, in stream creation order, and returns one of them or HOST
+    (only when `host_may_continue`). It is called at every decision, forced ones
+    included, so that a policy's random stream stays aligned with the program."""
 
     name = "eager"
 
@@ -35,6 +62,10 @@ class Policy:
 
     def describe(self) -> str:
         return self.name
+
+    def params(self) -> dict:
+        """The keyword arguments that rebuild this policy with make_policy(name, seed, **params)."""
+        return {}
 
     def hold(self, op, now: int) -> bool:
         """Whether a ready operation must still wait (injected delay)."""
@@ -46,28 +77,39 @@ class Policy:
 
 
 class Sequential(Policy):
-    """Every operation executes when issued (CUDA_LAUNCH_BLOCKING=1): the reference."""
+    """Every operation executes when issued (CUDA_LAUNCH_BLOCKING=1): the reference.
+
+    On the sim this orders work exactly as `eager` does (nothing is ever left
+    pending, so every operation is ready the moment it is issued); on a GPU backend
+    it means synchronizing after every operation."""
 
     name = "sequential"
 
 
 class Eager(Policy):
+    """Every operation executes as soon as it is ready: an unloaded GPU. Missing
+    joins (the implicit-join bug) hide here, because the producer always finished."""
+
     name = "eager"
 
 
 class Delay(Policy):
-    """Hold operations on chosen streams (by name) or chosen launches (by kernel name)
-    back for `steps` host calls after they were issued; everything else is eager."""
+    """Hold operations on chosen streams (by name) or chosen launches (by kernel
+    name) back until `steps` more host calls have been issued after them; everything
+    else is eager. With no target named, the seed picks the streams (each stream,
+    the legacy one included, is held with probability 1/2, decided from seed and
+    stream name). A host synchronize still completes: the work it waits for runs
+    regardless of the delay."""
 
     name = "delay"
 
     def __init__(self, seed: int = 0, steps: int = 8, streams: Sequence[str] = (), kernels: Sequence[str] = ()):
         super().__init__(seed)
-        if not isinstance(steps, int) or steps < 0:
-            raise ScheduleError(f"delay: steps must be a non-negative integer, got {steps!r}")
-        self.steps = steps
-        self.streams = frozenset(streams)
-        self.kernels = frozenset(kernels)
+        self.steps = _check_int("delay", "steps", steps, 0)
+        self.streams = _check_names("delay", "streams", streams)
+        self.kernels = _check_names("delay", "kernels", kernels)
+        self._targeted: dict[str, bool] = {}  # stream name -> held (cache of the seeded choice)
+        self.matched: set = set()  # target names that held something: the rest are probably typos
 
     def describe(self) -> str:
         parts = [f"steps={self.steps}"]
@@ -77,17 +119,46 @@ class Delay(Policy):
             parts.append("kernels=" + "+".join(sorted(self.kernels)))
         return f"delay({', '.join(parts)})"
 
+    def params(self) -> dict:
+        params: dict = {"steps": self.steps}
+        if self.streams:
+            params["streams"] = sorted(self.streams)
+        if self.kernels:
+            params["kernels"] = sorted(self.kernels)
+        return params
+
+    def unmatched(self) -> list:
+        """Named targets that never held an operation (a misspelt stream or kernel name)."""
+        return sorted((self.streams | self.kernels) - self.matched)
+
+    def _stream_targeted(self, stream_name: str) -> bool:
+        held = self._targeted.get(stream_name)
+        if held is None:
+            if self.streams or self.kernels:
+                held = stream_name in self.streams
+            else:
+                # No target named: an independent fair coin per (seed, stream), stable across
+                # runs (str seeds hash with SHA-512, not PYTHONHASHSEED; CRC parities would
+                # be correlated between similar names).
+                held = random.Random(f"delay:{self.seed}:{stream_name}").random() < 0.5
+            self._targeted[stream_name] = held
+        return held
+
     def hold(self, op, now: int) -> bool:
-        if self.streams or self.kernels:
-            targeted = op.stream_name in self.streams or op.name in self.kernels
-        else:
-            # No target named: the seed picks which streams run late.
-            targeted = (zlib.crc32(op.stream_name.encode()) + self.seed) % 2 == 0
-        return targeted and now < op.issued_at + self.steps
+        if now - op.issued_at >= self.steps:
+            return False
+        if self._stream_targeted(op.stream_name):
+            if self.streams:
+                self.matched.add(op.stream_name)
+            return True
+        if op.kind == "launch" and op.name in self.kernels:
+            self.matched.add(op.name)
+            return True
+        return False
 
 
 class Random(Policy):
-    """A random ready stream (or the host) at each decision."""
+    """A random ready stream, or the host going on, at each decision."""
 
     name = "random"
 
@@ -99,26 +170,28 @@ class Random(Policy):
         return f"random(seed={self.seed})"
 
     def choose(self, ready, host_may_continue):
-        options = list(ready) + ([HOST] if host_may_continue else [])
-        return self.rng.choice(options) if options else HOST
+        n = len(ready)
+        if not n:
+            return HOST
+        if host_may_continue:
+            pick = self.rng.randrange(n + 1)
+            return HOST if pick == n else ready[pick]
+        return ready[self.rng.randrange(n)] if n > 1 else ready[0]
 
 
 class PCT(Policy):
     """Probabilistic concurrency testing (Burckhardt et al. 2010): random distinct
     priorities for the participants (streams and the host), and depth-1 change
-    points at random decisions where the running participant drops to the lowest
-    priority. Finds any bug of depth d with probability >= 1/(n k^(d-1))."""
+    points at random decisions among the first `horizon`, where the running
+    participant drops to the lowest priority. Finds any bug of depth d with
+    probability >= 1/(n k^(d-1)) for n participants and k decisions."""
 
     name = "pct"
 
     def __init__(self, seed: int = 0, depth: int = 2, horizon: int = 200):
         super().__init__(seed)
-        if not isinstance(depth, int) or depth < 1:
-            raise ScheduleError(f"pct: depth must be an integer >= 1, got {depth!r}")
-        if not isinstance(horizon, int) or horizon < 1:
-            raise ScheduleError(f"pct: horizon must be an integer >= 1, got {horizon!r}")
-        self.depth = depth
-        self.horizon = horizon
+        self.depth = _check_int("pct", "depth", depth, 1)
+        self.horizon = _check_int("pct", "horizon", horizon, 1)
         self.rng = random.Random(seed)
         self.priority: dict[int, float] = {}
         self.change_points = set(self.rng.sample(range(1, horizon + 1), min(depth - 1, horizon)))
@@ -128,15 +201,21 @@ class PCT(Policy):
     def describe(self) -> str:
         return f"pct(seed={self.seed}, depth={self.depth})"
 
+    def params(self) -> dict:
+        return {"depth": self.depth, "horizon": self.horizon}
+
     def _prio(self, who: int) -> float:
-        if who not in self.priority:
-            self.priority[who] = self.rng.random() + 1.0
-        return self.priority[who]
+        prio = self.priority.get(who)
+        if prio is None:
+            prio = self.priority[who] = self.rng.random() + 1.0
+        return prio
 
     def choose(self, ready, host_may_continue):
-        options = list(ready) + ([HOST] if host_may_continue else [])
-        if not options:
-            return HOST
+        options = list(ready)
+        if host_may_continue:
+            options.append(HOST)
+        if len(options) == 1:
+            return options[0]  # forced: not a decision PCT counts
         best = max(options, key=self._prio)
         self.decisions += 1
         if self.decisions in self.change_points:
@@ -147,39 +226,82 @@ class PCT(Policy):
 
 
 class Replay(Policy):
-    """Follow a recorded decision string exactly."""
+    """Follow a recorded decision string exactly; raise ScheduleError where it does not fit."""
 
     name = "replay"
 
-    def __init__(self, decisions: Sequence[int]):
+    def __init__(self, decisions: Sequence[int], text: str = ""):
         super().__init__(0)
         self.decisions = list(decisions)
+        self.text = text
         self.pos = 0
 
     def describe(self) -> str:
         return "replay"
 
+    @property
+    def remaining(self) -> int:
+        """Decisions not used yet; non-zero after the program ended means it changed (or ended early)."""
+        return len(self.decisions) - self.pos
+
     def choose(self, ready, host_may_continue):
         if self.pos >= len(self.decisions):
-            # The recorded run ended here; drain the rest in a fixed order.
-            return ready[0] if ready else HOST
+            raise ScheduleError(
+                f"replay: the schedule string has {len(self.decisions)} decisions and the program needs more; "
+                "it does not fit this program (the program changed since it was recorded, or the string "
+                "was cut off). Record it again with the original policy and seed.")
         want = self.decisions[self.pos]
         self.pos += 1
-        if want == HOST and not host_may_continue:
-            raise ScheduleError(f"replay: decision {self.pos} lets the host go on, but the host is blocked "
-                                "in a synchronize; the program changed since the schedule was recorded")
-        if want != HOST and want not in ready:
-            raise ScheduleError(f"replay: decision {self.pos} runs stream {want}, which is not ready; "
-                                "the program changed since the schedule was recorded")
+        if want == HOST:
+            if not host_may_continue:
+                raise ScheduleError(
+                    f"replay: decision {self.pos} lets the host go on, but the host is blocked in a synchronize "
+                    "there; the schedule does not fit this program (it changed since it was recorded)")
+        elif want not in ready:
+            have = ", ".join(map(str, ready)) or "none"
+            raise ScheduleError(
+                f"replay: decision {self.pos} runs stream {want}, which has no ready operation there "
+                f"(ready: {have}); the schedule does not fit this program (it changed since it was recorded)")
         return want
 
 
+_PARAMS = {
+    "sequential": (),
+    "eager": (),
+    "delay": ("steps", "streams", "kernels"),
+    "random": (),
+    "pct": ("depth", "horizon"),
+}
+
+
 def make_policy(name: str, seed: int = 0, **params) -> Policy:
-    """Build a policy by name: sequential, eager, delay, random, pct, or replay:<string>."""
+    """Build a policy by name: sequential, eager, delay, random, pct, or replay:<string>.
+
+    Parameters that are None take their defaults; a parameter the policy does not
+    take raises ScheduleError (a silently ignored `steps=` would make a test pass
+    without the delay it asked for)."""
     if not isinstance(name, str):
         raise ScheduleError(f"policy must be a string, got {name!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ScheduleError(f"policy {name!r}: seed must be an integer, got {seed!r}")
+    params = {k: v for k, v in params.items() if v is not None}
     if name.startswith("replay:"):
-        return Replay(parse_compact(name[len("replay:"):]))
+        if params:
+            raise ScheduleError(f"replay takes no parameters (got {', '.join(sorted(params))}); "
+                                "the schedule string fixes every decision")
+        text = name[len("replay:"):]
+        return Replay(parse_compact(text), text)
+    if name == "replay":
+        raise ScheduleError("policy 'replay' needs the schedule string: policy='replay:<string>', "
+                            "where <string> is what Schedule.compact() printed")
+    allowed = _PARAMS.get(name)
+    if allowed is None:
+        raise ScheduleError(f"unknown schedule policy {name!r}; choose one of: sequential, eager, delay, random, "
+                            "pct, replay:<schedule string>")
+    unknown = sorted(set(params) - set(allowed))
+    if unknown:
+        takes = ", ".join(allowed) if allowed else "no parameters"
+        raise ScheduleError(f"policy {name!r} does not take {', '.join(unknown)}; it takes: {takes}")
     if name == "sequential":
         return Sequential(seed)
     if name == "eager":
@@ -188,38 +310,43 @@ def make_policy(name: str, seed: int = 0, **params) -> Policy:
         return Delay(seed, **params)
     if name == "random":
         return Random(seed)
-    if name == "pct":
-        return PCT(seed, **params)
-    raise ScheduleError(f"unknown schedule policy {name!r}; choose one of: sequential, eager, delay, random, pct, "
-                        "replay:<schedule string>")
+    return PCT(seed, **params)
 
 
 def compact(decisions: Sequence[int]) -> str:
     """Run-length encode decisions: stream ids as numbers, the host as `h`, e.g. `2x3.h.1`."""
     out = []
     i = 0
-    while i < len(decisions):
-        j = i
-        while j < len(decisions) and decisions[j] == decisions[i]:
+    n = len(decisions)
+    while i < n:
+        who = decisions[i]
+        j = i + 1
+        while j < n and decisions[j] == who:
             j += 1
-        token = "h" if decisions[i] == HOST else str(decisions[i])
+        token = "h" if who == HOST else str(who)
         out.append(token if j - i == 1 else f"{token}x{j - i}")
         i = j
     return ".".join(out)
 
 
 def parse_compact(text: str) -> list[int]:
+    """The inverse of compact(). Also accepts a whole printed Schedule (`... schedule=<string>`)."""
+    if not isinstance(text, str):
+        raise ScheduleError(f"schedule string must be a string, got {text!r}")
+    text = text.strip()
+    _, marker, rest = text.partition("schedule=")
+    if marker:
+        text = rest.split()[0] if rest.split() else ""
+    if text in ("", "-"):
+        return []
     decisions: list[int] = []
-    if not text:
-        return decisions
     for token in text.split("."):
-        who, _, times = token.partition("x")
-        try:
-            value = HOST if who == "h" else int(who)
-            count = int(times) if times else 1
-        except ValueError:
-            raise ScheduleError(f"bad schedule string token {token!r} (expected e.g. `2x3`, `h`, `1`)") from None
-        decisions.extend([value] * count)
+        match = _TOKEN.fullmatch(token)
+        if match is None or (match.group(2) is not None and int(match.group(2)) < 1):
+            raise ScheduleError(f"bad schedule string token {token!r} in {text[:60]!r}: expected a stream id "
+                                "or `h` (the host), optionally repeated, e.g. `2x3`, `h`, `1`")
+        who, times = match.groups()
+        decisions.extend([HOST if who == "h" else int(who)] * (int(times) if times else 1))
     return decisions
 
 
@@ -227,12 +354,37 @@ def parse_compact(text: str) -> list[int]:
 class Schedule:
     """What a run did: the policy that chose it and every decision it made."""
 
-    policy: str
+    policy: str  # the policy's description, e.g. "delay(steps=8, streams=A)"
     seed: int
     decisions: list = field(default_factory=list)
+    name: str = ""  # the policy's name for make_policy
+    params: dict = field(default_factory=dict)  # its parameters for make_policy
 
     def compact(self) -> str:
         return compact(self.decisions)
+
+    def replay_policy(self) -> str:
+        """`replay:<string>`: the policy that repeats this exact interleaving."""
+        return "replay:" + self.compact()
+
+    def replay_args(self) -> dict:
+        """Keyword arguments for Device(...) that repeat this run decision by decision."""
+        return {"policy": self.replay_policy()}
+
+    def seed_args(self) -> Optional[dict]:
+        """Keyword arguments for Device(...) that rebuild the policy from its seed (None for a replay)."""
+        if not self.name or self.name == "replay":
+            return None
+        return {"policy": self.name, "seed": self.seed, **self.params}
+
+    def replay_hint(self) -> str:
+        """A paste-able line that reproduces this run."""
+        replay = f'Device("sim", policy={self.replay_policy()!r})'
+        args = self.seed_args()
+        if args is None:
+            return replay
+        kwargs = ", ".join(f"{k}={v!r}" for k, v in args.items())
+        return f'Device("sim", {kwargs})  # or, decision by decision: {replay}'
 
     def __str__(self) -> str:
         return f"{self.policy} seed={self.seed} schedule={self.compact() or '-'}"

@@ -1,13 +1,18 @@
 """The `sim` backend: a virtual CUDA device on the CPU.
 
-Each stream is a queue of pending operations holding real numpy data. Host calls
-enqueue; after every host call the policy decides which ready operations execute
-before the host goes on. An operation is ready when the one before it on its
-stream has executed and its CUDA dependencies have: for a wait, the work captured
-by the event *when the wait was issued*; for the legacy default stream, all work
-issued earlier on blocking streams (and the reverse). A consumer that nothing
-orders after its producer can therefore run first and read stale values, exactly
-as on a GPU.
+Each stream is a queue of pending operations over buffers that hold real numpy
+data. Host calls enqueue; after every host call the policy decides which ready
+operations execute before the host goes on. An operation is ready when the one
+before it on its stream has executed and its CUDA dependencies have: for a wait,
+the work captured by the event *when the wait was issued*; for the legacy default
+stream, all work issued earlier on blocking streams (and the reverse). A consumer
+that nothing orders after its producer can therefore run first and read stale
+values, exactly as on a GPU.
+
+A host synchronize blocks the host: the scheduler keeps executing until the
+awaited work (and everything it depends on) has run. Injected delays do not
+apply to that work, so a synchronize always completes; unrelated delayed work
+stays pending, so `stream.synchronize()` does not drain other streams.
 """
 from __future__ import annotations
 
@@ -19,22 +24,28 @@ import numpy as np
 from ..schedule import HOST, Policy, Schedule, ScheduleError, make_policy
 from ..trace import CallSite, StreamKind
 
-_DTYPES = {"float16", "float32", "float64", "int8", "int32", "int64", "uint8", "bool"}
+_DTYPES = {"float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool"}
 
 
 class _Pending:
-    __slots__ = ("seq", "deps", "run", "name", "site", "issued_at", "stream_name", "stream", "trace_index")
+    """One operation waiting on its stream. Policies read `stream`, `stream_name`,
+    `name`, `kind` ("launch", "copy", "record", "wait") and `issued_at`."""
 
-    def __init__(self, stream, seq, deps, run, name, site, issued_at, trace_index):
-        self.trace_index = trace_index
-        self.stream = stream.id
-        self.stream_name = stream.name
+    __slots__ = ("sim", "stream", "stream_name", "seq", "deps", "run", "name", "kind", "site", "issued_at",
+                 "trace_index")
+
+    def __init__(self, sim, seq, deps, run, name, kind, site, issued_at, trace_index):
+        self.sim = sim
+        self.stream = sim.id
+        self.stream_name = sim.name
         self.seq = seq
-        self.deps = deps
+        self.deps = deps  # ((_SimStream, seq), ...): executes after those have
         self.run = run
         self.name = name
+        self.kind = kind
         self.site = site
         self.issued_at = issued_at
+        self.trace_index = trace_index
 
 
 class _SimStream:
@@ -45,8 +56,13 @@ class _SimStream:
         self.name = stream.name
         self.kind = stream.kind
         self.queue: deque = deque()
-        self.issued = 0
-        self.executed = 0
+        self.issued = 0  # operations issued so far; the n-th has seq n
+        self.executed = 0  # operations executed so far (always a prefix: stream order)
+
+
+def _byte_view(array: np.ndarray) -> np.ndarray:
+    """The bytes of a C-contiguous array (regions are contiguous rows), as a writable view."""
+    return array.reshape(-1).view(np.uint8)
 
 
 class SimBackend:
@@ -56,18 +72,28 @@ class SimBackend:
         from ..device import DeviceError, KernelError
 
         self._DeviceError, self._KernelError = DeviceError, KernelError
-        self.policy: Policy = policy if isinstance(policy, Policy) else make_policy(policy, seed, **params)
-        self.schedule = Schedule(self.policy.describe(), seed)
+        if isinstance(policy, Policy):
+            if params:
+                raise ScheduleError(f"policy parameters {sorted(params)} given with an already built policy "
+                                    f"{policy.describe()}; pass the policy by name instead")
+            self.policy = policy
+        else:
+            self.policy = make_policy(policy, seed, **params)
+        self.schedule = Schedule(self.policy.describe(), self.policy.seed, name=self.policy.name,
+                                 params=self.policy.params())
+        # A policy that never holds anything needs no hold check (the common, fast case).
+        self._hold = self.policy.hold if type(self.policy).hold is not Policy.hold else None
         self.now = 0  # host calls so far: the unit of injected delay
         self._trace = device.trace
         # trace index -> (start, end) in scheduler steps: the sim's clock for timelines.
         self.op_times: dict[int, tuple] = {}
         self._step = 0
+        self._pending = 0
         self._streams: dict[int, _SimStream] = {}
         self._order: list[_SimStream] = []
         self._legacy: Optional[_SimStream] = None
         self._joiners: list[_SimStream] = []
-        self._events: dict[int, Optional[tuple]] = {}
+        self._events: dict[int, Optional[tuple]] = {}  # event id -> (_SimStream, seq) of its last record
 
     # --- objects ------------------------------------------------------------------------
     def dtype(self, dtype) -> np.dtype:
@@ -102,46 +128,61 @@ class SimBackend:
         pass
 
     # --- issuing ------------------------------------------------------------------------
-    def _enqueue(self, stream, run, name: str, site: CallSite, deps=()) -> int:
+    def _enqueue(self, stream, run, name: str, kind: str, site: Optional[CallSite], deps=()) -> tuple:
         sim = self._streams[stream.id]
-        deps = list(deps)
         if sim.kind is StreamKind.LEGACY:
             # Legacy stream: waits for all work issued so far on blocking streams.
-            deps.extend((j.id, j.issued) for j in self._joiners if j.issued > j.executed)
-        elif sim.kind.joins_legacy and self._legacy is not None and self._legacy.issued > self._legacy.executed:
-            deps.append((self._legacy.id, self._legacy.issued))
+            deps = tuple(deps) + tuple((j, j.issued) for j in self._joiners if j.issued > j.executed)
+        elif sim.kind.joins_legacy:
+            legacy = self._legacy
+            if legacy is not None and legacy.issued > legacy.executed:
+                # ... and later work on blocking streams waits for the legacy stream.
+                deps = tuple(deps) + ((legacy, legacy.issued),)
         sim.issued += 1
-        # The device recorded this operation just before calling us.
-        sim.queue.append(_Pending(stream, sim.issued, deps, run, name, site, self.now, len(self._trace) - 1))
-        return sim.issued
+        # The device recorded this operation just before calling us; it is issued at
+        # the coming host step (tick() advances `now` after the call).
+        sim.queue.append(_Pending(sim, sim.issued, deps, run, name, kind, site, self.now + 1, len(self._trace) - 1))
+        self._pending += 1
+        return sim, sim.issued
 
     def launch(self, stream, kernel, args, name, site) -> None:
         from ..device import Buffer, Region
 
+        # Resolve Buffers/Regions to arrays when the kernel runs, not when it is issued.
+        slots = [(i, a) for i, a in enumerate(args) if isinstance(a, (Buffer, Region))]
+        values = list(args)
         KernelError = self._KernelError
+        trace = self._trace
 
         def run():
-            arrays = [a.array() if isinstance(a, Region) else a.region().array() if isinstance(a, Buffer) else a
-                      for a in args]
+            for i, a in slots:
+                values[i] = a.array() if isinstance(a, Region) else a.region().array()
             try:
-                kernel(*arrays)
+                kernel(*values)
             except Exception as exc:
-                raise KernelError(f"kernel `{name}` launched at {site} on {stream.name} raised "
-                                  f"{type(exc).__name__}: {exc}") from exc
+                host = trace.ops[-1]  # the host call during which the scheduler ran it
+                err = KernelError(
+                    f"kernel `{name}` launched at {site} on {stream.name} raised {type(exc).__name__}: {exc} "
+                    f"(it executed during {type(host).__name__} at {host.site}; fix the kernel or its "
+                    "arguments at the launch site)")
+                err.kernel, err.launch_site, err.stream = name, site, stream.name
+                raise err from exc
 
-        self._enqueue(stream, run, name, site)
+        self._enqueue(stream, run, name, "launch", site)
 
     def copy(self, stream, dst, src, site) -> None:
         def run():
-            dst.array()[...] = src.array().reshape(dst.array().shape)
+            # cudaMemcpyAsync copies bytes, whatever the element types.
+            _byte_view(dst.array())[...] = _byte_view(src.array())
 
-        self._enqueue(stream, run, "copy D2D", site)
+        self._enqueue(stream, run, "copy D2D", "copy", site)
 
     def upload(self, stream, dst, host_array, site) -> None:
         def run():
+            # The host memory is read when the copy executes (it must stay unchanged until then).
             dst.array()[...] = host_array.reshape(dst.array().shape)
 
-        self._enqueue(stream, run, "copy H2D", site)
+        self._enqueue(stream, run, "copy H2D", "copy", site)
 
     def download(self, stream, src, site) -> np.ndarray:
         out = np.full(src.array().shape, np.nan if src.buffer.dtype.kind == "f" else 0, dtype=src.buffer.dtype)
@@ -149,16 +190,17 @@ class SimBackend:
         def run():
             out[...] = src.array()
 
-        self._enqueue(stream, run, "copy D2H", site)
+        self._enqueue(stream, run, "copy D2H", "copy", site)
         return out
 
     def record(self, event, stream) -> None:
-        seq = self._enqueue(stream, None, f"record {event.name}", None)
-        self._events[event.id] = (stream.id, seq)  # replaces any earlier record
+        # Captures the work issued to `stream` so far; replaces any earlier record.
+        self._events[event.id] = self._enqueue(stream, None, f"record {event.name}", "record", None)
 
     def wait(self, stream, event) -> None:
         captured = self._events[event.id]  # the state *now*; later records do not matter
-        self._enqueue(stream, None, f"wait {event.name}", None, deps=[captured] if captured else [])
+        deps = (captured,) if captured is not None else ()  # never recorded: a no-op
+        self._enqueue(stream, None, f"wait {event.name}", "wait", None, deps)
 
     def host_read(self, region) -> np.ndarray:
         return np.array(region.array(), copy=True)
@@ -167,16 +209,28 @@ class SimBackend:
         region.array()[...] = value
 
     # --- the scheduler ------------------------------------------------------------------
-    def _ready(self, draining: bool) -> list[int]:
+    def _ready(self, need: Optional[dict] = None) -> list:
+        """Ids of streams whose next operation may execute now. During a host
+        synchronize `need` maps each stream to the last seq the host waits for
+        (directly or through dependencies); delays do not hold those."""
         ready = []
-        streams = self._streams
+        if not self._pending:
+            return ready
+        hold = self._hold
+        now = self.now
         for sim in self._order:
-            if not sim.queue:
+            queue = sim.queue
+            if not queue:
                 continue
-            op = sim.queue[0]
-            if any(streams[s].executed < seq for s, seq in op.deps):
+            op = queue[0]
+            blocked = False
+            for dep, seq in op.deps:
+                if dep.executed < seq:
+                    blocked = True
+                    break
+            if blocked:
                 continue
-            if not draining and self.policy.hold(op, self.now):
+            if hold is not None and hold(op, now) and (need is None or op.seq > need.get(sim, 0)):
                 continue
             ready.append(sim.id)
         return ready
@@ -184,53 +238,91 @@ class SimBackend:
     def _execute(self, stream_id: int) -> None:
         sim = self._streams[stream_id]
         op = sim.queue.popleft()
-        if op.run is not None:
-            op.run()
-        sim.executed += 1
-        self.op_times[op.trace_index] = (self._step, self._step + 1)
-        self._step += 1
+        self._pending -= 1
+        try:
+            if op.run is not None:
+                op.run()
+        finally:
+            # Even a kernel that raised has finished: later work must not wait on it forever.
+            sim.executed += 1
+            step = self._step
+            self.op_times[op.trace_index] = (step, step + 1)
+            self._step = step + 1
+
+    def _choose(self, ready: list, host_may_continue: bool) -> int:
+        choice = self.policy.choose(ready, host_may_continue)
+        if choice == HOST:
+            if not host_may_continue:
+                raise ScheduleError(f"policy {self.policy.describe()} let the host go on while it is blocked "
+                                    "in a synchronize; a policy must pick one of the ready streams there")
+        elif choice not in ready:
+            raise ScheduleError(f"policy {self.policy.describe()} chose stream {choice!r}, which has no ready "
+                                f"operation (ready: {ready}); a policy must pick a ready stream or HOST")
+        self.schedule.decisions.append(choice)
+        return choice
 
     def tick(self) -> None:
         """The host made a call: let the policy run device work until it picks the host."""
         self.now += 1
-        decisions = self.schedule.decisions
         while True:
-            choice = self.policy.choose(self._ready(False), True)
-            decisions.append(choice)
+            choice = self._choose(self._ready(), True)
             if choice == HOST:
                 return
             self._execute(choice)
 
-    def _drain(self, done, what: str, site: CallSite) -> None:
-        """Block the host until `done()`; always terminates: every dependency points at
-        earlier-issued work, so something is ready while anything is pending."""
-        decisions = self.schedule.decisions
-        while not done():
-            ready = self._ready(True)
+    def _needed(self, targets) -> dict:
+        """Close `targets` ((_SimStream, seq) pairs) under stream order and dependencies:
+        everything that must execute before the host may return from a synchronize."""
+        need: dict = {}
+        work = []
+        for sim, seq in targets:
+            if sim.executed < seq and need.get(sim, 0) < seq:
+                need[sim] = seq
+                work.append(sim)
+        scanned: dict = {}
+        while work:
+            sim = work.pop()
+            upto = need[sim]
+            start = scanned.get(sim, 0)
+            if upto <= start:
+                continue
+            for op in sim.queue:
+                if op.seq <= start:
+                    continue
+                if op.seq > upto:
+                    break
+                for dep, seq in op.deps:
+                    if dep.executed < seq and need.get(dep, 0) < seq:
+                        need[dep] = seq
+                        work.append(dep)
+            scanned[sim] = upto
+        return need
+
+    def _drain(self, targets, what: str, site: CallSite) -> None:
+        """Block the host until every (stream, seq) in `targets` executed. Always
+        terminates: dependencies point at earlier-issued work, so the earliest pending
+        needed operation is ready and not held, and nothing new is issued meanwhile."""
+        need = self._needed(targets)
+        while any(sim.executed < seq for sim, seq in targets):
+            ready = self._ready(need)
             if not ready:
                 raise self._DeviceError(f"{what} at {site}: no pending work can make progress "
-                                        "(simulator invariant broken; please report)")
-            choice = self.policy.choose(ready, False)
-            if choice == HOST:
-                raise ScheduleError(f"{what} at {site}: policy let the host go on while it is blocked")
-            decisions.append(choice)
-            self._execute(choice)
+                                        "(simulator invariant broken; please report with the schedule string)")
+            self._execute(self._choose(ready, False))
 
     def sync_stream(self, stream, site) -> None:
         sim = self._streams[stream.id]
-        target = sim.issued
-        self._drain(lambda: sim.executed >= target, f"{stream.name}.synchronize()", site)
+        self._drain([(sim, sim.issued)], f"{stream.name}.synchronize()", site)
 
     def sync_event(self, event, site) -> None:
         captured = self._events[event.id]
         if captured is None:
             return  # never recorded: returns at once, as in CUDA
-        sim, seq = self._streams[captured[0]], captured[1]
-        self._drain(lambda: sim.executed >= seq, f"{event.name}.synchronize()", site)
+        self._drain([captured], f"{event.name}.synchronize()", site)
 
     def sync_device(self, site) -> None:
-        targets = [(sim, sim.issued) for sim in self._order]
-        self._drain(lambda: all(s.executed >= t for s, t in targets), "device synchronize", site)
+        self._drain([(sim, sim.issued) for sim in self._order], "device synchronize", site)
 
     def pending(self) -> int:
-        return sum(len(s.queue) for s in self._order)
+        """Operations issued but not executed yet."""
+        return self._pending

@@ -1,0 +1,339 @@
+"""The device API: what it records, what it refuses (and how it says so), and how a
+failing kernel is reported."""
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from streamcheck import trace as T
+from streamcheck.device import Buffer, Device, DeviceError, Event, KernelError, Region, Stream
+from streamcheck.hb import check
+
+HERE = "test_device_api.py"
+
+
+def here(offset=1) -> str:
+    """`test_device_api.py:<line>` of the caller's line plus `offset`."""
+    return f"{HERE}:{sys._getframe(1).f_lineno + offset}"
+
+
+def site_of(marker: str) -> str:
+    """`test_device_api.py:<line>` of the one line of this file that ends with `# <marker>`."""
+    with open(__file__) as f:
+        lines = [i for i, line in enumerate(f, 1) if line.rstrip().endswith(f"# <{marker}>")]
+    assert len(lines) == 1, marker
+    return f"{HERE}:{lines[0]}"
+
+
+def noop(*arrays):
+    pass
+
+
+@pytest.fixture
+def dev():
+    return Device("sim", policy="eager")
+
+
+# --- what is recorded ---------------------------------------------------------------------------
+
+
+def test_every_call_is_recorded_with_the_users_call_site(dev):
+    a = dev.stream("A")
+    x = dev.alloc((2, 3), "float32", name="x")
+    site = here()
+    dev.launch(noop, (x,), stream=a, writes=[x])
+    op = dev.trace.ops[-1]
+    assert isinstance(op, T.Launch) and str(op.site) == site and op.site.function.startswith("test_every")
+    assert op.writes == (T.Range(x.id, 0, 24),) and op.stream == a.id and op.name == "noop"
+    e = a.record()
+    dev.legacy.wait_event(e)
+    a.synchronize()
+    kinds = [type(op).__name__ for op in dev.trace.ops]
+    assert kinds == ["StreamCreate", "StreamCreate", "Alloc", "Launch", "EventCreate", "EventRecord", "StreamWait",
+                     "StreamSync"]
+    assert all(op.site.file == __file__ for op in dev.trace.ops[1:])
+
+
+def test_the_trace_alone_reproduces_the_checkers_reports(dev):
+    a, b = dev.stream("A"), dev.stream("B")
+    x = dev.alloc((4,), "float32", name="x")
+    dev.launch(noop, (x,), stream=a, writes=[x])
+    dev.launch(noop, (x,), stream=b, reads=[x])
+    assert [r.kind for r in dev.races] == ["RAW"]
+    assert [r.key for r in check(dev.trace)] == [r.key for r in dev.races]
+    assert "RAW race on `x`" in dev.report()
+
+
+def test_check_false_records_the_trace_but_reports_nothing():
+    dev = Device("sim", check=False, policy="delay", streams=["A"])
+    a, b = dev.stream("A"), dev.stream("B")
+    x = dev.alloc((4,), "float32", name="x", fill=0.0)
+    dev.launch(lambda x: x.fill(1), (x,), stream=a, writes=[x])
+    dev.launch(noop, (x,), stream=b, reads=[x])
+    assert dev.checker is None and dev.races == [] and dev.report() == "streamcheck: no races found"
+    assert len(dev.trace) == 6
+    assert [r.kind for r in check(dev.trace)] == ["RAW"]  # the race is in the trace all the same
+    np.testing.assert_array_equal(dev.get(x, stream=b), [0, 0, 0, 0])  # and it still strikes
+
+
+def test_legacy_stream_and_defaults(dev):
+    assert dev.legacy.kind is T.StreamKind.LEGACY and dev.legacy.name == "legacy" and dev.legacy.id == 0
+    assert dev.stream("A").kind is T.StreamKind.NON_BLOCKING
+    assert dev.stream("B", "blocking").kind is T.StreamKind.BLOCKING
+    assert dev.stream("C", "non-blocking").kind is T.StreamKind.NON_BLOCKING
+    x = dev.alloc(3, name="x", fill=2.0)
+    dev.launch(lambda x: np.multiply(x, 2, out=x), (x,), writes=[x])  # no stream: the legacy stream
+    assert dev.trace.ops[-1].stream == 0
+    np.testing.assert_array_equal(dev.get(x), [4, 4, 4])  # get() synchronizes the legacy stream
+
+
+def test_unfilled_memory_is_garbage_and_fill_sets_it(dev):
+    assert np.isnan(dev.host_read(dev.alloc(2, "float32"))).all()
+    assert dev.host_read(dev.alloc(2, "int32")).tolist() == [0, 0]
+    assert dev.host_read(dev.alloc((2,), "float16", fill=1.5)).tolist() == [1.5, 1.5]
+
+
+# --- regions ------------------------------------------------------------------------------------
+
+
+def test_regions_are_first_axis_rows_and_byte_ranges(dev):
+    x = dev.alloc((6, 2), "float64", name="x", fill=0.0)
+    r = x[2:5]
+    assert isinstance(r, Region) and (r.start, r.stop, r.rows, r.size) == (2, 5, 3, 6)
+    assert r.byte_range() == T.Range(x.id, 32, 80)
+    assert r[1:].byte_range() == T.Range(x.id, 48, 80)  # a region of a region
+    assert x[-2:].byte_range() == T.Range(x.id, 64, 96)
+    assert x[4:2].size == 0  # empty, as Python slices are
+    assert repr(r) == "x[2:5]"
+    s = dev.alloc((), "float32", name="s", fill=1.0)
+    assert s.region().byte_range() == T.Range(s.id, 0, 4)
+
+
+def test_kernels_see_exactly_their_rows_and_disjoint_rows_do_not_race(dev):
+    a, b = dev.stream("A"), dev.stream("B")
+    x = dev.alloc((4, 2), "float32", name="x", fill=0.0)
+    dev.launch(lambda r: r.fill(1), (x[0:2],), stream=a, writes=[x[0:2]])
+    dev.launch(lambda r: r.fill(2), (x[2:4],), stream=b, writes=[x[2:4]])
+    dev.synchronize()
+    assert dev.host_read(x)[:, 0].tolist() == [1, 1, 2, 2]
+    assert dev.races == []
+    dev.launch(noop, (x[1:3],), stream=a, reads=[x[1:3]])  # overlaps B's rows: ordered by the synchronize
+    assert dev.races == []
+
+
+@pytest.mark.parametrize("index", [1, slice(0, 4, 2), (0, 1)])
+def test_regions_refuse_non_contiguous_indexing(dev, index):
+    x = dev.alloc((4,), "float32", name="x")
+    with pytest.raises(DeviceError, match=r"x\[0:4\]\[.*\] at " + here(1) + ": only contiguous"):
+        x[index]
+
+
+# --- bad input -----------------------------------------------------------------------------------
+
+
+def test_device_options_are_validated():
+    with pytest.raises(DeviceError, match=f"Device\\(\\) at {here(1)}: check must be True or False"):
+        Device("sim", check="yes")
+    with pytest.raises(DeviceError, match="seed must be an integer"):
+        Device("sim", seed="0")
+    with pytest.raises(ValueError, match="unknown backend 'gpu'"):
+        Device("gpu")
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda dev: dev.stream("A", "fast"), r"stream\('A'\) at .*: unknown stream kind 'fast'"),
+    (lambda dev: dev.stream("A", "legacy"), "legacy streams exist already; use device.legacy"),
+    (lambda dev: dev.stream("A", "per_thread"), "use device.legacy or device.per_thread_stream"),
+    (lambda dev: dev.stream(7), r"stream\(\) at .*: name must be a string"),
+    (lambda dev: dev.stream("A", priority="high"), "priority must be an integer"),
+    (lambda dev: dev.event(b"e"), r"event\(\) at .*: name must be a string"),
+    (lambda dev: dev.alloc((2, -1)), "alloc '' at .*: shape must be non-negative integers"),
+    (lambda dev: dev.alloc((2.0,)), "shape must be non-negative integers"),
+    (lambda dev: dev.alloc(True), "shape must be"),
+    (lambda dev: dev.alloc("four"), "shape must be non-negative integers"),
+    (lambda dev: dev.alloc(None), "shape must be an integer or a tuple of integers"),
+    (lambda dev: dev.alloc(4, "complex64"), "unsupported dtype 'complex64'"),
+    (lambda dev: dev.alloc(4, "floaty"), "unsupported dtype 'floaty'"),
+    (lambda dev: dev.alloc(4, None), "give a dtype"),
+    (lambda dev: dev.alloc(4, fill=[1, 2]), r"fill \[1, 2\] does not fit shape \(4,\)"),
+    (lambda dev: dev.alloc(4, "int32", fill="x"), "fill 'x' does not fit"),
+])
+def test_bad_object_options_raise_device_error_naming_the_call_and_site(dev, call, message):
+    with pytest.raises(DeviceError, match=message) as info:
+        call(dev)
+    assert f"{HERE}:" in str(info.value)
+
+
+def test_bad_launches_raise_device_error_at_the_launch_site(dev):
+    a = dev.stream("A")
+    x = dev.alloc(4, name="x")
+    y = dev.alloc(4, name="y")
+    cases = [
+        (lambda: dev.launch("kernel", (x,), writes=[x]), "kernel must be callable"),
+        (lambda: dev.launch(noop, x, writes=[x]), "args must be a tuple or list, got Buffer; write args=\\(x,\\)"),
+        (lambda: dev.launch(noop, (x,), writes=x), "writes= at .*: expected a list of Buffers/Regions, got Buffer"),
+        (lambda: dev.launch(noop, (x,), reads=[np.zeros(4)]), "reads= at .*: expected a Buffer or Region, got ndarray"),
+        (lambda: dev.launch(noop, (x, y), reads=[x]), "argument `y` is in neither reads= nor writes="),
+        (lambda: dev.launch(noop, (x,), stream="A", writes=[x]), "'A' is not a stream of this device"),
+        (lambda: dev.launch(noop, (x,), writes=[x], name=5), "name must be a string"),
+    ]
+    for call, message in cases:
+        with pytest.raises(DeviceError, match=message) as info:
+            call()
+        assert str(info.value).startswith("launch") and f" at {HERE}:" in str(info.value), message
+    assert len(dev.trace) == 4  # nothing refused was recorded
+    assert a.device is dev
+
+
+def test_objects_of_another_device_are_refused(dev):
+    other = Device("sim")
+    x_other = other.alloc(4, name="theirs")
+    s_other = other.stream("theirs")
+    e_other = other.event("theirs")
+    with pytest.raises(DeviceError, match="buffer `theirs` belongs to another Device"):
+        dev.launch(noop, (x_other,), writes=[x_other])
+    with pytest.raises(DeviceError, match="is not a stream of this device"):
+        dev.copy(dev.alloc(4), dev.alloc(4), stream=s_other)
+    with pytest.raises(DeviceError, match=r"wait_event at .*: Event\('theirs'\) is not an event of this device"):
+        dev.stream("A").wait_event(e_other)
+    with pytest.raises(DeviceError, match=r"record `theirs` at .*: Stream\('B', non_blocking\) is not a stream"):
+        e_other.record(dev.stream("B"))
+
+
+def test_freed_buffers_and_destroyed_events_are_refused(dev):
+    a = dev.stream("A")
+    x = dev.alloc(4, name="x")
+    dev.free(x)
+    with pytest.raises(DeviceError, match=f"launch `noop` writes= at {here(1)}: buffer `x` was freed"):
+        dev.launch(noop, (x,), stream=a, writes=[x])
+    with pytest.raises(DeviceError, match="free at .*: buffer `x` was freed"):
+        dev.free(x)
+    with pytest.raises(DeviceError, match="free at .*: expected a Buffer, got Region"):
+        dev.free(dev.alloc(4)[0:2])
+    e = a.record()
+    e.destroy()
+    for call in (lambda: a.wait_event(e), lambda: e.record(a), e.synchronize, e.destroy):
+        with pytest.raises(DeviceError, match="event `event1` was destroyed; create a new one"):
+            call()
+
+
+def test_bad_copies_and_host_accesses_are_refused_at_the_call(dev):
+    x = dev.alloc((4,), "float32", name="x", fill=0.0)
+    y = dev.alloc((3,), "float32", name="y")
+    with pytest.raises(DeviceError, match=r"copy at .*: x\[0:4\] \(16 bytes\) and y\[0:3\] \(12 bytes\) differ"):
+        dev.copy(y, x)
+    with pytest.raises(DeviceError, match="overlap"):
+        dev.copy(x[0:2], x[1:3])
+    with pytest.raises(DeviceError, match=r"upload to y\[0:3\] at .*: 4 host elements for 3 device elements"):
+        dev.upload(y, np.zeros(4))
+    with pytest.raises(DeviceError, match="not an array of numbers"):
+        dev.upload(y, ["a", "b", "c"])
+    with pytest.raises(DeviceError, match=r"host_write to x\[0:4\] at .*: a value of shape \(3,\) does not fit"):
+        dev.host_write(x, np.ones(3))
+    with pytest.raises(DeviceError, match="host_read at .*: expected a Buffer or Region, got list"):
+        dev.host_read([1, 2])
+    with pytest.raises(DeviceError, match="note_implicit_sync at .*: reason must be a string"):
+        dev.note_implicit_sync(None)
+
+
+def test_copy_moves_bytes_whatever_the_element_types(dev):
+    x = dev.alloc((2,), "float32", name="x", fill=1.0)
+    y = dev.alloc((2,), "int32", name="y", fill=0)
+    dev.copy(y, x)
+    assert dev.get(y).tolist() == np.array([1.0, 1.0], dtype=np.float32).view(np.int32).tolist()
+
+
+# --- kernel failures -----------------------------------------------------------------------------
+
+
+def boom(x):
+    raise ValueError("bad shape")
+
+
+def test_a_kernel_that_raises_is_reported_with_its_launch_site(dev):
+    a = dev.stream("A")
+    x = dev.alloc(4, name="x")
+    launch_site = site_of("launch-boom")
+    with pytest.raises(KernelError, match=f"kernel `boom` launched at {launch_site} on A raised ValueError: "
+                                          "bad shape") as info:
+        dev.launch(boom, (x,), stream=a, writes=[x])  # <launch-boom>
+    assert isinstance(info.value.__cause__, ValueError)
+    assert str(info.value.launch_site) == launch_site and info.value.kernel == "boom" and info.value.stream == "A"
+    dev.synchronize()  # the failed kernel counts as finished: nothing waits on it forever
+
+
+def test_a_kernel_failure_surfacing_in_a_later_synchronize_names_the_launch_site():
+    dev = Device("sim", policy="delay", streams=["A"], steps=10**6)
+    a = dev.stream("A")
+    x = dev.alloc(4, name="x")
+    dev.launch(boom, (x,), stream=a, writes=[x])  # <late-boom>
+    dev.launch(noop, (x,), stream=a, reads=[x])
+    with pytest.raises(KernelError) as info:
+        a.synchronize()  # <late-sync>
+    message = str(info.value)
+    assert f"kernel `boom` launched at {site_of('late-boom')} on A raised ValueError: bad shape" in message
+    assert f"it executed during StreamSync at {site_of('late-sync')}" in message
+    a.synchronize()  # the rest of the stream still runs
+    assert dev.backend.pending() == 0
+
+
+def test_a_kernel_failure_surfacing_during_an_unrelated_call_names_both_sites():
+    dev = Device("sim", policy="delay", streams=["A"], steps=2)
+    a = dev.stream("A")
+    x = dev.alloc(4, name="x")
+    dev.launch(boom, (x,), stream=a, writes=[x])  # <boom-unrelated>
+    dev.alloc(1)
+    with pytest.raises(KernelError, match=f"launched at {site_of('boom-unrelated')} .* executed during Alloc at "
+                                          f"{site_of('unrelated-alloc')}"):
+        dev.alloc(1)  # <unrelated-alloc>
+
+
+# --- threads -------------------------------------------------------------------------------------
+
+
+def test_device_threads_order_their_work_after_start_and_before_join(dev):
+    a = dev.stream("A")
+    x = dev.alloc(4, name="x", fill=0.0)
+
+    def worker():
+        dev.host_write(x, 1.0)
+
+    t = dev.thread(worker)
+    dev.host_write(x, 2.0)  # before start: ordered before the worker's write
+    t.start()
+    t.join()
+    dev.launch(noop, (x,), stream=a, reads=[x])  # after join: ordered after it
+    assert dev.races == []
+
+
+def test_an_unknown_thread_is_unordered_with_the_main_thread(dev):
+    x = dev.alloc(4, name="x", fill=0.0)
+    dev.host_write(x, 2.0)
+    t = threading.Thread(target=lambda: dev.host_write(x, 1.0))
+    t.start()
+    t.join()
+    assert [r.kind for r in dev.races] == ["WAW"]
+
+
+def test_a_timed_out_join_orders_nothing(dev):
+    release = threading.Event()
+    x = dev.alloc(4, name="x", fill=0.0)
+
+    def worker():
+        dev.host_write(x, 1.0)
+        release.wait(5)
+
+    t = dev.thread(worker)
+    t.start()
+    t.join(timeout=0.01)
+    assert not any(isinstance(op, T.ThreadJoin) for op in dev.trace.ops)
+    release.set()
+    t.join()
+    assert any(isinstance(op, T.ThreadJoin) for op in dev.trace.ops)
+
+
+def test_public_types_are_exported():
+    dev = Device("sim")
+    assert isinstance(dev.stream("A"), Stream) and isinstance(dev.event(), Event)
+    assert isinstance(dev.alloc(1), Buffer)
