@@ -67,6 +67,7 @@ class Findings:
     replay: str = ""
     device: Any = None  # the streamcheck_device fixture's device, if used
     spec: Optional[ScheduleSpec] = None  # and the schedule it runs
+    check: str = "on"  # the test's check mode (option, or its marker)
 
     def add_races(self, races) -> None:
         for race in races:
@@ -370,9 +371,10 @@ def replay_command(config, nodeid: str, spec: Optional[ScheduleSpec]) -> str:
     parts = ["pytest", shlex.quote(nodeid), f"--streamcheck-seed={settings.seed}", f"--streamcheck-backend={backend}"]
     if spec is not None:
         parts.append(f"--streamcheck-replay={spec.label}")
-        if spec.policy == "delay":
-            parts.append(f"--streamcheck-delay-us={settings.delay_us}" if backend == "cupy"
-                         else f"--streamcheck-delay-steps={settings.delay_steps}")
+        if backend == "cupy" and spec.policy in ("delay", "pct"):
+            parts.append(f"--streamcheck-delay-us={settings.delay_us}")
+        elif spec.policy == "delay":
+            parts.append(f"--streamcheck-delay-steps={settings.delay_steps}")
     if settings.check != "on":
         parts.append(f"--streamcheck-check={settings.check}")
     command = " ".join(parts)
@@ -400,7 +402,7 @@ def streamcheck_device(request, streamcheck_seed):
     spec = schedule_specs(streamcheck_seed, tconf.policies, 1, settings.replay)[0]
     device = _make_device(config, spec, tconf.check)
     found = _findings(request.node)
-    found.device, found.spec = device, spec
+    found.device, found.spec, found.check = device, spec, tconf.check
     found.schedules += 1
     found.replay = replay_command(config, request.node.nodeid, spec)
     yield device
@@ -458,6 +460,7 @@ def run_schedules(request, streamcheck_seed):
         if check_mode not in CHECK_MODES:
             raise _bad("run_schedules(check=...)", str(check_mode), ", ".join(CHECK_MODES))
         found = _findings(item)
+        found.check = check_mode
 
         reference_spec = ScheduleSpec("sequential", 0, streamcheck_seed)
         ref_device = _make_device(config, reference_spec, check_mode)
@@ -632,8 +635,7 @@ def pytest_runtest_makereport(item, call):
     if device is not None:
         found.add_races(device.races)
     races = list(found.races.values())
-    settings = item.config.stash[SETTINGS_KEY]
-    check = _test_config(item, settings).check
+    check = found.check
     ours = call.excinfo is not None and call.excinfo.errisinstance(ScheduleFailure)
     if races and not ours and not (device is not None and check == "on" and report.passed):
         # Races beside some other outcome (warn mode, or the test failed for its own reason).

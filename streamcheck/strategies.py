@@ -21,15 +21,16 @@ import itertools
 import os
 from functools import lru_cache
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from flashnorm_kernels.plan import CALLER_KINDS, EDGES, POST_STREAMS, SIDE_KINDS, SyncPlan
-
 from .trace import StreamKind
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from flashnorm_kernels.plan import SyncPlan
 
 # The pipeline's dtypes (flashnorm_kernels.pipeline.DTYPES); the sim emulates bfloat16.
 DTYPES = ("float32", "float16", "bfloat16")
@@ -74,32 +75,49 @@ def shapes(*, max_tokens: int = 4, max_hidden: int = 32, max_out: int = 32,
 # --- sync plans ---------------------------------------------------------------------------
 
 
-def _plan(missing: frozenset, post: str, side: str, caller: str) -> SyncPlan:
-    return SyncPlan(frozenset(EDGES) - missing, post, side, caller)
+def _plan_module():
+    # Imported when a plan is first needed: importing the flashnorm_kernels package
+    # imports torch, which profile selection (done by the plugin) must not pay for.
+    from flashnorm_kernels import plan
+
+    return plan
 
 
-def sync_plans(*, edges: Sequence[str] = EDGES, post_streams: Sequence[str] = POST_STREAMS,
-               side_kinds: Sequence[str] = SIDE_KINDS,
-               caller_kinds: Sequence[str] = CALLER_KINDS) -> st.SearchStrategy[SyncPlan]:
-    """Any plan: every subset of `edges` may be missing (the others are always present)."""
+def _plan(missing: frozenset, post: str, side: str, caller: str) -> "SyncPlan":
+    plan = _plan_module()
+    return plan.SyncPlan(frozenset(plan.EDGES) - missing, post, side, caller)
+
+
+def sync_plans(*, edges: Optional[Sequence[str]] = None, post_streams: Optional[Sequence[str]] = None,
+               side_kinds: Optional[Sequence[str]] = None,
+               caller_kinds: Optional[Sequence[str]] = None) -> "st.SearchStrategy[SyncPlan]":
+    """Any plan: every subset of `edges` (default: all six) may be missing, the others are
+    always present; post stream and kinds default to every choice plan.py allows."""
+    plan = _plan_module()
+    edges = plan.EDGES if edges is None else tuple(edges)
+    # One "left out?" flag per edge: flags shrink to False, so a failing plan shrinks to
+    # the fewest missing edges (a set-valued draw shrinks less well).
+    missing = st.tuples(*(st.booleans() for _ in edges)).map(
+        lambda flags: frozenset(e for e, out in zip(edges, flags) if out))
     return st.builds(
         _plan,
-        st.frozensets(st.sampled_from(tuple(edges))) if edges else st.just(frozenset()),
-        st.sampled_from(tuple(post_streams)),
-        st.sampled_from(tuple(side_kinds)),
-        st.sampled_from(tuple(caller_kinds)),
+        missing,
+        st.sampled_from(tuple(post_streams or plan.POST_STREAMS)),
+        st.sampled_from(tuple(side_kinds or plan.SIDE_KINDS)),
+        st.sampled_from(tuple(caller_kinds or plan.CALLER_KINDS)),
     )
 
 
-def all_plans(*, post_streams: Sequence[str] = POST_STREAMS, side_kinds: Sequence[str] = SIDE_KINDS,
-              caller_kinds: Sequence[str] = CALLER_KINDS) -> list[SyncPlan]:
+def all_plans(*, post_streams: Optional[Sequence[str]] = None, side_kinds: Optional[Sequence[str]] = None,
+              caller_kinds: Optional[Sequence[str]] = None) -> "list[SyncPlan]":
     """Every plan, fewest missing edges first: 2^6 edge subsets x post streams x kinds."""
-    subsets = [frozenset(c) for r in range(len(EDGES) + 1) for c in itertools.combinations(EDGES, r)]
+    plan = _plan_module()
+    subsets = [frozenset(c) for r in range(len(plan.EDGES) + 1) for c in itertools.combinations(plan.EDGES, r)]
     return [_plan(missing, post, side, caller)
             for missing in subsets
-            for post in post_streams
-            for side in side_kinds
-            for caller in caller_kinds]
+            for post in (post_streams or plan.POST_STREAMS)
+            for side in (side_kinds or plan.SIDE_KINDS)
+            for caller in (caller_kinds or plan.CALLER_KINDS)]
 
 
 @lru_cache(maxsize=1)
@@ -110,12 +128,12 @@ def _plans_by_verdict() -> tuple:
     return tuple(p for p in plans if is_safe(p)), tuple(p for p in plans if not is_safe(p))
 
 
-def safe_plans() -> st.SearchStrategy[SyncPlan]:
+def safe_plans() -> "st.SearchStrategy[SyncPlan]":
     """Plans the oracle calls safe (no required ordering missing)."""
     return st.sampled_from(_plans_by_verdict()[0])
 
 
-def unsafe_plans() -> st.SearchStrategy[SyncPlan]:
+def unsafe_plans() -> "st.SearchStrategy[SyncPlan]":
     """Plans the oracle calls unsafe: a race the checker must report."""
     return st.sampled_from(_plans_by_verdict()[1])
 

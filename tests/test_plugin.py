@@ -251,15 +251,16 @@ def test_trace_dir_gets_the_failing_runs_trace(pytester, tmp_path):
     (["--streamcheck-seed=last", "-p", "no:cacheprovider"], "no previous seed is stored"),
 ])
 def test_bad_option_values_are_usage_errors(pytester, args, message):
+    # In-process: pytest stops in pytest_configure, before any test runs, so nothing leaks.
     pytester.makepyfile(test_nothing="def test_nothing(): pass")
-    result = pytester.runpytest_subprocess(*args)
+    result = pytester.runpytest_inprocess(*args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert message in result.stderr.str()
 
 
 def test_disabled_plugin_leaves_no_options_or_fixtures(pytester):
     pytester.makepyfile(test_uses=RACY)
-    no_option = pytester.runpytest_subprocess("-p", "no:streamcheck", "--streamcheck-seed=1")
+    no_option = pytester.runpytest_inprocess("-p", "no:streamcheck", "--streamcheck-seed=1")
     assert no_option.ret == pytest.ExitCode.USAGE_ERROR
     assert "unrecognized arguments: --streamcheck-seed=1" in no_option.stderr.str()
     no_fixture = pytester.runpytest_subprocess("-p", "no:streamcheck")
