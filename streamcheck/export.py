@@ -163,22 +163,21 @@ def _stream_lane_label(op: T.StreamCreate) -> str:
 
 
 def _replay(ops, races) -> tuple:
-    """Feed a fresh checker: its races, stream labels as reports name them, and the
-    trace index at which each race (by key) was first seen -- its second access.
+    """Feed a fresh checker: its races, stream labels as reports name them, and for each
+    race (by key) the trace indices where it was reported -- its second accesses.
     With `races` known, only operations at their second access's call site are checked."""
     checker = Checker()
-    second_at: dict = {}
-    known = 0
+    seconds: dict = {}
+    seen: dict = {}
     watch = None if races is None else {race.second.site for race in races}
     try:
         for index, op in enumerate(ops):
             checker.feed(op)
             if isinstance(op, _ACCESS_OPS) and (watch is None or op.site in watch):
-                races = checker.races
-                if len(races) > known:
-                    for race in races:
-                        second_at.setdefault(race.key, index)
-                    known = len(races)
+                for race in checker.races:
+                    if race.count > seen.get(race.key, 0):
+                        seen[race.key] = race.count
+                        seconds.setdefault(race.key, []).append(index)
     except TraceError:
         pass  # a malformed trace: locate what we can by call site below
     labels = {}
@@ -188,7 +187,7 @@ def _replay(ops, races) -> tuple:
                 labels[checker.stream_label(op.stream)] = op.stream
             except KeyError:
                 pass
-    return checker.races, labels, second_at
+    return checker.races, labels, seconds
 
 
 def _op_name(op) -> str:
@@ -216,27 +215,45 @@ def _actor(op, stream_labels: dict) -> Optional[str]:
 
 
 def _touches(op, buffer_ids: set, start: int, stop: int, write: bool) -> bool:
+    """Whether `op` reads (or writes) bytes [start, stop) of one of `buffer_ids`."""
     if isinstance(op, T.Free):
         return op.buffer in buffer_ids
     ranges = op.writes if write else op.reads
     return any(r.buffer in buffer_ids and r.start < stop and start < r.stop for r in ranges)
 
 
-def _locate(ops, race: Race, second_at: dict, stream_labels: dict, buffer_ids: dict) -> LocatedRace:
+_SHOWN_INSTANCES = 256  # a race seen more often is looked for among its first ones and its last
+
+
+def _locate(ops, race: Race, seconds: dict, stream_labels: dict, buffer_ids: dict, struck) -> LocatedRace:
+    """The pair of trace indices to show for `race`: the first instance that struck
+    (the consumer started before the producer ended), else the last one seen -- on a GPU
+    the first is often the cold one, slowed by lazy loading and first calls."""
     ids = buffer_ids.get(race.buffer, set())
 
-    def matches(op, access) -> bool:
+    def matches(op, access, start=0, stop=math.inf) -> bool:
         return (isinstance(op, _ACCESS_OPS) and op.site == access.site and _op_name(op) == access.name
-                and _actor(op, stream_labels) == access.actor
-                and _touches(op, ids, race.start, race.stop, access.write))
+                and _actor(op, stream_labels) == access.actor and _touches(op, ids, start, stop, access.write))
 
-    second = second_at.get(race.key)
-    if second is None or not matches(ops[second], race.second):
-        second = next((i for i in range(len(ops) - 1, -1, -1) if matches(ops[i], race.second)), None)
-    first = None
-    if second is not None:
+    def producer(second: int) -> Optional[int]:
         # The latest matching access issued before the second is the one it raced with.
-        first = next((i for i in range(second - 1, -1, -1) if matches(ops[i], race.first)), None)
+        for start, stop in ((race.start, race.stop), (0, math.inf)):
+            found = next((i for i in range(second - 1, -1, -1) if matches(ops[i], race.first, start, stop)), None)
+            if found is not None:
+                return found
+        return None
+
+    candidates = [i for i in seconds.get(race.key, ()) if matches(ops[i], race.second)]
+    if len(candidates) > _SHOWN_INSTANCES:
+        candidates = candidates[:_SHOWN_INSTANCES] + candidates[-1:]
+    if not candidates:  # not found by replay: the last access at the second's call site
+        last = next((i for i in range(len(ops) - 1, -1, -1) if matches(ops[i], race.second)), None)
+        candidates = [last] if last is not None else []
+    pairs = [(producer(second), second) for second in candidates]
+    found = [(first, second) for first, second in pairs if first is not None]
+    if not found:
+        return LocatedRace(race, None, candidates[-1] if candidates else None)
+    first, second = next((pair for pair in found if struck(*pair)), found[-1])
     return LocatedRace(race, first, second)
 
 
@@ -271,7 +288,7 @@ def build_model(source) -> Model:
     """The timeline model of a run: a Device, a Trace, or a mapping with keys `trace`
     and optionally `races`, `op_times`, `clock` ("steps" | "us"), `backend`, `schedule`."""
     ops, races, op_times, clock, backend, schedule = _parts(source)
-    replay_races, stream_labels, second_at = _replay(ops, races)
+    replay_races, stream_labels, seconds = _replay(ops, races)
     if races is None:
         races = replay_races
     if clock is None:
@@ -309,7 +326,11 @@ def build_model(source) -> Model:
         out[index] = Slice(index, lane, name, category, start, end, measured, op.site, reads, writes)
 
     edges, notes = _edges(ops, out, event_names)
-    located = tuple(_locate(ops, race, second_at, stream_labels, buffer_ids) for race in races)
+
+    def struck(first: int, second: int) -> bool:
+        return first in out and second in out and out[second].start < out[first].end
+
+    located = tuple(_locate(ops, race, seconds, stream_labels, buffer_ids, struck) for race in races)
     for loc in located:
         if loc.first is not None and loc.second is not None:
             edges.append(Edge(loc.first, loc.second, "missing", _missing_label(loc.race), loc.race))
@@ -345,41 +366,42 @@ def _place(ops, drawn: list, op_times: Mapping, clock: str) -> dict:
         return {index: (float(k), float(k) + 1.0, False) for k, index in enumerate(drawn)}
     origin = min(s for s, _ in known.values())
     known = {i: (s - origin, e - origin) for i, (s, e) in known.items()}
-    span = max(e for _, e in known.values()) or 1.0
     # A nominal width for what has no time: visible, and short next to real work.
-    nominal = 0.5 if clock == STEPS else max(span / 200.0, 1e-3)
+    durations = sorted(e - s for s, e in known.values() if e > s) or [1.0]
+    nominal = 0.5 if clock == STEPS else 0.25 * durations[len(durations) // 2]
 
-    # Issue bound: an operation was issued before any operation issued after it started.
+    # An operation was issued before any operation issued after it started.
     later_start = [math.inf] * (len(ops) + 1)
     for index in range(len(ops) - 1, -1, -1):
         own = known[index][0] if index in known else math.inf
         later_start[index] = min(own, later_start[index + 1])
 
-    # For untimed stream work: the start of the next timed work on its stream, and how
-    # many untimed operations (itself included) come before that.
+    # Untimed work must fit before the next timed work: on its own stream (stream
+    # order), or for host calls before any timed work (the host issued that later).
+    # room: index -> (that bound, how many untimed operations share the gap).
     room: dict = {}
-    ahead: dict = {}  # lane -> (next timed start, untimed count), scanning backwards
+    stream_ahead: dict = {}  # lane -> (next timed start, untimed count), scanning backwards
+    host_ahead: dict = {}  # host lane -> untimed count since the next timed operation
     for index in reversed(drawn):
         lane = _lane_of(ops[index])
-        if lane[0] != "stream":
-            continue
         if index in known:
-            ahead[lane] = (known[index][0], 0)
+            stream_ahead[lane] = (known[index][0], 0)
+            host_ahead = {}
+        elif lane[0] == "stream":
+            high, waiting = stream_ahead.get(lane, (math.inf, 0))
+            stream_ahead[lane] = room[index] = (high, waiting + 1)
         else:
-            high, waiting = ahead.get(lane, (math.inf, 0))
-            ahead[lane] = room[index] = (high, waiting + 1)
+            host_ahead[lane] = host_ahead.get(lane, 0) + 1
+            room[index] = (later_start[index], host_ahead[lane])
 
     placed = {}
     lane_end: dict = {}  # lane -> end of its last placed slice
-    host_end: dict = {}  # host thread -> when it was last free to issue
     last_record: dict = {}  # event -> trace index of its latest record
-    issued = 0.0  # estimated host issue time of the previous operation
+    issued = 0.0  # estimated host issue time of the latest operation
     drawn_set = set(drawn)
     for index, op in enumerate(ops):
-        upper = later_start[index]
-        issued = max(issued, host_end.get(op.thread, 0.0))
-        if upper < math.inf:
-            issued = max(issued, upper)
+        if index in known:
+            issued = max(issued, later_start[index])  # issued before it, or later work, started
         if index not in drawn_set:
             continue
         lane = _lane_of(op)
@@ -389,25 +411,24 @@ def _place(ops, drawn: list, op_times: Mapping, clock: str) -> dict:
             # can be off by a little, so keep stream order.
             start = max(start, lane_end.get(lane, start))
             placed[index] = (start, max(end, start + _MIN_WIDTH * nominal), True)
-        elif lane[0] == "stream":
-            # Device work with no time: after its stream's previous work and before the
-            # stream's next timed work (stream order), sharing the gap if it is short.
-            low = lane_end.get(lane, 0.0)
+        else:
+            floor = lane_end.get(lane, 0.0)
+            if isinstance(op, T.StreamWait) and op.event in last_record:
+                floor = max(floor, placed[last_record[op.event]][1])  # it completes after its record
+            low = floor if lane[0] == "stream" else max(floor, issued)
             high, waiting = room[index]
             width = nominal if high == math.inf else min(nominal, (high - low) / waiting)
             if width <= 0:
-                width = _MIN_WIDTH * nominal  # measured work leaves no gap: overlap a little
-            start = max(low, min(max(issued, low), high - width * waiting))
-            placed[index] = (start, start + width, False)
-        else:
-            start = max(issued, lane_end.get(lane, 0.0))
-            end = start + nominal
+                width = _MIN_WIDTH * nominal  # timed work leaves no gap: overlap a little
+            # As early as issue order allows, leaving room for the rest of the gap.
+            start = max(floor, min(max(issued, low), high - width * waiting))
+            end = start + width
             if isinstance(op, _SYNC_OPS):
                 # The host returns when the awaited work is done.
                 end = max(end, _completion(op, lane_end, placed, last_record))
             placed[index] = (start, end, False)
-            host_end[op.thread] = end
-            issued = max(issued, end)
+            if lane[0] == "host":
+                issued = max(issued, end)  # the host issues nothing while it is busy here
         if isinstance(op, T.EventRecord):
             last_record[op.event] = index
         lane_end[lane] = max(lane_end.get(lane, 0.0), placed[index][1])

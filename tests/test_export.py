@@ -338,3 +338,31 @@ def test_plain_trace_without_times_lays_ops_out_in_issue_order(tmp_path):
 def test_bad_source_is_named():
     with pytest.raises(TypeError, match="expected a Device"):
         to_chrome_trace(42)
+
+
+def test_shown_instance_is_the_first_that_struck_else_the_last():
+    dev = Device("sim")  # eager: the producer always happens to run first
+    buf = dev.alloc((4,), name="buf", fill=0.0)
+    a, b = dev.stream("A"), dev.stream("B")
+    for _ in range(3):
+        dev.launch(lambda v: v.fill(1.0), (buf,), stream=a, writes=[buf], name="produce")
+        dev.launch(lambda v: None, (buf,), stream=b, reads=[buf], name="consume")
+        dev.synchronize()
+    (race,) = dev.races
+    assert race.count == 3
+    produces = [i for i, op in enumerate(dev.trace.ops) if getattr(op, "name", "") == "produce"]
+    consumes = [i for i, op in enumerate(dev.trace.ops) if getattr(op, "name", "") == "consume"]
+
+    # None struck: the last instance (on a GPU the first is the cold one).
+    model = build_model(dev)
+    (located,) = model.races
+    assert (located.first, located.second) == (produces[-1], consumes[-1])
+    assert model.struck(located) is False
+
+    # The middle producer ran late: that instance is the one shown.
+    times = dict(dev.backend.op_times)
+    times[produces[1]] = (1000.0, 1001.0)
+    model = build_model({"trace": dev.trace, "op_times": times, "backend": "sim"})
+    (located,) = model.races
+    assert (located.first, located.second) == (produces[1], consumes[1])
+    assert model.struck(located) is True
