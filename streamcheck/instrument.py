@@ -89,13 +89,14 @@ def suppressed():
         _tls.suppress -= 1
 
 
-@contextlib.contextmanager
-def _inside():
-    _tls.depth = getattr(_tls, "depth", 0) + 1
+def _inside(call, *args, **kwargs):
+    """Run a wrapped CuPy call: what it calls in turn is part of it, not recorded again."""
+    tls = _tls
+    tls.depth = getattr(tls, "depth", 0) + 1
     try:
-        yield
+        return call(*args, **kwargs)
     finally:
-        _tls.depth -= 1
+        tls.depth -= 1
 
 
 def active() -> bool:
@@ -264,6 +265,7 @@ class Session:
         self._spin = None
         self._lock = threading.RLock()
         self._ndarray = cupy.ndarray
+        self._current_stream = cupy.cuda.get_current_stream
         self._threads: dict = {threading.get_ident(): 0}
         self._next_thread = 1
         self._streams: dict = {}  # key (ptr, or (2, thread) for per-thread) -> stream id
@@ -282,6 +284,8 @@ class Session:
         self._sites: dict = {}
         self._signatures: dict = {}
         self._skip_dirs = tuple(d + os.sep for d in _library_dirs())
+        self._append = self.trace.ops.append
+        self._feed = self.checker.feed if self.checker is not None else None
         self._record(T.StreamCreate(0, self._site(), stream=0, kind=StreamKind.LEGACY, name="legacy default stream"))
         self._streams[0] = 0
         self._stream_names[0] = "legacy"
@@ -312,10 +316,10 @@ class Session:
         tls.busy = getattr(tls, "busy", 0) + 1
         try:
             with self._lock:
-                self.trace.append(op)
-                if self.checker is not None:
+                self._append(op)
+                if self._feed is not None:
                     try:
-                        self.checker.feed(op)
+                        self._feed(op)
                     except TraceError as exc:  # a trace we built wrong: keep the program running
                         self.errors.append(str(exc))
         finally:
@@ -403,12 +407,16 @@ class Session:
     def _sid(self, stream) -> int:
         """Trace id of a CuPy stream object, a torch stream, a raw pointer, or None (current)."""
         if stream is None:
-            stream = self.cupy.cuda.get_current_stream()
+            stream = self._current_stream()
         ptr = stream if isinstance(stream, int) else getattr(stream, "ptr", None)
         if ptr is None:
             ptr = getattr(stream, "cuda_stream", None)  # torch.cuda.Stream
         if ptr is None:
             raise TypeError(f"not a CUDA stream: {stream!r}")
+        if ptr > 2:  # hot path: a stream CuPy or torch created
+            sid = self._streams.get(ptr)
+            if sid is not None:
+                return sid
         key = self._stream_key(ptr)
         sid = self._streams.get(key)
         if sid is None:
@@ -416,13 +424,22 @@ class Session:
         return sid
 
     def _eid(self, event) -> int:
-        eid = self._events.get(event)
-        if eid is None:
-            with self._lock:
-                eid = self._next_event
-                self._next_event += 1
-                self._events[event] = eid
-            self._record(T.EventCreate(self._tid(), self._site(), event=eid, name=f"event{eid}"))
+        # Kept on the event object itself (CuPy's Event is a plain Python class): cheaper than
+        # a weak dictionary, and a new Event with a reused handle still gets a new id.
+        tag = getattr(event, "_streamcheck_event", None)
+        if tag is not None and tag[0] is self:
+            return tag[1]
+        with self._lock:
+            eid = self._next_event
+            self._next_event += 1
+        try:
+            event._streamcheck_event = (self, eid)
+        except AttributeError:  # an event type without a __dict__: look it up by identity
+            tag = self._events.get(event)
+            if tag is not None:
+                return tag
+            self._events[event] = eid
+        self._record(T.EventCreate(self._tid(), self._site(), event=eid, name=f"event{eid}"))
         return eid
 
     # --- memory -------------------------------------------------------------------------
@@ -575,7 +592,7 @@ class Session:
         if not self.delay_us or not self._targets(sid, name):
             return
         if stream is None or isinstance(stream, int):
-            stream = self.cupy.cuda.get_current_stream()
+            stream = self._current_stream()
         if self._spin is None:
             from .backends.cupy_backend import SpinDelay
 
@@ -590,8 +607,7 @@ class Session:
         tid = self._tid()
         sid = self._sid(stream)
         self._maybe_spin(stream, sid, name)
-        with _inside():
-            result = call()
+        result = _inside(call)
         self._record(T.Launch(tid, site, stream=sid, name=name, reads=tuple(self._ranges(reads)),
                               writes=tuple(self._ranges(writes))))
         return result
@@ -606,8 +622,7 @@ class Session:
         sid = self._sid(stream)
         serial0 = self._alloc_serial
         self._maybe_spin(stream, sid, name)
-        with _inside():
-            result = fn(*args, **kwargs)
+        result = _inside(fn, *args, **kwargs)
         out = kwargs.get("out")
         written = list(inplace) + _arrays(out if isinstance(out, (tuple, list)) else (out,))
         results = result if isinstance(result, (tuple, list)) else (result,)
@@ -633,8 +648,7 @@ class Session:
         tid = self._tid()
         sid = self._sid(stream)
         self._maybe_spin(stream, sid, name)
-        with _inside():
-            result = call()
+        result = _inside(call)
         rng = self._range(array)
         if rng is not None:
             self._record(T.Copy(tid, site, stream=sid, kind=CopyKind.D2H, src=rng, dst=None))
@@ -647,8 +661,7 @@ class Session:
         tid = self._tid()
         sid = self._sid(stream)
         self._maybe_spin(stream, sid, "copy H2D")
-        with _inside():
-            result = call()
+        result = _inside(call)
         rng = self._range(array)
         if rng is not None:
             self._record(T.Copy(tid, site, stream=sid, kind=CopyKind.H2D, src=None, dst=rng))
@@ -683,8 +696,7 @@ class Session:
         site = self._site()
         tid = self._tid()
         sid = self._sid(stream)
-        with _inside():
-            result = call()
+        result = _inside(call)
         event = result if event is None else event
         self._record(T.EventRecord(tid, site, event=self._eid(event), stream=sid))
         return result
@@ -694,8 +706,7 @@ class Session:
         tid = self._tid()
         sid = self._sid(stream)
         eid = self._eid(event)
-        with _inside():
-            result = call()
+        result = _inside(call)
         self._record(T.StreamWait(tid, site, stream=sid, event=eid))
         return result
 
@@ -703,8 +714,7 @@ class Session:
         site = self._site()
         tid = self._tid()
         sid = self._sid(stream)
-        with _inside():
-            result = call()
+        result = _inside(call)
         if not only_if_true or result:
             self._record(T.StreamSync(tid, site, stream=sid))
         return result
@@ -713,8 +723,7 @@ class Session:
         site = self._site()
         tid = self._tid()
         eid = self._eid(event)
-        with _inside():
-            result = call()
+        result = _inside(call)
         if not only_if_true or result:
             self._record(T.EventSync(tid, site, event=eid))
         return result
@@ -722,8 +731,7 @@ class Session:
     def device_sync(self, call):
         site = self._site()
         tid = self._tid()
-        with _inside():
-            result = call()
+        result = _inside(call)
         self._record(T.DeviceSync(tid, site))
         return result
 
@@ -762,8 +770,7 @@ class Session:
             pool = cupy.get_default_memory_pool()
             before = pool.total_bytes()
             if pool.free_bytes() < pool_bytes:
-                block = cupy.empty(pool_bytes, dtype=cupy.uint8)
-                del block
+                cupy.empty(pool_bytes, dtype=cupy.uint8)  # freed at once: the pool keeps the bytes
             if pool.total_bytes() > before:
                 self._implicit(f"warm-up: memory pool growth by {pool.total_bytes() - before} bytes (cudaMalloc)")
 
@@ -1149,9 +1156,8 @@ def _install(session: Session) -> _Patcher:
     orig_set_allocator, orig_get_allocator = memory.set_allocator, memory.get_allocator
 
     def set_allocator(allocator=None):
-        if allocator is None:
-            allocator = memory._malloc
-        orig_set_allocator(_wrap_allocator(session, allocator))
+        orig_set_allocator(allocator)  # CuPy resolves None to its raw allocator
+        orig_set_allocator(_wrap_allocator(session, orig_get_allocator()))
 
     previous = orig_get_allocator()
     orig_set_allocator(_wrap_allocator(session, previous))
@@ -1258,8 +1264,7 @@ def _setitem(orig_set, orig_get):
         session = _session
         target = self
         try:
-            with _inside():
-                view = orig_get(self, key)
+            view = _inside(orig_get, self, key)
             if isinstance(view, session._ndarray) and view.data.mem is self.data.mem:
                 target = view  # basic indexing: only the view's bytes are written
         except Exception:

@@ -102,7 +102,7 @@ def test_without_cupy_end_to_end(script):
 def test_console_script_entry_point_without_cupy(script):
     # The same through `python -m streamcheck.cli`, as CI machines run it.
     proc = subprocess.run([sys.executable, "-c", NO_CUPY + "import runpy; runpy.run_module('streamcheck.cli', "
-                           f"run_name='__main__')", "run", script], capture_output=True, text=True, cwd=ROOT,
+                           "run_name='__main__')", "run", script], capture_output=True, text=True, cwd=ROOT,
                           timeout=120)
     assert proc.returncode == 2
     assert "needs an NVIDIA GPU and CuPy" in proc.stderr

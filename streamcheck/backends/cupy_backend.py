@@ -333,7 +333,8 @@ class CupyBackend:
         arrays = self._arrays(args)
         token = self._before(stream, name)
         try:
-            with token[1]:
+            # The Device checks its own work; keep it out of an instrument() session.
+            with _suppressed(), token[1]:
                 kernel(*arrays)
         except Exception as exc:
             raise KernelError(f"kernel `{name}` launched at {site} on {stream.name} raised "
@@ -435,8 +436,7 @@ class CupyBackend:
         before = pool.total_bytes()
         if pool.free_bytes() < pool_bytes:
             with _suppressed():
-                block = cupy.empty(pool_bytes, dtype=cupy.uint8)
-                del block
+                cupy.empty(pool_bytes, dtype=cupy.uint8)  # freed at once: the pool keeps the bytes
         grown = pool.total_bytes() - before
         if grown > 0:
             reasons.append(f"memory pool growth by {grown} bytes (cudaMalloc)")
