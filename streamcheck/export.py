@@ -15,6 +15,7 @@ Plain Python: no cupy, no torch.
 """
 from __future__ import annotations
 
+import bisect
 import json
 import math
 from collections.abc import Mapping
@@ -97,6 +98,7 @@ class Model:
     clock: str  # STEPS, MICROSECONDS or ISSUE_ORDER
     backend: str
     schedule: str
+    delays: tuple = ()  # Slice, category "delay": spins injected before the slice of that index
 
     def lane(self, key: tuple) -> Lane:
         for lane in self.lanes:
@@ -130,15 +132,15 @@ _MIN_WIDTH = 0.1  # of the nominal width: every slice gets a body a flow can bin
 # --- building it ----------------------------------------------------------------------------
 
 def _parts(source) -> tuple:
-    """(ops, races or None, op_times, clock or None, backend name, schedule text)."""
+    """(ops, races or None, op_times, clock or None, backend name, schedule text, delays)."""
     if isinstance(source, Mapping):
         ops = source["trace"]
         races = source.get("races")
         op_times = source.get("op_times") or {}
         return (list(ops), races, op_times, source.get("clock"), str(source.get("backend", "")),
-                str(source.get("schedule", "") or ""))
+                str(source.get("schedule", "") or ""), tuple(source.get("delays", ())))
     if isinstance(source, (T.Trace, list, tuple)):
-        return list(source), None, {}, None, "", ""
+        return list(source), None, {}, None, "", "", ()
     ops = getattr(source, "trace", None)
     if ops is None:
         raise TypeError(f"export: expected a Device, a Trace or a mapping with 'trace', got "
@@ -149,7 +151,7 @@ def _parts(source) -> tuple:
     races = source.races if getattr(source, "checker", None) is not None else None
     schedule = getattr(source, "schedule", None)
     return (list(ops), races, op_times, None, getattr(backend, "name", "") or "",
-            str(schedule) if schedule is not None else "")
+            str(schedule) if schedule is not None else "", tuple(getattr(backend, "delays", ()) or ()))
 
 
 def _stream_lane_label(op: T.StreamCreate) -> str:
@@ -286,8 +288,9 @@ def _describe(op, event_names: dict, stream_names: dict) -> tuple:
 
 def build_model(source) -> Model:
     """The timeline model of a run: a Device, a Trace, or a mapping with keys `trace`
-    and optionally `races`, `op_times`, `clock` ("steps" | "us"), `backend`, `schedule`."""
-    ops, races, op_times, clock, backend, schedule = _parts(source)
+    and optionally `races`, `op_times`, `clock` ("steps" | "us"), `backend`, `schedule`,
+    `delays` ((trace index, stream name, µs) of spins a GPU backend injected)."""
+    ops, races, op_times, clock, backend, schedule, delays = _parts(source)
     replay_races, stream_labels, seconds = _replay(ops, races)
     if races is None:
         races = replay_races
@@ -341,7 +344,31 @@ def build_model(source) -> Model:
     streams += sorted(k for k in used if k[0] == "stream" and k not in lane_labels)
     lanes = tuple([Lane(k, f"host thread {k[1]}") for k in hosts]
                   + [Lane(k, lane_labels.get(k, f"stream{k[1]}")) for k in streams])
-    return Model(lanes, out, tuple(edges), located, tuple(notes), clock, backend, schedule)
+    return Model(lanes, out, tuple(edges), located, tuple(notes), clock, backend, schedule,
+                 _delay_slices(delays, out, clock))
+
+
+def _delay_slices(delays, slices: dict, clock: str) -> tuple:
+    """Spins a GPU backend injected, as slices ending where the delayed operation
+    starts (its start event is recorded after the spin): they show why a stream ran
+    late. The sim's delays hold work back without taking time, so it has none."""
+    if clock != MICROSECONDS or not delays:
+        return ()
+    before: dict = {}  # lane -> sorted (trace index, end) of its slices
+    for index in sorted(slices):
+        before.setdefault(slices[index].lane, []).append((index, slices[index].end))
+    out = []
+    for index, _stream, us in delays:
+        s = slices.get(index)
+        if s is None or s.lane[0] != "stream" or not us > 0:
+            continue
+        lane = before[s.lane]
+        previous = bisect.bisect_left(lane, (index, -math.inf)) - 1
+        floor = lane[previous][1] if previous >= 0 else 0.0
+        start = max(s.start - us, floor, 0.0)
+        if start < s.start:
+            out.append(Slice(index, s.lane, f"injected delay {us:g} µs", "delay", start, s.start, False, s.site))
+    return tuple(out)
 
 
 def _missing_label(race: Race) -> str:
@@ -536,6 +563,11 @@ def to_chrome_trace(source) -> dict:
                               "missing edge": loc.race.missing_edge, "fix": loc.race.hint}
                              for loc, role in roles[index]]
         body.append(event)
+
+    for d in model.delays:
+        body.append({"name": d.name, "cat": "delay", "ph": "X", "ts": d.start, "dur": d.duration, "pid": PID,
+                     "tid": tids[d.lane], "args": {"delayed": model.slices[d.index].name, "trace index": d.index,
+                                                   "why": "spin kernel injected by the delay schedule"}})
 
     for index, text in model.notes:
         s = model.slices.get(index)

@@ -66,9 +66,23 @@ def render_timeline(source, path, title: Optional[str] = None, *, window=None, d
         ax.spines[spine].set_visible(False)
     px_per_unit = (width * (1 - (_LABEL_IN + 0.3) / width)) * dpi / max(x1 - x0, 1e-9)
 
+    if model.clock == MICROSECONDS:
+        ax.ticklabel_format(axis="x", style="plain", useOffset=False)
+
+    for d in model.delays:
+        if d.end > x0 and d.start < x1 and d.lane in row:
+            y = row[d.lane]
+            ax.add_patch(Rectangle((d.start, y - 0.2), d.duration, 0.4, facecolor="#f0f0f0", edgecolor="#999999",
+                                   hatch="..", linewidth=0.6, zorder=1))
+            if len(d.name) * 0.6 * 7 * dpi / 72 <= _visible(d, x0, x1) * px_per_unit:
+                ax.text(_middle(d, x0, x1), y, d.name, ha="center", va="center", fontsize=7, color="#555555",
+                        zorder=4, clip_on=True)
+
     roles = model.race_roles()
     summary = {"path": str(path), "lanes": [lane.label for lane in lanes], "boxes": [], "highlighted": [],
-               "arrows": [], "missing": [], "window": (x0, x1)}
+               "arrows": [], "missing": [], "window": (x0, x1),
+               "delays": [{"index": d.index, "lane": _label(model, d.lane), "start": d.start, "end": d.end}
+                          for d in model.delays if d.end > x0 and d.start < x1 and d.lane in row]}
 
     for index in sorted(shown):
         s = shown[index]
@@ -86,28 +100,35 @@ def render_timeline(source, path, title: Optional[str] = None, *, window=None, d
         label = _box_label(s, racing)
         lines = label.split("\n")
         size = 7 if small or len(lines) > 2 else 8
-        fits = len(max(lines, key=len)) * 0.6 * size * dpi / 72 <= s.duration * px_per_unit
+        fits = len(max(lines, key=len)) * 0.6 * size * dpi / 72 <= _visible(s, x0, x1) * px_per_unit
         if racing:
             if fits:
-                ax.text(s.start + s.duration / 2, y, label, ha="center", va="center", fontsize=size,
-                        color="white", fontweight="bold", zorder=4)
+                ax.text(_middle(s, x0, x1), y, label, ha="center", va="center", fontsize=size,
+                        color="white", fontweight="bold", zorder=4, clip_on=True)
             else:
-                ax.text(s.start + s.duration / 2, y + h / 2 + 0.04, label.replace("\n", " "), ha="center",
-                        va="bottom", fontsize=8, color=_RACE, fontweight="bold", zorder=4)
+                # Above the box; near an edge of the window, aligned to stay inside it.
+                x, align = _middle(s, x0, x1), "center"
+                if x > x1 - 0.15 * (x1 - x0):
+                    x, align = min(s.end, x1), "right"
+                elif x < x0 + 0.15 * (x1 - x0):
+                    x, align = max(s.start, x0), "left"
+                ax.text(x, y + h / 2 + 0.04, label.replace("\n", " "), ha=align, va="bottom", fontsize=8,
+                        color=_RACE, fontweight="bold", zorder=4, clip_on=True)
             for located, role in racing:
                 summary["highlighted"].append({"index": index, "lane": _label(model, s.lane), "name": s.name,
                                                "role": role, "kind": located.race.kind,
                                                "buffer": located.race.buffer, "label": label})
         elif small or not fits:
             # Under the box, when it is not much wider than the box.
-            if len(label) * 0.6 * 7 * dpi / 72 <= 1.6 * s.duration * px_per_unit:
-                ax.text(s.start + s.duration / 2, y - h / 2 - 0.04, label, ha="center", va="top", fontsize=7,
-                        color="#333333", zorder=4)
+            if len(label) * 0.6 * 7 * dpi / 72 <= 1.6 * _visible(s, x0, x1) * px_per_unit:
+                ax.text(_middle(s, x0, x1), y - h / 2 - 0.04, label, ha="center", va="top", fontsize=7,
+                        color="#333333", zorder=4, clip_on=True)
         else:
             # A sync's label sits on a patch of its colour, above the hatching.
             box = {"boxstyle": "square,pad=0.1", "facecolor": face, "edgecolor": "none"} if s.category == "sync" \
                 else None
-            ax.text(s.start + s.duration / 2, y, label, ha="center", va="center", fontsize=8, zorder=4, bbox=box)
+            ax.text(_middle(s, x0, x1), y, label, ha="center", va="center", fontsize=8, zorder=4, bbox=box,
+                    clip_on=True)
         summary["boxes"].append({"index": index, "lane": _label(model, s.lane), "name": s.name,
                                  "start": s.start, "end": s.end, "race": bool(racing)})
 
@@ -168,6 +189,15 @@ def render_timeline(source, path, title: Optional[str] = None, *, window=None, d
     return summary
 
 
+def _visible(s: Slice, x0: float, x1: float) -> float:
+    return max(min(s.end, x1) - max(s.start, x0), 0.0)
+
+
+def _middle(s: Slice, x0: float, x1: float) -> float:
+    """Where a label goes: the middle of the part of the box inside the window."""
+    return (max(s.start, x0) + min(s.end, x1)) / 2
+
+
 def _height(s: Slice) -> float:
     return 0.28 if s.category in _SMALL else 0.62
 
@@ -191,23 +221,25 @@ def _window(model: Model, window) -> tuple:
             raise ValueError(f"render_timeline: window must be (start, end) with end > start, got {window!r}")
         return start, end
     per_box = _units_per_box(model)
-    pad = 0.15 / per_box
     starts = [s.start for s in model.slices.values()] or [0.0]
     ends = [s.end for s in model.slices.values()] or [1.0]
     lo, hi = min(starts), max(ends)
     fit = _MAX_BOXES / per_box  # the longest stretch whose labels still fit
     pair = [model.slices[i] for i in (model.races[0].first, model.races[0].second)
             if i in model.slices] if model.races else []
-    if hi - lo <= fit or not pair:
-        return lo - pad, hi + pad
-    # A long run: zoom to the first race, filling the rest with its neighbourhood.
-    a, b = min(s.start for s in pair), max(s.end for s in pair)
-    room = max(fit - (b - a), 0.0)
-    a, b = a - room / 2, b + room / 2
-    if a < lo:
-        a, b = lo, min(hi, b + (lo - a))
-    if b > hi:
-        a, b = max(lo, a - (b - hi)), hi
+    a = min((s.start for s in pair), default=lo)
+    b = max((s.end for s in pair), default=hi)
+    if hi - lo <= fit or not pair or b - a >= 0.5 * (hi - lo):
+        a, b = lo, hi
+    else:
+        # A long run: zoom to the first race, filling the rest with its neighbourhood.
+        room = max(fit - (b - a), 0.0)
+        a, b = a - room / 2, b + room / 2
+        if a < lo:
+            a, b = lo, min(hi, b + (lo - a))
+        if b > hi:
+            a, b = max(lo, a - (b - hi)), hi
+    pad = max(0.02 * (b - a), 0.15 / per_box)
     return a - pad, b + pad
 
 

@@ -366,3 +366,20 @@ def test_shown_instance_is_the_first_that_struck_else_the_last():
     (located,) = model.races
     assert (located.first, located.second) == (produces[1], consumes[1])
     assert model.struck(located) is True
+
+
+def test_injected_gpu_delays_become_slices_before_the_delayed_work():
+    dev, _ = implicit_join("C", steps=8)
+    launches = [i for i, op in enumerate(dev.trace.ops) if isinstance(op, T.Launch)]
+    measured = {launches[0]: (2300.0, 2310.0), launches[1]: (100.0, 120.0), launches[2]: (140.0, 145.0)}
+    parts = {"trace": dev.trace, "op_times": measured, "clock": "us", "backend": "cupy",
+             "delays": [(launches[0], "A", 2000.0)]}
+    data = to_chrome_trace(parts)
+    assert trace_event_errors(data) == []
+    events = data["traceEvents"]
+    (delay,) = [e for e in events if e["ph"] == "X" and e["cat"] == "delay"]
+    (matmul_slice,) = named(events, RACE_PREFIX + "matmul")
+    assert delay["name"] == "injected delay 2000 µs" and delay["tid"] == matmul_slice["tid"]
+    assert delay["ts"] + delay["dur"] == matmul_slice["ts"] and delay["dur"] == 2000.0
+    # The sim's delays hold work back without taking time: nothing to draw.
+    assert build_model(dict(parts, clock="steps")).delays == ()

@@ -153,3 +153,19 @@ def test_long_run_zooms_to_the_first_race(tmp_path):
     assert whole["window"] == (0, full) and len(whole["boxes"]) > len(drawn["boxes"])
     with pytest.raises(ValueError, match="end > start"):
         render_timeline(dev, tmp_path / "bad.png", window=(5, 5))
+
+
+def test_gpu_clock_draws_injected_delays_and_measured_times(tmp_path):
+    from streamcheck import trace as T
+
+    dev, _ = implicit_join("C", steps=8)
+    launches = [i for i, op in enumerate(dev.trace.ops) if isinstance(op, T.Launch)]
+    measured = {launches[0]: (2300.0, 2310.0), launches[1]: (100.0, 120.0), launches[2]: (140.0, 145.0)}
+    drawn = render_timeline({"trace": dev.trace, "op_times": measured, "clock": "us", "backend": "cupy",
+                             "delays": [(launches[0], "A", 2000.0)]}, tmp_path / "gpu.png")
+    boxes = {b["name"]: b for b in drawn["boxes"]}
+    assert (boxes["matmul"]["start"], boxes["matmul"]["end"]) == (2200.0, 2210.0)  # origin: first timed start
+    (delay,) = drawn["delays"]
+    assert delay["lane"] == "stream A (non_blocking)" and delay["end"] == boxes["matmul"]["start"]
+    assert drawn["missing"][0]["to"] == ("stream C (non_blocking)", boxes["postscale"]["start"])
+    assert "before `matmul` (stream A) finished" in drawn["title"]
