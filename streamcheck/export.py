@@ -311,7 +311,7 @@ def build_model(source) -> Model:
             event_names[op.event] = op.name or f"event{op.event}"
         elif isinstance(op, T.StreamCreate):
             lane_labels[("stream", op.stream)] = _stream_lane_label(op)
-            stream_names[op.stream] = f"stream {op.name}" if op.name else f"stream{op.stream}"
+            stream_names[op.stream] = _stream_lane_label(op).split(" (")[0]  # without the kind
 
     drawn = [i for i, op in enumerate(ops)
              if isinstance(op, _STREAM_OPS + _HOST_OPS) or isinstance(op, T.Free)]

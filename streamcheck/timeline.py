@@ -225,8 +225,7 @@ def _window(model: Model, window) -> tuple:
     ends = [s.end for s in model.slices.values()] or [1.0]
     lo, hi = min(starts), max(ends)
     fit = _MAX_BOXES / per_box  # the longest stretch whose labels still fit
-    pair = [model.slices[i] for i in (model.races[0].first, model.races[0].second)
-            if i in model.slices] if model.races else []
+    pair = _focus(model)
     a = min((s.start for s in pair), default=lo)
     b = max((s.end for s in pair), default=hi)
     if hi - lo <= fit or not pair or b - a >= 0.5 * (hi - lo):
@@ -241,6 +240,27 @@ def _window(model: Model, window) -> tuple:
             a, b = max(lo, a - (b - hi)), hi
     pad = max(0.02 * (b - a), 0.15 / per_box)
     return a - pad, b + pad
+
+
+def _focus(model: Model) -> list:
+    """The slices a zoomed picture must show: the first race's pair, and the edge the
+    consumer did wait on (its record, and the work just before that record)."""
+    if not model.races:
+        return []
+    located = model.races[0]
+    focus = [model.slices[i] for i in (located.first, located.second) if i in model.slices]
+    consumer = model.slices.get(located.second)
+    if consumer is None:
+        return focus
+    waited = [e for e in model.edges if e.kind == "event" and e.dst < consumer.index and e.src in model.slices
+              and e.dst in model.slices and model.slices[e.dst].lane == consumer.lane]
+    if waited:
+        record = model.slices[max(waited, key=lambda e: e.dst).src]
+        before = [s for s in model.slices.values() if s.lane == record.lane and s.index < record.index]
+        focus.append(record)
+        if before:
+            focus.append(max(before, key=lambda s: s.index))
+    return focus
 
 
 def _box_label(s: Slice, racing) -> str:
