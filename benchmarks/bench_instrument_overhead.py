@@ -18,11 +18,15 @@ Needs a GPU with CuPy.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
 
 import numpy as np
+
+# Runnable from a checkout without installing (as `python3 benchmarks/...`).
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 _SOURCE = r"""
 extern "C" __global__ void embed(float* x, const float step, const int n) {

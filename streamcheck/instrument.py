@@ -61,6 +61,7 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _session: Optional["Session"] = None
 _tls = threading.local()  # depth: inside a recorded call; suppress: backend/internal work, record nothing
 _KERNEL_ACCESS: dict = {}  # kernel name -> {arg index: "r" | "w" | "-"} (declare_kernel)
+_SCALARS = (int, float, complex, bool, str, bytes, type(None), __import__("numpy").generic)  # never arrays
 
 
 class InstrumentError(RuntimeError):
@@ -278,9 +279,10 @@ class Session:
         self._allocs: list = []  # _Alloc in the same order
         self._next_buffer = 1
         self._alloc_serial = 0
+        self._deferred: list = []  # frees that arrived while the lock was held: (alloc, thread, site)
         self._unmapped: Optional[int] = None  # pseudo-buffer of absolute addresses (last resort)
         self._driver: Optional[_CudaDriver] = None
-        self._skip: dict = {}  # code object -> frame belongs to streamcheck/cupy
+        self._skip: dict = {}  # file name -> frame belongs to streamcheck/cupy
         self._sites: dict = {}
         self._signatures: dict = {}
         self._skip_dirs = tuple(d + os.sep for d in _library_dirs())
@@ -312,42 +314,40 @@ class Session:
 
     # --- recording core -----------------------------------------------------------------
     def _record(self, op) -> None:
-        tls = _tls
-        tls.busy = getattr(tls, "busy", 0) + 1
-        try:
-            with self._lock:
-                self._append(op)
-                if self._feed is not None:
-                    try:
-                        self._feed(op)
-                    except TraceError as exc:  # a trace we built wrong: keep the program running
-                        self.errors.append(str(exc))
-        finally:
-            tls.busy -= 1
-        if not tls.busy and getattr(tls, "pending", None):
+        with self._lock:
+            self._append(op)
+            if self._feed is not None:
+                try:
+                    self._feed(op)
+                except TraceError as exc:  # a trace we built wrong: keep the program running
+                    self.errors.append(str(exc))
+        if self._deferred and not self._lock._is_owned():
             self._drain_frees()
 
     def _drain_frees(self) -> None:
-        pending = _tls.pending
-        while pending:
-            self._on_free(pending.pop(0))
+        while self._deferred:
+            try:
+                alloc, tid, site = self._deferred.pop(0)
+            except IndexError:  # another thread drained it
+                return
+            self._on_free(alloc, tid, site)
 
     def _site(self) -> CallSite:
-        """The first frame outside streamcheck and CuPy: the user's line."""
+        """The first frame outside streamcheck and CuPy: the user's line. (Caches are keyed by
+        file name, whose hash Python caches, not by code object, whose hash it recomputes.)"""
         frame = sys._getframe(1)
         skip = self._skip
         while frame is not None:
-            code = frame.f_code
-            skipped = skip.get(code)
+            filename = frame.f_code.co_filename
+            skipped = skip.get(filename)
             if skipped is None:
-                filename = os.path.abspath(code.co_filename) if not code.co_filename.startswith("<") \
-                    else code.co_filename
-                skipped = skip[code] = filename.startswith(self._skip_dirs)
+                path = filename if filename.startswith("<") else os.path.abspath(filename)
+                skipped = skip[filename] = path.startswith(self._skip_dirs)
             if not skipped:
-                key = (code, frame.f_lineno)
+                key = (filename, frame.f_lineno)
                 site = self._sites.get(key)
                 if site is None:
-                    site = self._sites[key] = CallSite(code.co_filename, frame.f_lineno, code.co_name)
+                    site = self._sites[key] = CallSite(filename, frame.f_lineno, frame.f_code.co_name)
                 return site
             frame = frame.f_back
         return UNKNOWN_SITE
@@ -446,19 +446,14 @@ class Session:
     def _add_alloc(self, start: int, size: int, stream: Optional[int], external: bool, name: str) -> _Alloc:
         tid = self._tid()
         site = self._site()
-        tls = _tls
-        tls.busy = getattr(tls, "busy", 0) + 1  # a finalizer running now must not reorder the table
-        try:
-            with self._lock:
-                bid = self._next_buffer
-                self._next_buffer += 1
-                self._alloc_serial += 1
-                alloc = _Alloc(bid, start, size, stream, self._alloc_serial, tid, external, name)
-                i = bisect.bisect_left(self._starts, start)
-                self._starts.insert(i, start)
-                self._allocs.insert(i, alloc)
-        finally:
-            tls.busy -= 1
+        with self._lock:  # a finalizer running in here defers its free (see _on_free)
+            bid = self._next_buffer
+            self._next_buffer += 1
+            self._alloc_serial += 1
+            alloc = _Alloc(bid, start, size, stream, self._alloc_serial, tid, external, name)
+            i = bisect.bisect_left(self._starts, start)
+            self._starts.insert(i, start)
+            self._allocs.insert(i, alloc)
         self._record(T.Alloc(tid, site, buffer=bid, nbytes=size, name=name.format(id=bid)))
         return alloc
 
@@ -466,28 +461,24 @@ class Session:
         sid = self._sid(None)  # CuPy's pool files the chunk under the current stream
         return self._add_alloc(ptr, size, sid, False, "cupy array #{id}" + f" ({size} bytes)")
 
-    def _on_free(self, alloc: _Alloc) -> None:
-        tls = _tls
-        if getattr(tls, "busy", 0):
-            # A finalizer that ran while this thread was recording: record it right after.
-            if getattr(tls, "pending", None) is None:
-                tls.pending = []
-            tls.pending.append(alloc)
+    def _on_free(self, alloc: _Alloc, tid: Optional[int] = None, site: Optional[CallSite] = None) -> None:
+        tid = self._tid() if tid is None else tid
+        site = self._site() if site is None else site
+        if self._lock._is_owned():
+            # A finalizer (GC) ran while this thread was updating the table or the checker:
+            # record the free as soon as that is done, with the thread and site it had.
+            self._deferred.append((alloc, tid, site))
             return
-        tls.busy = 1
+        with self._lock:
+            i = bisect.bisect_left(self._starts, alloc.start)
+            while i < len(self._allocs) and self._allocs[i] is not alloc and self._starts[i] == alloc.start:
+                i += 1
+            if i >= len(self._allocs) or self._allocs[i] is not alloc:
+                return
+            del self._starts[i]
+            del self._allocs[i]
         try:
-            with self._lock:
-                i = bisect.bisect_left(self._starts, alloc.start)
-                while i < len(self._allocs) and self._allocs[i] is not alloc and self._starts[i] == alloc.start:
-                    i += 1
-                if i >= len(self._allocs) or self._allocs[i] is not alloc:
-                    return
-                del self._starts[i]
-                del self._allocs[i]
-        finally:
-            tls.busy = 0
-        try:
-            self._record(T.Free(self._tid(), self._site(), buffer=alloc.id, stream=alloc.stream))
+            self._record(T.Free(tid, site, buffer=alloc.id, stream=alloc.stream))
         except Exception as exc:  # never raise from a finalizer
             self.errors.append(f"free of {alloc.name}: {exc}")
 
@@ -561,13 +552,14 @@ class Session:
             rng = alloc.ranges[key] = Range(alloc.id, start - alloc.start, stop - alloc.start)
         return rng
 
-    def _ranges(self, objs) -> list:
+    def _ranges(self, objs) -> tuple:
         out = []
         for obj in objs:
             rng = self._range(obj)
-            if rng is not None and rng not in out:
+            # _range hands out one Range object per (allocation, bytes): identity is equality here.
+            if rng is not None and all(rng is not seen for seen in out):
                 out.append(rng)
-        return out
+        return tuple(out)
 
     def _is_new(self, obj, serial0: int, tid: int) -> bool:
         """Whether array `obj` lives in an allocation this thread made after `serial0`."""
@@ -589,7 +581,7 @@ class Session:
         return (zlib.crc32(short.encode()) + self.seed) % 2 == 0  # seed-chosen, as the sim's delay policy
 
     def _maybe_spin(self, stream, sid: int, name: str) -> None:
-        if not self.delay_us or not self._targets(sid, name):
+        if not self._targets(sid, name):
             return
         if stream is None or isinstance(stream, int):
             stream = self._current_stream()
@@ -606,10 +598,11 @@ class Session:
         site = site or self._site()
         tid = self._tid()
         sid = self._sid(stream)
-        self._maybe_spin(stream, sid, name)
+        if self.delay_us:
+            self._maybe_spin(stream, sid, name)
         result = _inside(call)
-        self._record(T.Launch(tid, site, stream=sid, name=name, reads=tuple(self._ranges(reads)),
-                              writes=tuple(self._ranges(writes))))
+        self._record(T.Launch(tid, site, stream=sid, name=name, reads=self._ranges(reads),
+                              writes=self._ranges(writes)))
         return result
 
     def compute(self, name: str, fn, args, kwargs, inplace=(), h2d: bool = False, inputs=None):
@@ -621,7 +614,8 @@ class Session:
         stream = kwargs.get("stream") if hasattr(kwargs.get("stream"), "ptr") else None
         sid = self._sid(stream)
         serial0 = self._alloc_serial
-        self._maybe_spin(stream, sid, name)
+        if self.delay_us:
+            self._maybe_spin(stream, sid, name)
         result = _inside(fn, *args, **kwargs)
         out = kwargs.get("out")
         written = list(inplace) + _arrays(out if isinstance(out, (tuple, list)) else (out,))
@@ -631,14 +625,14 @@ class Session:
             return result  # a view, or nothing new: no kernel ran
         if inputs is None:
             inputs = _arrays(args) + _arrays(v for k, v in kwargs.items() if k != "out")
-        writes = tuple(self._ranges(written))
+        writes = self._ranges(written)
         if h2d and not inputs:
             for rng in writes:
                 self._record(T.Copy(tid, site, stream=sid, kind=CopyKind.H2D, src=None, dst=rng))
             return result
         # A range both read and written (in place) is recorded as a write: that conflicts with any
         # unordered access already, and one report per racing pair is enough.
-        reads = tuple(r for r in self._ranges(inputs) if r not in writes)
+        reads = tuple(r for r in self._ranges(inputs) if all(r is not w for w in writes))
         self._record(T.Launch(tid, site, stream=sid, name=name, reads=reads, writes=writes))
         return result
 
@@ -647,7 +641,8 @@ class Session:
         site = self._site()
         tid = self._tid()
         sid = self._sid(stream)
-        self._maybe_spin(stream, sid, name)
+        if self.delay_us:
+            self._maybe_spin(stream, sid, name)
         result = _inside(call)
         rng = self._range(array)
         if rng is not None:
@@ -660,7 +655,8 @@ class Session:
         site = self._site()
         tid = self._tid()
         sid = self._sid(stream)
-        self._maybe_spin(stream, sid, "copy H2D")
+        if self.delay_us:
+            self._maybe_spin(stream, sid, "copy H2D")
         result = _inside(call)
         rng = self._range(array)
         if rng is not None:
@@ -672,14 +668,17 @@ class Session:
         spec = _KERNEL_ACCESS.get(name)
         if spec is None:
             key = (name, code)
-            sig = self._signatures.get(key, False)
-            if sig is False:
-                sig = self._signatures[key] = kernel_signature(code, name)
-            # An array passed where the signature has no pointer: the kernel still gets its address.
-            spec = {i: ("w" if k == "-" else k) for i, k in enumerate(sig)} if sig is not None else {}
+            spec = self._signatures.get(key)
+            if spec is None:
+                sig = kernel_signature(code, name)
+                # An array passed where the signature has no pointer: the kernel still gets its address.
+                spec = {i: ("w" if k == "-" else k) for i, k in enumerate(sig)} if sig is not None else {}
+                self._signatures[key] = spec
         reads, writes = [], []
+        nd = self._ndarray
         for i, arg in enumerate(args):
-            if not (isinstance(arg, self._ndarray) or hasattr(arg, "__cuda_array_interface__")):
+            if not isinstance(arg, nd) and (isinstance(arg, _SCALARS) or
+                                            not hasattr(arg, "__cuda_array_interface__")):
                 continue
             kind = spec.get(i, "w")
             if kind == "r":
@@ -873,9 +872,9 @@ _CREATION_FUNCS = ("zeros", "ones", "full", "zeros_like", "ones_like", "full_lik
 class _UfuncProxy:
     """Stands in for a cupy.ufunc in the cupy namespace: records calls, forwards the rest."""
 
-    def __init__(self, ufunc):
+    def __init__(self, ufunc, name: str):
         self._ufunc = ufunc
-        self.__name__ = getattr(ufunc, "__name__", "ufunc")
+        self.__name__ = name  # the name in the cupy namespace (CuPy's own is e.g. 'cupy_exp')
         self.__doc__ = getattr(ufunc, "__doc__", None)
 
     def __call__(self, *args, **kwargs):
@@ -1132,7 +1131,7 @@ def _install(session: Session) -> _Patcher:
     ufunc_type = cupy.ufunc
     for name, value in list(vars(cupy).items()):
         if isinstance(value, ufunc_type) and name not in _MODULE_COMPUTE:
-            p.set(cupy, name, _UfuncProxy(value), f"cupy.{name}")
+            p.set(cupy, name, _UfuncProxy(value, name), f"cupy.{name}")
     copyto = cupy.copyto
 
     def copyto_(dst, src, *args, **kwargs):
@@ -1370,8 +1369,8 @@ def declare_access(reads=(), writes=(), *, stream=None, name: str = "declared ac
     site = session._site()
     tid = session._tid()
     sid = session._sid(stream)
-    session._record(T.Launch(tid, site, stream=sid, name=name, reads=tuple(session._ranges(_arrays(reads))),
-                             writes=tuple(session._ranges(_arrays(writes)))))
+    session._record(T.Launch(tid, site, stream=sid, name=name, reads=session._ranges(_arrays(reads)),
+                             writes=session._ranges(_arrays(writes))))
 
 
 def torch_stream():
