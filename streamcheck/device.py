@@ -137,10 +137,11 @@ class Region:
 
     def array(self):
         """The backend array viewing these rows (for kernels)."""
-        storage = self.buffer.storage
-        if not self.buffer.shape:
-            return storage
-        return storage[self.start:self.stop]
+        buffer = self.buffer
+        shape = buffer.shape
+        if not shape or (self.start == 0 and self.stop == shape[0]):
+            return buffer.storage  # the whole buffer: no view to build
+        return buffer.storage[self.start:self.stop]
 
     def __repr__(self) -> str:
         return f"{self.buffer.name}[{self.start}:{self.stop}]"
@@ -250,25 +251,40 @@ class Device:
         return getattr(self.backend, "schedule", None)
 
     # --- validation ---------------------------------------------------------------------
-    def _region(self, obj, what: str, site: CallSite) -> Region:
-        if isinstance(obj, Region):
+    def _region(self, obj, what: str, site: CallSite, name: str = "") -> Region:
+        """`obj` as a live Region of this device. `what` names the call in errors; a `{}`
+        in it is filled with `name` (formatted only on error: this runs per argument)."""
+        cls = type(obj)
+        if cls is Buffer:
+            region = obj.region()
+        elif cls is Region:
+            region = obj
+        elif isinstance(obj, Region):
             region = obj
         elif isinstance(obj, Buffer):
             region = obj.region()
         else:
-            raise DeviceError(f"{what} at {site}: expected a Buffer or Region, got {_type_name(obj)}")
+            raise DeviceError(f"{what.format(name)} at {site}: expected a Buffer or Region, got {_type_name(obj)}")
         buf = region.buffer
         if buf.device is not self:
-            raise DeviceError(f"{what} at {site}: buffer `{buf.name}` belongs to another Device")
+            raise DeviceError(f"{what.format(name)} at {site}: buffer `{buf.name}` belongs to another Device")
         if buf.freed:
-            raise DeviceError(f"{what} at {site}: buffer `{buf.name}` was freed; allocate a new one")
+            raise DeviceError(f"{what.format(name)} at {site}: buffer `{buf.name}` was freed; allocate a new one")
         return region
 
-    def _regions(self, objs, what: str, site: CallSite) -> list:
-        if isinstance(objs, (Buffer, Region, str, bytes)) or not isinstance(objs, Iterable):
-            raise DeviceError(f"{what} at {site}: expected a list of Buffers/Regions, got {_type_name(objs)}; "
-                              "wrap a single buffer in a list")
-        return [self._region(obj, what, site) for obj in objs]
+    def _regions(self, objs, what: str, site: CallSite, name: str = "") -> list:
+        if type(objs) is not list and type(objs) is not tuple:
+            if isinstance(objs, (Buffer, Region, str, bytes)) or not isinstance(objs, Iterable):
+                raise DeviceError(f"{what.format(name)} at {site}: expected a list of Buffers/Regions, got "
+                                  f"{_type_name(objs)}; wrap a single buffer in a list")
+        out = []
+        for obj in objs:
+            # Fast path for a live buffer of this device; _region does the checks and errors.
+            if type(obj) is Buffer and obj.device is self and not obj.freed:
+                out.append(obj.region())
+            else:
+                out.append(self._region(obj, what, site, name))
+        return out
 
     def _stream_or_default(self, stream: Optional[Stream], what: str, site: CallSite) -> Stream:
         if stream is None:
@@ -398,19 +414,26 @@ class Device:
         if not isinstance(args, (tuple, list)):
             raise DeviceError(f"launch `{name}` at {site}: args must be a tuple or list, got {_type_name(args)}; "
                               "write args=(x,) for one argument")
-        stream = self._stream_or_default(stream, f"launch `{name}`", site)
-        reads = self._regions(reads, f"launch `{name}` reads=", site) if reads else []
-        writes = self._regions(writes, f"launch `{name}` writes=", site) if writes else []
+        if stream is None:
+            stream = self.legacy
+        elif type(stream) is not Stream or stream.device is not self:
+            stream = self._stream_or_default(stream, f"launch `{name}`", site)
+        reads = self._regions(reads, "launch `{}` reads=", site, name) if reads else []
+        writes = self._regions(writes, "launch `{}` writes=", site, name) if writes else []
+        declared = None
         for arg in args:
             if isinstance(arg, (Buffer, Region)):
-                buf = self._region(arg, f"launch `{name}` args", site).buffer
-                if not any(r.buffer is buf for r in reads) and not any(w.buffer is buf for w in writes):
+                buf = self._region(arg, "launch `{}` args", site, name).buffer
+                if declared is None:
+                    declared = {r.buffer.id for r in reads}
+                    declared.update([w.buffer.id for w in writes])
+                if buf.id not in declared:
                     raise DeviceError(f"launch `{name}` at {site}: argument `{buf.name}` is in neither "
                                       "reads= nor writes=; declare how the kernel uses it")
+        reads = tuple([r.byte_range() for r in reads])
+        writes = tuple([w.byte_range() for w in writes])
         with self._lock:
-            self._record(T.Launch(self._thread_id(), site, stream=stream.id, name=name,
-                                  reads=tuple(r.byte_range() for r in reads),
-                                  writes=tuple(w.byte_range() for w in writes)))
+            self._record(T.Launch(self._thread_id(), site, stream=stream.id, name=name, reads=reads, writes=writes))
             self.backend.launch(stream, kernel, tuple(args), name, site)
             self.backend.tick()
 

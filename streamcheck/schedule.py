@@ -52,8 +52,9 @@ class Policy:
 
     `choose(ready, host_may_continue)` gets the ids of streams whose next operation
     may execute now, in stream creation order, and returns one of them or HOST
-    (only when `host_may_continue`). It is called at every decision, forced ones
-    included, so that a policy's random stream stays aligned with the program."""
+    (only when `host_may_continue`). The scheduler asks at every decision except when
+    nothing is ready and the host may go on (HOST is then recorded without asking;
+    only Replay is asked there, to consume the recorded `h`)."""
 
     name = "eager"
 
@@ -173,10 +174,11 @@ class Random(Policy):
         n = len(ready)
         if not n:
             return HOST
+        # int(random() * k) rather than randrange(k): a third of the cost, same determinism.
         if host_may_continue:
-            pick = self.rng.randrange(n + 1)
+            pick = int(self.rng.random() * (n + 1))
             return HOST if pick == n else ready[pick]
-        return ready[self.rng.randrange(n)] if n > 1 else ready[0]
+        return ready[int(self.rng.random() * n)] if n > 1 else ready[0]
 
 
 class PCT(Policy):

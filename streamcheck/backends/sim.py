@@ -21,7 +21,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..schedule import HOST, Policy, Schedule, ScheduleError, make_policy
+from ..schedule import HOST, Policy, Replay, Schedule, ScheduleError, make_policy
 from ..trace import CallSite, StreamKind
 
 _DTYPES = {"float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool"}
@@ -31,21 +31,26 @@ class _Pending:
     """One operation waiting on its stream. Policies read `stream`, `stream_name`,
     `name`, `kind` ("launch", "copy", "record", "wait") and `issued_at`."""
 
-    __slots__ = ("sim", "stream", "stream_name", "seq", "deps", "run", "name", "kind", "site", "issued_at",
-                 "trace_index")
+    __slots__ = ("sim", "seq", "deps", "run", "args", "name", "kind", "issued_at", "trace_index")
 
-    def __init__(self, sim, seq, deps, run, name, kind, site, issued_at, trace_index):
+    def __init__(self, sim, seq, deps, run, args, name, kind, issued_at, trace_index):
         self.sim = sim
-        self.stream = sim.id
-        self.stream_name = sim.name
         self.seq = seq
         self.deps = deps  # ((_SimStream, seq), ...): executes after those have
-        self.run = run
+        self.run = run  # executing is run(*args); None for records and waits
+        self.args = args
         self.name = name
         self.kind = kind
-        self.site = site
         self.issued_at = issued_at
         self.trace_index = trace_index
+
+    @property
+    def stream(self) -> int:
+        return self.sim.id
+
+    @property
+    def stream_name(self) -> str:
+        return self.sim.name
 
 
 class _SimStream:
@@ -65,13 +70,26 @@ def _byte_view(array: np.ndarray) -> np.ndarray:
     return array.reshape(-1).view(np.uint8)
 
 
+def _copy_bytes(dst, src) -> None:
+    # cudaMemcpyAsync copies bytes, whatever the element types.
+    _byte_view(dst.array())[...] = _byte_view(src.array())
+
+
+def _copy_from_host(dst, host_array) -> None:
+    dst.array()[...] = host_array.reshape(dst.array().shape)
+
+
+def _copy_to_host(out, src) -> None:
+    out[...] = src.array()
+
+
 class SimBackend:
     name = "sim"
 
     def __init__(self, device, policy="eager", seed: int = 0, **params):
-        from ..device import DeviceError, KernelError
+        from ..device import Buffer, DeviceError, KernelError, Region  # late: device imports backends
 
-        self._DeviceError, self._KernelError = DeviceError, KernelError
+        self._DeviceError, self._KernelError, self._Buffer, self._Region = DeviceError, KernelError, Buffer, Region
         if isinstance(policy, Policy):
             if params:
                 raise ScheduleError(f"policy parameters {sorted(params)} given with an already built policy "
@@ -83,6 +101,8 @@ class SimBackend:
                                  params=self.policy.params())
         # A policy that never holds anything needs no hold check (the common, fast case).
         self._hold = self.policy.hold if type(self.policy).hold is not Policy.hold else None
+        # With nothing ready the host goes on; only a replay must be asked (it consumes the `h`).
+        self._ask_when_idle = isinstance(self.policy, Replay)
         self.now = 0  # host calls so far: the unit of injected delay
         self._trace = device.trace
         # trace index -> (start, end) in scheduler steps: the sim's clock for timelines.
@@ -128,79 +148,62 @@ class SimBackend:
         pass
 
     # --- issuing ------------------------------------------------------------------------
-    def _enqueue(self, stream, run, name: str, kind: str, site: Optional[CallSite], deps=()) -> tuple:
+    def _enqueue(self, stream, run, args: tuple, name: str, kind: str, deps: tuple = ()) -> tuple:
         sim = self._streams[stream.id]
         if sim.kind is StreamKind.LEGACY:
             # Legacy stream: waits for all work issued so far on blocking streams.
-            deps = tuple(deps) + tuple((j, j.issued) for j in self._joiners if j.issued > j.executed)
+            deps = deps + tuple([(j, j.issued) for j in self._joiners if j.issued > j.executed])
         elif sim.kind.joins_legacy:
             legacy = self._legacy
             if legacy is not None and legacy.issued > legacy.executed:
                 # ... and later work on blocking streams waits for the legacy stream.
-                deps = tuple(deps) + ((legacy, legacy.issued),)
-        sim.issued += 1
+                deps = deps + ((legacy, legacy.issued),)
+        seq = sim.issued = sim.issued + 1
         # The device recorded this operation just before calling us; it is issued at
         # the coming host step (tick() advances `now` after the call).
-        sim.queue.append(_Pending(sim, sim.issued, deps, run, name, kind, site, self.now + 1, len(self._trace) - 1))
+        sim.queue.append(_Pending(sim, seq, deps, run, args, name, kind, self.now + 1, len(self._trace.ops) - 1))
         self._pending += 1
-        return sim, sim.issued
+        return sim, seq
 
+    # Operations are (bound method, arguments) rather than closures: a launch is the hot path.
     def launch(self, stream, kernel, args, name, site) -> None:
-        from ..device import Buffer, Region
+        self._enqueue(stream, self._run_kernel, (kernel, args, name, site, stream), name, "launch")
 
-        # Resolve Buffers/Regions to arrays when the kernel runs, not when it is issued.
-        slots = [(i, a) for i, a in enumerate(args) if isinstance(a, (Buffer, Region))]
-        values = list(args)
-        KernelError = self._KernelError
-        trace = self._trace
-
-        def run():
-            for i, a in slots:
-                values[i] = a.array() if isinstance(a, Region) else a.region().array()
-            try:
-                kernel(*values)
-            except Exception as exc:
-                host = trace.ops[-1]  # the host call during which the scheduler ran it
-                err = KernelError(
-                    f"kernel `{name}` launched at {site} on {stream.name} raised {type(exc).__name__}: {exc} "
-                    f"(it executed during {type(host).__name__} at {host.site}; fix the kernel or its "
-                    "arguments at the launch site)")
-                err.kernel, err.launch_site, err.stream = name, site, stream.name
-                raise err from exc
-
-        self._enqueue(stream, run, name, "launch", site)
+    def _run_kernel(self, kernel, args, name, site, stream) -> None:
+        # Buffers/Regions become arrays when the kernel runs, not when it is issued.
+        Buffer, Region = self._Buffer, self._Region
+        values = [a.array() if type(a) is Region else a.region().array() if type(a) is Buffer else a for a in args]
+        try:
+            kernel(*values)
+        except Exception as exc:
+            host = self._trace.ops[-1]  # the host call during which the scheduler ran it
+            err = self._KernelError(
+                f"kernel `{name}` launched at {site} on {stream.name} raised {type(exc).__name__}: {exc} "
+                f"(it executed during {type(host).__name__} at {host.site}; fix the kernel or its "
+                "arguments at the launch site)")
+            err.kernel, err.launch_site, err.stream = name, site, stream.name
+            raise err from exc
 
     def copy(self, stream, dst, src, site) -> None:
-        def run():
-            # cudaMemcpyAsync copies bytes, whatever the element types.
-            _byte_view(dst.array())[...] = _byte_view(src.array())
-
-        self._enqueue(stream, run, "copy D2D", "copy", site)
+        self._enqueue(stream, _copy_bytes, (dst, src), "copy D2D", "copy")
 
     def upload(self, stream, dst, host_array, site) -> None:
-        def run():
-            # The host memory is read when the copy executes (it must stay unchanged until then).
-            dst.array()[...] = host_array.reshape(dst.array().shape)
-
-        self._enqueue(stream, run, "copy H2D", "copy", site)
+        # The host memory is read when the copy executes (it must stay unchanged until then).
+        self._enqueue(stream, _copy_from_host, (dst, host_array), "copy H2D", "copy")
 
     def download(self, stream, src, site) -> np.ndarray:
         out = np.full(src.array().shape, np.nan if src.buffer.dtype.kind == "f" else 0, dtype=src.buffer.dtype)
-
-        def run():
-            out[...] = src.array()
-
-        self._enqueue(stream, run, "copy D2H", "copy", site)
+        self._enqueue(stream, _copy_to_host, (out, src), "copy D2H", "copy")
         return out
 
     def record(self, event, stream) -> None:
         # Captures the work issued to `stream` so far; replaces any earlier record.
-        self._events[event.id] = self._enqueue(stream, None, f"record {event.name}", "record", None)
+        self._events[event.id] = self._enqueue(stream, None, (), f"record {event.name}", "record")
 
     def wait(self, stream, event) -> None:
         captured = self._events[event.id]  # the state *now*; later records do not matter
         deps = (captured,) if captured is not None else ()  # never recorded: a no-op
-        self._enqueue(stream, None, f"wait {event.name}", "wait", None, deps)
+        self._enqueue(stream, None, (), f"wait {event.name}", "wait", deps)
 
     def host_read(self, region) -> np.ndarray:
         return np.array(region.array(), copy=True)
@@ -239,9 +242,10 @@ class SimBackend:
         sim = self._streams[stream_id]
         op = sim.queue.popleft()
         self._pending -= 1
+        run = op.run
         try:
-            if op.run is not None:
-                op.run()
+            if run is not None:
+                run(*op.args)
         finally:
             # Even a kernel that raised has finished: later work must not wait on it forever.
             sim.executed += 1
@@ -264,8 +268,14 @@ class SimBackend:
     def tick(self) -> None:
         """The host made a call: let the policy run device work until it picks the host."""
         self.now += 1
+        decisions = self.schedule.decisions
+        ask_when_idle = self._ask_when_idle
         while True:
-            choice = self._choose(self._ready(), True)
+            ready = self._ready() if self._pending else []
+            if not ready and not ask_when_idle:
+                decisions.append(HOST)  # forced: recorded all the same, so a replay stays aligned
+                return
+            choice = self._choose(ready, True)
             if choice == HOST:
                 return
             self._execute(choice)
