@@ -1,0 +1,368 @@
+"""The checker against an executable oracle on random small stream programs.
+
+The oracle is written from DESIGN.md's CUDA rules, independently of hb.py: it turns a
+program into a DAG of "must execute before" constraints, then runs the program in
+every order the DAG allows (every linear extension), on real values: each write stores
+a value no other write stores. A program is *value-racy* when two allowed orders give
+different reads or different final memory.
+
+What is asserted, for every generated program:
+1. checker reports a race  <=>  the oracle's DAG leaves some conflicting pair unordered
+   (two accesses to a common byte, at least one a write): the checker is exact, neither
+   missing an unordered pair nor flagging an ordered one;
+2. every reported race names a pair the DAG leaves unordered, with a kind (RAW/WAR/WAW)
+   that pair has, and the set of operations named as `second` is exactly the set of
+   operations that have an unordered conflicting predecessor;
+3. value-racy  =>  the checker reports a race (and the oracle agrees with itself: a
+   value-racy program has an unordered conflicting pair).
+The converse of 3 does not hold: two unordered accesses may still give equal values in
+every order (e.g. a write whose value is overwritten before anyone reads it and before
+the end), so value-racy is a subset of checker-racy.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import pytest
+from hypothesis import HealthCheck, event, example, given, settings
+from hypothesis import strategies as st
+
+from streamcheck.hb import check, format_report
+from streamcheck.trace import (Alloc, CallSite, DeviceSync, EventCreate, EventRecord, EventSync, HostAccess, Launch,
+                               Range, StreamCreate, StreamKind, StreamSync, StreamWait, Trace)
+
+CELL = 4  # bytes per cell; every buffer has two cells
+RANGES = {"lo": (0,), "hi": (1,), "all": (0, 1)}  # name -> cells covered
+N_EVENTS = 2
+MAX_OPS = 12
+PROGRAM_FILE = "oracle_program.py"
+
+
+def _examples(floor: int = 300) -> int:
+    """The loaded hypothesis profile's max_examples, but at least `floor`: an example costs
+    milliseconds here, far less than the simulated-schedule tests the `ci` profile is sized for."""
+    return max(floor, settings.default.max_examples)
+
+
+# --- programs -----------------------------------------------------------------------------
+# A program: (kinds, n_buffers, ops). Streams are 0..len(kinds)-1, events 1..N_EVENTS,
+# buffers 0..n_buffers-1. Operations are tuples:
+#   ("launch", stream, reads, writes)   reads/writes: tuples of (buffer, range name)
+#   ("record", event, stream)  ("wait", stream, event)
+#   ("ssync", stream)  ("esync", event)  ("dsync",)
+#   ("hread", (buffer, range))  ("hwrite", (buffer, range))
+
+OP_KINDS = ["launch", "record", "wait", "ssync", "esync", "dsync", "hread", "hwrite"]
+OP_WEIGHTS = ["launch"] * 4 + ["record"] * 2 + ["wait"] * 2 + OP_KINDS[3:]
+
+
+@st.composite
+def programs(draw):
+    n_streams = draw(st.integers(2, 3))
+    kinds = [draw(st.sampled_from([StreamKind.BLOCKING, StreamKind.NON_BLOCKING])) for _ in range(n_streams)]
+    if draw(st.booleans()):
+        kinds[0] = StreamKind.LEGACY
+    if draw(st.integers(0, 3)) == 0:  # at most one per-thread default stream (one host thread)
+        kinds[-1] = StreamKind.PER_THREAD
+    n_buffers = draw(st.integers(2, 3))
+    stream = st.integers(0, n_streams - 1)
+    ev = st.integers(1, N_EVENTS)
+    access = st.tuples(st.integers(0, n_buffers - 1), st.sampled_from(["all", "all", "lo", "hi"]))
+    # Swarm testing: each program uses a random subset of the operation kinds, so rare
+    # combinations (say, only launches and stream syncs) are not drowned by the rest.
+    enabled = draw(st.sets(st.sampled_from(OP_KINDS), min_size=1)) | {"launch"}
+    weights = [tag for tag in OP_WEIGHTS if tag in enabled]
+    ops = []
+    for _ in range(draw(st.integers(1, MAX_OPS))):
+        tag = draw(st.sampled_from(weights))
+        if tag == "launch":
+            reads = tuple(draw(st.lists(access, max_size=1)))
+            writes = tuple(draw(st.lists(access, min_size=0 if reads else 1, max_size=1)))
+            ops.append((tag, draw(stream), reads, writes))
+        elif tag == "record":
+            ops.append((tag, draw(ev), draw(stream)))
+        elif tag == "wait":
+            ops.append((tag, draw(stream), draw(ev)))
+        elif tag == "ssync":
+            ops.append((tag, draw(stream)))
+        elif tag == "esync":
+            ops.append((tag, draw(ev)))
+        elif tag == "dsync":
+            ops.append((tag,))
+        else:
+            ops.append((tag, draw(access)))
+    return tuple(kinds), n_buffers, tuple(ops)
+
+
+def accesses(op) -> list:
+    """(buffer, cells, is_write) for each memory access of `op`."""
+    tag = op[0]
+    if tag == "launch":
+        return ([(b, RANGES[r], False) for b, r in op[2]] + [(b, RANGES[r], True) for b, r in op[3]])
+    if tag == "hread":
+        return [(op[1][0], RANGES[op[1][1]], False)]
+    if tag == "hwrite":
+        return [(op[1][0], RANGES[op[1][1]], True)]
+    return []
+
+
+# --- the oracle ---------------------------------------------------------------------------
+
+def must_happen_before(kinds, ops) -> list[set]:
+    """preds[i]: the operations that CUDA guarantees finish before operation i starts.
+    Every edge goes from an earlier-issued operation to a later one."""
+    legacy = [s for s, k in enumerate(kinds) if k is StreamKind.LEGACY]
+    # Blocking and per-thread default streams synchronize with the legacy stream both ways.
+    joiners = [s for s, k in enumerate(kinds) if k in (StreamKind.BLOCKING, StreamKind.PER_THREAD)]
+    last_on = {}  # stream -> its last issued operation
+    recorded = {}  # event -> its current record operation (a re-record replaces it)
+    last_host = None  # the host's last blocking action: issue happens after it returns
+    preds = []
+    for i, op in enumerate(ops):
+        tag, before = op[0], set()
+        if last_host is not None:
+            before.add(last_host)
+        if tag in ("launch", "record", "wait"):
+            s = op[1] if tag != "record" else op[2]
+            if s in last_on:
+                before.add(last_on[s])  # stream order
+            if s in legacy:
+                before |= {last_on[t] for t in joiners if t in last_on}
+            elif s in joiners and legacy and legacy[0] in last_on:
+                before.add(last_on[legacy[0]])
+            if tag == "record":
+                recorded[op[1]] = i
+            if tag == "wait" and op[2] in recorded:  # the record as it is *now*; none: no-op
+                before.add(recorded[op[2]])
+            last_on[s] = i
+        else:  # host actions: syncs, host reads and writes
+            if tag == "ssync" and op[1] in last_on:
+                before.add(last_on[op[1]])
+            elif tag == "esync" and op[1] in recorded:
+                before.add(recorded[op[1]])
+            elif tag == "dsync":
+                before |= set(last_on.values())
+            last_host = i
+        preds.append(before)
+    return preds
+
+
+def ancestors(preds) -> list[int]:
+    """Transitive closure: bit j of result[i] is set iff j must happen before i."""
+    anc = []
+    for before in preds:
+        mask = 0
+        for p in before:
+            mask |= anc[p] | (1 << p)
+        anc.append(mask)
+    return anc
+
+
+def unordered_conflicts(ops, anc) -> dict:
+    """(i, j) with i issued before j, conflicting and not ordered -> the race kinds they form."""
+    out = {}
+    for j, later in enumerate(ops):
+        for i in range(j):
+            if anc[j] >> i & 1:
+                continue
+            kinds = set()
+            for b1, cells1, w1 in accesses(ops[i]):
+                for b2, cells2, w2 in accesses(later):
+                    if b1 == b2 and set(cells1) & set(cells2) and (w1 or w2):
+                        kinds.add("WAW" if w1 and w2 else "RAW" if w1 else "WAR")
+            if kinds:
+                out[(i, j)] = kinds
+    return out
+
+
+class ValueRace(Exception):
+    """Two allowed execution orders gave different reads or final memory."""
+
+
+def value_racy(n_buffers, ops, preds) -> bool:
+    """Run every allowed order on real values. Memoized on (operations done, memory):
+    if any reachable state has two continuations with different outcomes, two complete
+    orders (sharing that prefix) differ, so the search stops there."""
+    n = len(ops)
+    pred_mask = [sum(1 << p for p in before) for before in preds]
+    full = (1 << n) - 1
+
+    def run(i, memory):
+        memory = list(memory)
+        reads = tuple(memory[b * 2 + c] for b, cells, w in accesses(ops[i]) if not w for c in cells)
+        for b, cells, w in accesses(ops[i]):
+            if w:
+                for c in cells:
+                    memory[b * 2 + c] = ("written by", i)  # every write stores a distinct value
+        return reads, tuple(memory)
+
+    @lru_cache(maxsize=None)
+    def outcome(done: int, memory: tuple) -> tuple:
+        """(reads of each not-yet-done operation, final memory), the same for every allowed order."""
+        if done == full:
+            return (None,) * n, memory
+        seen = None
+        for i in range(n):
+            if not done >> i & 1 and pred_mask[i] & ~done == 0:
+                reads, after = run(i, memory)
+                rest_reads, final = outcome(done | 1 << i, after)
+                this = (rest_reads[:i] + (reads,) + rest_reads[i + 1:], final)
+                if seen is None:
+                    seen = this
+                elif this != seen:
+                    raise ValueRace
+        return seen
+
+    initial = tuple(("initial", b, c) for b in range(n_buffers) for c in range(2))
+    try:
+        outcome(0, initial)
+    except ValueRace:
+        return True
+    return False
+
+
+# --- the program as a trace ---------------------------------------------------------------
+
+def to_trace(kinds, n_buffers, ops) -> Trace:
+    """Operation i gets call site oracle_program.py:<i + 1>; setup lines are 0."""
+    setup = CallSite(PROGRAM_FILE, 0)
+    trace = Trace()
+    for s, kind in enumerate(kinds):
+        trace.append(StreamCreate(0, setup, stream=s, kind=kind, name=f"S{s}"))
+    for e in range(1, N_EVENTS + 1):
+        trace.append(EventCreate(0, setup, event=e, name=f"e{e}"))
+    for b in range(n_buffers):
+        trace.append(Alloc(0, setup, buffer=b, nbytes=2 * CELL, name=f"buf{b}"))
+
+    def rng(access):
+        b, r = access
+        cells = RANGES[r]
+        return Range(b, cells[0] * CELL, (cells[-1] + 1) * CELL)
+
+    for i, op in enumerate(ops):
+        site, tag = CallSite(PROGRAM_FILE, i + 1), op[0]
+        if tag == "launch":
+            trace.append(Launch(0, site, stream=op[1], name=f"k{i}", reads=tuple(map(rng, op[2])),
+                                writes=tuple(map(rng, op[3]))))
+        elif tag == "record":
+            trace.append(EventRecord(0, site, event=op[1], stream=op[2]))
+        elif tag == "wait":
+            trace.append(StreamWait(0, site, stream=op[1], event=op[2]))
+        elif tag == "ssync":
+            trace.append(StreamSync(0, site, stream=op[1]))
+        elif tag == "esync":
+            trace.append(EventSync(0, site, event=op[1]))
+        elif tag == "dsync":
+            trace.append(DeviceSync(0, site))
+        elif tag == "hread":
+            trace.append(HostAccess(0, site, reads=(rng(op[1]),), name=f"h{i}"))
+        else:
+            trace.append(HostAccess(0, site, writes=(rng(op[1]),), name=f"h{i}"))
+    return trace
+
+
+# --- the property ---------------------------------------------------------------------------
+NB, B, L = StreamKind.NON_BLOCKING, StreamKind.BLOCKING, StreamKind.LEGACY
+# The talk's bug: matmul on A, post-scale on B reads its output with no join. Then the fix.
+TALK_BUG = ((NB, NB), 2, (("launch", 0, (), ((0, "all"),)), ("launch", 1, ((0, "all"),), ((1, "all"),)),
+                          ("dsync",), ("hread", (1, "all"))))
+TALK_FIX = ((NB, NB), 2, (("launch", 0, (), ((0, "all"),)), ("record", 1, 0), ("wait", 1, 1),
+                          ("launch", 1, ((0, "all"),), ((1, "all"),)), ("dsync",), ("hread", (1, "all"))))
+# A wait before a re-record, and the legacy stream joining two blocking streams.
+WAIT_BEFORE_RERECORD = ((NB, NB), 2, (("record", 1, 0), ("launch", 0, (), ((0, "lo"),)), ("wait", 1, 1),
+                                      ("record", 1, 0), ("launch", 1, ((0, "lo"),), ())))
+LEGACY_BRIDGE = ((L, B, B), 2, (("launch", 1, (), ((0, "hi"),)), ("launch", 0, (), ((1, "lo"),)),
+                                ("launch", 2, ((0, "all"),), ())))
+
+# The host issues later work only after a sync returns, even on a stream that saw the host before.
+SYNC_THEN_ISSUE = ((NB, NB), 2, (("launch", 1, (), ((1, "all"),)), ("launch", 0, (), ((0, "all"),)),
+                                 ("ssync", 0), ("launch", 1, ((0, "all"),), ())))
+# A read that covers an earlier write does not hide that write from a later unordered reader.
+READ_COVERS_WRITE = ((NB, NB), 2, (("launch", 0, (), ((0, "lo"),)), ("launch", 0, ((0, "all"),), ()),
+                                   ("launch", 1, ((0, "lo"),), ())))
+
+
+@settings(max_examples=_examples(), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@example(TALK_BUG)
+@example(TALK_FIX)
+@example(WAIT_BEFORE_RERECORD)
+@example(LEGACY_BRIDGE)
+@example(SYNC_THEN_ISSUE)
+@example(READ_COVERS_WRITE)
+@given(programs())
+def test_checker_agrees_with_oracle(program):
+    kinds, n_buffers, ops = program
+    preds = must_happen_before(kinds, ops)
+    unordered = unordered_conflicts(ops, ancestors(preds))
+    racy_values = value_racy(n_buffers, ops, preds)
+    races = check(to_trace(kinds, n_buffers, ops))
+    report = format_report(races)
+    event("value-racy" if racy_values else "hb-racy only" if unordered else "race-free")
+
+    # 3 (oracle consistency): values can differ only if some conflicting pair is unordered.
+    assert not racy_values or unordered
+    # 1: the checker reports a race exactly when some conflicting pair is unordered.
+    assert bool(races) == bool(unordered), f"oracle's unordered pairs: {unordered}\n{report}"
+    # 2: every report is a real unordered pair with a kind it has; no later access is missed.
+    for race in races:
+        pair = (race.first.site.line - 1, race.second.site.line - 1)
+        assert pair in unordered, f"{pair} is ordered by the oracle's DAG\n{report}"
+        assert race.kind in unordered[pair], report
+    assert {r.second.site.line - 1 for r in races} == {j for _, j in unordered}, report
+    # 3: whatever two orders can disagree on, the checker flags.
+    assert not racy_values or races
+
+
+def test_oracle_examples_classified_as_expected():
+    """The oracle itself on hand-written programs: a broken oracle would make the property vacuous."""
+    for program, value_race, unordered_pairs in [
+        (TALK_BUG, True, {(0, 1)}),
+        (TALK_FIX, False, set()),
+        (WAIT_BEFORE_RERECORD, True, {(1, 4)}),
+        (LEGACY_BRIDGE, False, set()),
+        (SYNC_THEN_ISSUE, False, set()),
+        (READ_COVERS_WRITE, True, {(0, 2)}),
+        # Two unordered writes, both overwritten before anyone looks: hb-racy, not value-racy.
+        (((NB, NB), 2, (("launch", 0, (), ((0, "lo"),)), ("launch", 1, (), ((0, "lo"),)), ("dsync",),
+                        ("hwrite", (0, "all")))), False, {(0, 1)}),
+        # Disjoint halves: no conflict at all.
+        (((NB, NB), 2, (("launch", 0, (), ((0, "lo"),)), ("launch", 1, (), ((0, "hi"),)), ("dsync",),
+                        ("hread", (0, "all")))), False, set()),
+    ]:
+        kinds, n_buffers, ops = program
+        preds = must_happen_before(kinds, ops)
+        assert value_racy(n_buffers, ops, preds) is value_race, ops
+        assert set(unordered_conflicts(ops, ancestors(preds))) == unordered_pairs, ops
+
+
+def allowed(order, preds) -> bool:
+    position = {op: k for k, op in enumerate(order)}
+    return all(position[p] < position[i] for i, before in enumerate(preds) for p in before)
+
+
+def execute(n_buffers, ops, order) -> dict:
+    """Run the operations in `order`; return each one's reads."""
+    memory = {(b, c): ("initial", b, c) for b in range(n_buffers) for c in range(2)}
+    reads = {}
+    for i in order:
+        reads[i] = tuple(memory[b, c] for b, cells, w in accesses(ops[i]) if not w for c in cells)
+        for b, cells, w in accesses(ops[i]):
+            if w:
+                memory.update({(b, c): ("written by", i) for c in cells})
+    return reads
+
+
+def test_oracle_lets_the_consumer_read_the_stale_value():
+    """The talk's bug: post-scale (op 1) may run before the matmul (op 0) and read the
+    buffer's old contents (the previous decode step's value); with the fix it may not."""
+    kinds, n_buffers, ops = TALK_BUG
+    preds = must_happen_before(kinds, ops)
+    assert allowed([1, 0, 2, 3], preds) and allowed([0, 1, 2, 3], preds)
+    assert execute(n_buffers, ops, [1, 0, 2, 3])[1] == (("initial", 0, 0), ("initial", 0, 1))
+    assert execute(n_buffers, ops, [0, 1, 2, 3])[1] == (("written by", 0),) * 2
+    assert not allowed([0, 1, 3, 2], preds)  # the host read waits for the device sync
+
+    kinds, n_buffers, ops = TALK_FIX
+    preds = must_happen_before(kinds, ops)
+    assert not allowed([2, 3, 0, 1, 4, 5], preds)  # a wait issued after the record waits for it
+    assert not allowed([1, 2, 3, 0, 4, 5], preds)  # the record follows the matmul on its stream
