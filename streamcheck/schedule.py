@@ -97,18 +97,25 @@ class Eager(Policy):
 class Delay(Policy):
     """Hold operations on chosen streams (by name) or chosen launches (by kernel
     name) back until `steps` more host calls have been issued after them; everything
-    else is eager. With no target named, the seed picks the streams (each stream,
-    the legacy one included, is held with probability 1/2, decided from seed and
-    stream name). A host synchronize still completes: the work it waits for runs
-    regardless of the delay."""
+    else is eager. Streams and kernels together mean those launches on those streams.
+    With no target named, the seed picks the streams (each stream, the legacy one
+    included, is held with probability 1/2, decided from seed and stream name).
+    `after` and `every` pick which targeted operations strike: the after-th (from 0,
+    counted as they reach the head of their stream) and every `every`-th one after
+    it; by default all. A host synchronize still completes: the work it waits for
+    runs regardless of the delay."""
 
     name = "delay"
 
-    def __init__(self, seed: int = 0, steps: int = 8, streams: Sequence[str] = (), kernels: Sequence[str] = ()):
+    def __init__(self, seed: int = 0, steps: int = 8, streams: Sequence[str] = (), kernels: Sequence[str] = (),
+                 after: int = 0, every: int = 1):
         super().__init__(seed)
         self.steps = _check_int("delay", "steps", steps, 0)
         self.streams = _check_names("delay", "streams", streams)
         self.kernels = _check_names("delay", "kernels", kernels)
+        self.after = _check_int("delay", "after", after, 0)
+        self.every = _check_int("delay", "every", every, 1)
+        self._occurrence: dict[int, int] = {}  # trace index -> how many targeted ops came before
         self._targeted: dict[str, bool] = {}  # stream name -> held (cache of the seeded choice)
         self.matched: set = set()  # target names that held something: the rest are probably typos
 
@@ -118,6 +125,8 @@ class Delay(Policy):
             parts.append("streams=" + "+".join(sorted(self.streams)))
         if self.kernels:
             parts.append("kernels=" + "+".join(sorted(self.kernels)))
+        if self.after or self.every != 1:
+            parts.append(f"after={self.after}, every={self.every}")
         return f"delay({', '.join(parts)})"
 
     def params(self) -> dict:
@@ -126,6 +135,8 @@ class Delay(Policy):
             params["streams"] = sorted(self.streams)
         if self.kernels:
             params["kernels"] = sorted(self.kernels)
+        if self.after or self.every != 1:
+            params.update(after=self.after, every=self.every)
         return params
 
     def unmatched(self) -> list:
@@ -145,17 +156,24 @@ class Delay(Policy):
             self._targeted[stream_name] = held
         return held
 
+    def _targeted_op(self, op) -> bool:
+        on_stream = self._stream_targeted(op.stream_name)
+        if self.kernels:
+            named = op.kind == "launch" and op.name in self.kernels
+            return named and (on_stream or not self.streams)
+        return on_stream
+
     def hold(self, op, now: int) -> bool:
-        if now - op.issued_at >= self.steps:
+        if now - op.issued_at >= self.steps or not self._targeted_op(op):
             return False
-        if self._stream_targeted(op.stream_name):
-            if self.streams:
-                self.matched.add(op.stream_name)
-            return True
-        if op.kind == "launch" and op.name in self.kernels:
+        k = self._occurrence.setdefault(op.trace_index, len(self._occurrence))
+        if k < self.after or (k - self.after) % self.every:
+            return False
+        if op.stream_name in self.streams:
+            self.matched.add(op.stream_name)
+        if op.name in self.kernels:
             self.matched.add(op.name)
-            return True
-        return False
+        return True
 
 
 class Random(Policy):
@@ -270,7 +288,7 @@ class Replay(Policy):
 _PARAMS = {
     "sequential": (),
     "eager": (),
-    "delay": ("steps", "streams", "kernels"),
+    "delay": ("steps", "streams", "kernels", "after", "every"),
     "random": (),
     "pct": ("depth", "horizon"),
 }

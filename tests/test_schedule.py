@@ -275,11 +275,24 @@ def test_random_offers_the_host_as_an_option():
 
 
 def test_delay_reports_targets_that_never_matched():
-    dev = Device("sim", policy="delay", streams=["A", "matmul"], kernels=["rms"])
+    # Streams and kernels together target those launches on those streams.
+    dev = Device("sim", policy="delay", streams=["A", "matmul"], kernels=["rms", "postscale"])
     a = dev.stream("A")
     x = dev.alloc((1,), "float32", fill=0.0)
-    dev.launch(lambda x: None, (x,), stream=a, writes=[x])
-    assert dev.backend.policy.unmatched() == ["matmul", "rms"]
+    dev.launch(lambda x: None, (x,), stream=a, writes=[x], name="rms")
+    assert dev.backend.policy.unmatched() == ["matmul", "postscale"]
+
+
+def test_delay_after_and_every_pick_which_targeted_launches_strike():
+    dev = Device("sim", policy="delay", streams=["A"], kernels=["k"], steps=100, after=2, every=3)
+    a = dev.stream("A")
+    x = dev.alloc((1,), "float32", fill=0.0)
+    held = []
+    for i in range(9):
+        dev.launch(lambda x: None, (x,), stream=a, writes=[x], name="k")
+        held.append(dev.backend.pending() > 0)  # still queued: held back
+        a.synchronize()  # drains it regardless of the delay
+    assert held == [False, False, True, False, False, True, False, False, True]
 
 
 def test_schedule_prints_policy_seed_and_string():
