@@ -254,12 +254,7 @@ class Device:
     def _region(self, obj, what: str, site: CallSite, name: str = "") -> Region:
         """`obj` as a live Region of this device. `what` names the call in errors; a `{}`
         in it is filled with `name` (formatted only on error: this runs per argument)."""
-        cls = type(obj)
-        if cls is Buffer:
-            region = obj.region()
-        elif cls is Region:
-            region = obj
-        elif isinstance(obj, Region):
+        if isinstance(obj, Region):
             region = obj
         elif isinstance(obj, Buffer):
             region = obj.region()
@@ -461,12 +456,10 @@ class Device:
         site = _site()
         stream = self._stream_or_default(stream, "upload", site)
         dst = self._region(dst, "upload dst", site)
-        try:
-            host_array = np.asarray(host_array)
-            host_array.astype(dst.buffer.dtype, casting="unsafe")
-        except (TypeError, ValueError) as exc:
-            raise DeviceError(f"upload to {dst} at {site}: the host data is not an array of numbers ({exc})") \
-                from None
+        host_array = np.asarray(host_array)
+        if host_array.dtype != dst.buffer.dtype and host_array.dtype.kind not in "biuf":
+            raise DeviceError(f"upload to {dst} at {site}: host data of dtype {host_array.dtype} is not numbers; "
+                              f"pass an array of {dst.buffer.dtype}")
         expected = dst.size
         if host_array.size != expected:
             raise DeviceError(f"upload to {dst} at {site}: {host_array.size} host elements for {expected} "
