@@ -483,15 +483,16 @@ class Session:
             self.errors.append(f"free of {alloc.name}: {exc}")
 
     def _find(self, start: int, stop: int) -> Optional[_Alloc]:
-        i = bisect.bisect_right(self._starts, start) - 1
-        while i >= 0:
-            alloc = self._allocs[i]
-            if alloc.start <= start and stop <= alloc.stop:
-                return alloc
-            if alloc.stop <= start and not alloc.external:
-                return None
-            i -= 1  # an external (driver) allocation may contain later pool chunks
-        return None
+        with self._lock:  # other threads (and finalizers) change the table
+            i = bisect.bisect_right(self._starts, start) - 1
+            while i >= 0:
+                alloc = self._allocs[i]
+                if alloc.start <= start and stop <= alloc.stop:
+                    return alloc
+                if alloc.stop <= start and not alloc.external:
+                    return None
+                i -= 1  # an external (driver) allocation may contain later pool chunks
+            return None
 
     def _external(self, start: int, stop: int) -> tuple:
         """(alloc or None, base) for memory CuPy's allocator did not hand out."""
