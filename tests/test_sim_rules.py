@@ -7,6 +7,8 @@ give correct data under every policy and seed.
 """
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from streamcheck.device import Device
 
@@ -392,3 +394,57 @@ def test_op_times_cover_every_executed_stream_operation_in_stream_order():
         by_stream.setdefault(stream_ops[i].stream, []).append(dev.backend.op_times[i][0])
     for times in by_stream.values():
         assert times == sorted(times)  # issue order within a stream
+
+
+# --- the checker and the simulator agree ----------------------------------------------------------
+
+OPS = st.one_of(
+    st.tuples(st.just("launch"), st.integers(0, 3), st.integers(0, 2), st.integers(0, 2)),
+    st.tuples(st.just("record"), st.integers(0, 3), st.integers(0, 1)),
+    st.tuples(st.just("wait"), st.integers(0, 3), st.integers(0, 1)),
+    st.tuples(st.just("sync_stream"), st.integers(0, 3)),
+    st.tuples(st.just("sync_event"), st.integers(0, 1)),
+)
+
+
+def random_program(dev, kinds, ops):
+    """Streams 1..3 of `kinds` plus the legacy stream (index 0), two events, three
+    one-element buffers; kernels are order-sensitive read-modify-writes."""
+    streams = [dev.legacy] + [dev.stream(f"s{i}", kind) for i, kind in enumerate(kinds, 1)]
+    events = [dev.event("e0"), dev.event("e1")]
+    bufs = [dev.alloc((1,), "float64", name=f"b{i}", fill=float(i)) for i in range(3)]
+    for k, op in enumerate(ops):
+        if op[0] == "launch":
+            _, s, src, dst = op
+            x, y = bufs[src], bufs[dst]
+
+            def rmw(y, x, k=k):
+                y[...] = y * 3 + x + k
+
+            dev.launch(rmw, (y, x), stream=streams[s], reads=[x, y], writes=[y])
+        elif op[0] == "record":
+            events[op[2]].record(streams[op[1]])
+        elif op[0] == "wait":
+            streams[op[1]].wait_event(events[op[2]])
+        elif op[0] == "sync_stream":
+            streams[op[1]].synchronize()
+        else:
+            events[op[1]].synchronize()
+    dev.synchronize()
+    assert dev.backend.pending() == 0
+    return np.concatenate([dev.host_read(b) for b in bufs])
+
+
+@settings(max_examples=60, deadline=None)
+@given(kinds=st.lists(st.sampled_from(["non_blocking", "blocking"]), min_size=3, max_size=3),
+       ops=st.lists(OPS, min_size=1, max_size=14))
+def test_a_program_the_checker_calls_race_free_reads_the_same_values_under_every_schedule(kinds, ops):
+    reference = Device("sim", policy="sequential")
+    expected = random_program(reference, kinds, ops)
+    race_free = reference.races == []
+    for policy, params in [("delay", {"steps": 3}), ("delay", {"steps": 10**6}), ("random", {}), ("pct", {})]:
+        for seed in range(3):
+            dev = Device("sim", check=False, policy=policy, seed=seed, **params)
+            got = random_program(dev, kinds, ops)
+            if race_free:
+                assert got.tobytes() == expected.tobytes(), (policy, params, seed, dev.schedule)
