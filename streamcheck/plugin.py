@@ -76,6 +76,7 @@ class Findings:
 
 SETTINGS_KEY = pytest.StashKey[Settings]()
 FINDINGS_KEY = pytest.StashKey[Findings]()
+BACKEND_KEY = pytest.StashKey[str]()
 
 
 # --- options ------------------------------------------------------------------------------
@@ -226,7 +227,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def _select_hypothesis_profile(config) -> None:
     """Register our profiles if the command line names one, and load the one the
     environment names (the command line wins: hypothesis's plugin loads it later)."""
-    from_cli = config.getoption("hypothesis_profile", None) if _has_option(config, "hypothesis_profile") else None
+    from_cli = config.getoption("hypothesis_profile", None)  # None also when hypothesis's plugin is off
     env = any(os.environ.get(var) for var in ("STREAMCHECK_HYPOTHESIS_PROFILE", "HYPOTHESIS_PROFILE"))
     if not from_cli and not env:
         return  # nothing asked for: do not import hypothesis
@@ -237,14 +238,6 @@ def _select_hypothesis_profile(config) -> None:
             strategies.load_profile()
         except ValueError as exc:
             raise pytest.UsageError(f"streamcheck: {exc}") from None
-
-
-def _has_option(config, dest: str) -> bool:
-    try:
-        config.getoption(dest)
-    except ValueError:
-        return False
-    return True
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -258,11 +251,11 @@ def backend_name(config) -> str:
     settings = config.stash[SETTINGS_KEY]
     if settings.backend != "auto":
         return settings.backend
-    resolved = getattr(config, "_streamcheck_backend", None)
+    resolved = config.stash.get(BACKEND_KEY, None)
     if resolved is None:
-        from .backends import resolve
+        from .backends import resolve  # tries to import cupy: only when `auto` must be resolved
 
-        resolved = config._streamcheck_backend = resolve("auto")
+        resolved = config.stash[BACKEND_KEY] = resolve("auto")
     return resolved
 
 
@@ -273,8 +266,9 @@ def base_seed(config) -> int:
 
 def pytest_report_header(config) -> str:
     s = config.stash[SETTINGS_KEY]
+    replay = f" replay={s.replay[0]}:{s.replay[1]}" if s.replay else ""
     return (f"streamcheck: backend={backend_name(config)} policy={','.join(s.policies)} schedules={s.schedules} "
-            f"check={s.check} --streamcheck-seed={s.seed}")
+            f"check={s.check}{replay} --streamcheck-seed={s.seed}")
 
 
 # --- seeds and schedules ------------------------------------------------------------------
@@ -508,8 +502,9 @@ def _call(fn, device, spec: ScheduleSpec, config, nodeid: str):
     try:
         return fn(device)
     except Exception as exc:
-        exc.add_note(f"streamcheck: raised under schedule {spec.label} (seed {spec.seed}); replay: "
-                     f"{replay_command(config, nodeid, spec if spec.policy != 'sequential' else None)}")
+        if hasattr(exc, "add_note"):  # Python 3.11+; on 3.10 the traceback alone must do
+            exc.add_note(f"streamcheck: raised under schedule {spec.label} (seed {spec.seed}); replay: "
+                         f"{replay_command(config, nodeid, spec if spec.policy != 'sequential' else None)}")
         raise
 
 

@@ -69,7 +69,8 @@ def _notes_dir(tmp_path, monkeypatch):
 
 
 def _run(pytester, tmp_path, *args):
-    return pytester.runpytest_subprocess("--streamcheck-backend=sim", *args)
+    # Without hypothesis's plugin (these files do not use it): it costs ~1 s of CPU per run.
+    return pytester.runpytest_subprocess("--streamcheck-backend=sim", "-p", "no:hypothesispytest", *args)
 
 
 def _notes(tmp_path) -> dict:
@@ -127,17 +128,21 @@ def test_seed_is_random_per_run_and_last_replays_it(pytester, tmp_path):
 
 
 def test_xdist_workers_use_the_controllers_seed(pytester, tmp_path):
-    pytester.makepyfile(test_seeds=SEEDS)
+    pytester.makepyfile(test_seeds=SEEDS, test_racy=RACY)
     result = _run(pytester, tmp_path, "-n", "2")
-    result.assert_outcomes(passed=5)
+    result.assert_outcomes(passed=5, failed=1)
     seed = _header_seed(result)  # drawn by the controller, not given
     notes = _notes(tmp_path)
     for i in range(4):
         nodeid, got = notes[f"seed-{i}"]
         assert got == per_test_seed(seed, nodeid)
+    # The controller's summary has what the worker found, and a replay with the controller's seed.
+    out = result.stdout.str()
+    assert "FAILED test_racy.py::test_racy: 1 race (RAW on x)" in out
+    assert f"replay: pytest test_racy.py::test_racy --streamcheck-seed={seed} " in out
     # And the schedules the workers ran are the ones a single process runs with that seed.
     single = _run(pytester, tmp_path, f"--streamcheck-seed={seed}", "-k", "fixed")
-    single.assert_outcomes(passed=1, deselected=4)
+    single.assert_outcomes(passed=1, deselected=5)
     assert _notes(tmp_path)["fixed"] == notes["fixed"]
 
 

@@ -115,6 +115,7 @@ class Outcome:
     races: tuple  # hb.Race reports
     wrong: bool  # some output differs from the sequential run
     schedule: str  # the schedule taken (policy, seed, decisions)
+    decisions: str  # the decisions alone: policy `replay:<decisions>` repeats the interleaving
     report: str
     outputs: tuple = field(repr=False, compare=False, default=())
 
@@ -141,7 +142,7 @@ def run_example(example: Example, backend: str = "sim") -> Outcome:
     wrong = any(not np.array_equal(g, w, equal_nan=True) for g, w in zip(outputs, want))
     schedule = device.schedule
     return Outcome(example, tuple(device.races), wrong, str(schedule) if schedule is not None else "",
-                   device.report(), tuple(outputs))
+                   schedule.compact() if schedule is not None else "", device.report(), tuple(outputs))
 
 
 # --- the fuzz loop ------------------------------------------------------------------------
