@@ -9,6 +9,10 @@ stream, all work issued earlier on blocking streams (and the reverse). A consume
 that nothing orders after its producer can therefore run first and read stale
 values, exactly as on a GPU.
 
+Time is counted in host calls: every device call that issues work, touches memory
+or synchronizes (alloc, free, launch, copies, host reads/writes, record, wait, the
+synchronizes) ends with one scheduling step; creating streams and events does not.
+
 A host synchronize blocks the host: the scheduler keeps executing until the
 awaited work (and everything it depends on) has run. Injected delays do not
 apply to that work, so a synchronize always completes; unrelated delayed work
