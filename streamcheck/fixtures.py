@@ -247,14 +247,24 @@ def load_fixture_model(
     if dtype is None:
         dtype = torch.float32
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            str(path), dtype=dtype, local_files_only=True
+        model, info = AutoModelForCausalLM.from_pretrained(
+            str(path), dtype=dtype, local_files_only=True, output_loading_info=True
         )
     except Exception as exc:  # transformers raises many types for bad files
         raise FixtureCorruptError(
             f"fixture {name!r} at {path} could not be loaded: {type(exc).__name__}: {exc}; "
             f"{_train_hint(name, path)}"
         ) from exc
+    # transformers only warns about (and randomly initialises) missing weights;
+    # for a fixture that is corruption, not a warning.
+    problems = {k: sorted(map(str, v)) for k, v in info.items() if k != "error_msgs" and v}
+    if info.get("error_msgs"):
+        problems["error_msgs"] = [str(m) for m in info["error_msgs"]]
+    if problems:
+        raise FixtureCorruptError(
+            f"fixture {name!r} at {path} has weights that do not match its config: {problems}; "
+            f"{_train_hint(name, path)}"
+        )
     if device is not None:
         model = model.to(device)
     model.eval()
