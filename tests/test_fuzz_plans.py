@@ -207,6 +207,15 @@ def test_fuzz_command_bad_options_exit_2(capsys, args, message):
     assert message in capsys.readouterr().err
 
 
+def test_fuzz_command_cupy_without_a_gpu_exits_2(capsys):
+    from streamcheck.backends import gpu_available
+
+    if gpu_available():
+        pytest.skip("a GPU is present: --backend cupy is valid here")
+    assert cli.main(["fuzz", "--backend", "cupy", "--budget", "1s"]) == 2
+    assert "--backend cupy needs an NVIDIA GPU and CuPy" in capsys.readouterr().err
+
+
 def test_fuzz_command_argparse_errors_exit_2(capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main(["fuzz", "--plans", "some"])

@@ -346,7 +346,7 @@ def _usage(message: str) -> int:
 
 
 def main(args) -> int:
-    from ..backends import BackendUnavailable, resolve
+    from ..backends import BackendUnavailable, gpu_available, resolve
 
     try:
         budget = parse_duration(args.budget)
@@ -367,6 +367,9 @@ def main(args) -> int:
             return _usage(f"--profile {args.profile!r} is not a registered hypothesis profile; "
                           f"use one of {', '.join(strategies.PROFILES)}")
     backend = resolve(args.backend)
+    if backend == "cupy" and not gpu_available():
+        return _usage("--backend cupy needs an NVIDIA GPU and CuPy (pip install 'streamcheck[gpu]'); none found "
+                      "here. Use --backend sim.")
     try:
         if args.replay:
             try:
