@@ -41,7 +41,6 @@ from .trace import (
     ImplicitSync,
     Launch,
     Op,
-    Range,
     StreamCreate,
     StreamKind,
     StreamSync,
@@ -500,7 +499,10 @@ class Checker:
             kind = "RAW"
         else:
             kind = "WAR"
-        key = (kind, first[_OP].site, op.site)
+        # Race.key, spelled out field by field: hashing strings and ints is much cheaper
+        # than two CallSite.__hash__ calls, and this runs for every repeat of a race.
+        a, b = first[_OP].site, op.site
+        key = (kind, a.file, a.line, a.function, b.file, b.line, b.function)
         count = self._counts.get(key)
         if count is not None:
             self._counts[key] = count + 1

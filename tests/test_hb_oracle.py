@@ -2,7 +2,8 @@
 
 The oracle is written from DESIGN.md's CUDA rules, independently of hb.py: it turns a
 program into a DAG of "must execute before" constraints, then runs the program in
-every order the DAG allows (every linear extension), on real values: each write stores
+every order the DAG allows (every linear extension, memoized on the set of operations
+done and the memory contents), on real values: each write stores
 a value no other write stores. A program is *value-racy* when two allowed orders give
 different reads or different final memory.
 
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
@@ -35,6 +35,7 @@ CELL = 4  # bytes per cell; every buffer has two cells
 RANGES = {"lo": (0,), "hi": (1,), "all": (0, 1)}  # name -> cells covered
 N_EVENTS = 2
 MAX_OPS = 12
+STATE_CAP = 200_000  # oracle search states per program
 PROGRAM_FILE = "oracle_program.py"
 
 
@@ -199,6 +200,9 @@ def value_racy(n_buffers, ops, preds) -> bool:
     @lru_cache(maxsize=None)
     def outcome(done: int, memory: tuple) -> tuple:
         """(reads of each not-yet-done operation, final memory), the same for every allowed order."""
+        # At most 2**MAX_OPS sets of done operations, each with few memories: a cap that
+        # only a generator change could hit, and then loudly rather than slowly.
+        assert outcome.cache_info().currsize < STATE_CAP, f"oracle state space over {STATE_CAP}: {ops}"
         if done == full:
             return (None,) * n, memory
         seen = None
