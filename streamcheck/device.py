@@ -418,11 +418,13 @@ class Device:
         declared = None
         for arg in args:
             if isinstance(arg, (Buffer, Region)):
-                buf = self._region(arg, "launch `{}` args", site, name).buffer
                 if declared is None:
                     declared = {r.buffer.id for r in reads}
                     declared.update([w.buffer.id for w in writes])
-                if buf.id not in declared:
+                # A declared buffer passed the checks above; anything else gets them now.
+                buf = arg.buffer if isinstance(arg, Region) else arg
+                if buf.id not in declared or buf.device is not self:
+                    buf = self._region(arg, "launch `{}` args", site, name).buffer
                     raise DeviceError(f"launch `{name}` at {site}: argument `{buf.name}` is in neither "
                                       "reads= nor writes=; declare how the kernel uses it")
         reads = tuple([r.byte_range() for r in reads])

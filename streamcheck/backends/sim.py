@@ -58,13 +58,18 @@ class _Pending:
 
 
 class _SimStream:
-    __slots__ = ("id", "name", "kind", "queue", "issued", "executed")
+    __slots__ = ("id", "name", "kind", "is_legacy", "joins_legacy", "queue", "with_deps", "issued", "executed")
 
     def __init__(self, stream):
         self.id = stream.id
         self.name = stream.name
         self.kind = stream.kind
+        self.is_legacy = stream.kind is StreamKind.LEGACY
+        self.joins_legacy = stream.kind.joins_legacy
         self.queue: deque = deque()
+        # The pending operations that have dependencies, in order (some may have executed
+        # already): a host synchronize follows these, not the whole queue.
+        self.with_deps: deque = deque()
         self.issued = 0  # operations issued so far; the n-th has seq n
         self.executed = 0  # operations executed so far (always a prefix: stream order)
 
@@ -154,10 +159,10 @@ class SimBackend:
     # --- issuing ------------------------------------------------------------------------
     def _enqueue(self, stream, run, args: tuple, name: str, kind: str, deps: tuple = ()) -> tuple:
         sim = self._streams[stream.id]
-        if sim.kind is StreamKind.LEGACY:
+        if sim.is_legacy:
             # Legacy stream: waits for all work issued so far on blocking streams.
             deps = deps + tuple([(j, j.issued) for j in self._joiners if j.issued > j.executed])
-        elif sim.kind.joins_legacy:
+        elif sim.joins_legacy:
             legacy = self._legacy
             if legacy is not None and legacy.issued > legacy.executed:
                 # ... and later work on blocking streams waits for the legacy stream.
@@ -165,7 +170,10 @@ class SimBackend:
         seq = sim.issued = sim.issued + 1
         # The device recorded this operation just before calling us; it is issued at
         # the coming host step (tick() advances `now` after the call).
-        sim.queue.append(_Pending(sim, seq, deps, run, args, name, kind, self.now + 1, len(self._trace.ops) - 1))
+        op = _Pending(sim, seq, deps, run, args, name, kind, self.now + 1, len(self._trace.ops) - 1)
+        sim.queue.append(op)
+        if deps:
+            sim.with_deps.append(op)
         self._pending += 1
         return sim, seq
 
@@ -286,21 +294,24 @@ class SimBackend:
 
     def _needed(self, targets) -> dict:
         """Close `targets` ((_SimStream, seq) pairs) under stream order and dependencies:
-        everything that must execute before the host may return from a synchronize."""
+        stream -> the last seq that must execute before the host may return from a synchronize."""
         need: dict = {}
         work = []
         for sim, seq in targets:
             if sim.executed < seq and need.get(sim, 0) < seq:
                 need[sim] = seq
                 work.append(sim)
-        scanned: dict = {}
+        scanned: dict = {}  # stream -> seq up to which its dependencies were followed
         while work:
             sim = work.pop()
             upto = need[sim]
             start = scanned.get(sim, 0)
             if upto <= start:
                 continue
-            for op in sim.queue:
+            with_deps = sim.with_deps
+            while with_deps and with_deps[0].seq <= sim.executed:
+                with_deps.popleft()  # executed: nothing left to follow
+            for op in with_deps:
                 if op.seq <= start:
                     continue
                 if op.seq > upto:
