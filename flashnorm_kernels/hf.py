@@ -1,0 +1,200 @@
+"""Run a transformers model's norm → projection pairs through the dual-stream pipeline.
+
+`attach(model, device, plan)` replaces, in every decoder layer, the input norm and
+the pre-MLP norm, and the final norm, with identities, and the projections they
+feed (q/k/v, gate/up, lm_head) with modules that run one `DeferredNormProjection`
+step per group: folded weights W* = W·g on stream A, 1/RMS on stream B, the
+post-scale after the plan's joins. Each group keeps persistent device buffers, as
+inference engines preallocate them, so a post-scale that reads Y too early gets
+the previous step's projection: the one-step lag of the FlashNorm talk.
+
+The model's own parameters are not touched (W* is computed from them); `detach()`
+puts the original modules back, so the model is bit-for-bit what it was.
+Activations cross to the device and back through host copies: this is a test
+harness for the synchronization, not a fast path.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import torch
+
+from streamcheck.device import Device, Stream
+
+from .fold import GAIN_ONE_PLUS_WEIGHT, layout_for
+from .pipeline import DeferredNormProjection
+from .plan import SyncPlan
+
+
+class _Identity(torch.nn.Module):
+    """Stands in for a norm whose 1/RMS the pipeline applies after the matmul."""
+
+    def forward(self, hidden):
+        return hidden
+
+
+class LockstepMismatch(AssertionError):
+    """A device computed different values than the first one at the same step."""
+
+
+class _Group:
+    """One norm and the projections it feeds, run as one pipeline step per new input.
+
+    With several devices (lockstep), every device runs the same step on the same
+    input; the first device's outputs feed the model and every other device must
+    produce them bit for bit, or LockstepMismatch names the step and the schedule."""
+
+    def __init__(self, name: str, norm, linears, gain_style: str, devices, plan: SyncPlan,
+                 callers, max_tokens: int, dtype: str):
+        with torch.no_grad():
+            gain = norm.weight.detach().double()
+            if gain_style == GAIN_ONE_PLUS_WEIGHT:
+                gain = 1.0 + gain
+            weights = [(lin.weight.detach().double() * gain[None, :]).float().numpy() for lin in linears]
+        self.name = name
+        self.biases = [lin.bias.detach().clone() if lin.bias is not None else None for lin in linears]
+        self.modules = [DeferredNormProjection(device, weights, eps=_norm_eps(norm), plan=plan, dtype=dtype,
+                                               max_tokens=max_tokens, name=name) for device in devices]
+        self.inputs = [module.alloc_input(name=f"{name}.x") for module in self.modules]
+        self.callers = callers
+        self.steps = 0
+        self._last_hidden = None  # held, so its address cannot be reused by a new tensor
+        self._last_version = -1
+        self._outputs = None
+        self._host_input = None  # kept alive: the uploads read it when they execute
+
+    @property
+    def module(self) -> DeferredNormProjection:
+        return self.modules[0]
+
+    def outputs(self, hidden: torch.Tensor) -> list:
+        # q/k/v (gate/up) are called one after another on the same tensor: one step serves all.
+        if hidden is not self._last_hidden or hidden._version != self._last_version:
+            self._outputs = self._step(hidden)
+            self._last_hidden, self._last_version = hidden, hidden._version
+        return self._outputs
+
+    def _run(self, module, x, caller, m) -> list:
+        module.device.upload(x[:m], self._host_input, stream=caller)
+        outs = module(x[:m], caller)
+        return module.read(outs, caller)
+
+    def _step(self, hidden: torch.Tensor) -> list:
+        rows = hidden.detach().reshape(-1, hidden.shape[-1]).float().cpu().numpy()
+        m = rows.shape[0]
+        if m > self.module.max_tokens:
+            raise ValueError(f"flashnorm attach: {self.name} got {m} rows but max_tokens={self.module.max_tokens}; "
+                             "pass a larger max_tokens to attach()")
+        self._host_input = self.module.encode(rows)
+        values = self._run(self.module, self.inputs[0], self.callers[0], m)
+        for module, x, caller in zip(self.modules[1:], self.inputs[1:], self.callers[1:]):
+            other = self._run(module, x, caller, m)
+            for j, (want, got) in enumerate(zip(values, other)):
+                if not np.array_equal(want, got, equal_nan=True):
+                    raise LockstepMismatch(
+                        f"{self.name} step {self.steps}, output {j}: {module.device.backend.name} schedule "
+                        f"{module.device.schedule} differs from the first device's (max |diff| "
+                        f"{np.nanmax(np.abs(want - got)):.3g})\n{module.device.report()}")
+        self.steps += 1
+        result = []
+        for value, bias in zip(values, self.biases):
+            out = torch.from_numpy(np.ascontiguousarray(value)).to(hidden.dtype)
+            if bias is not None:
+                out = out + bias  # W·(x/rms) + b: the bias is outside the deferred scale
+            result.append(out.reshape(*hidden.shape[:-1], out.shape[-1]))
+        return result
+
+
+class _RoutedProjection(torch.nn.Module):
+    def __init__(self, group: _Group, index: int):
+        super().__init__()
+        self.group = group
+        self.index = index
+
+    def forward(self, hidden):
+        return self.group.outputs(hidden)[self.index]
+
+
+def _norm_eps(norm) -> float:
+    for attr in ("variance_epsilon", "eps", "epsilon"):
+        if hasattr(norm, attr):
+            return float(getattr(norm, attr))
+    raise ValueError(f"flashnorm attach: cannot find the epsilon of {type(norm).__name__}")
+
+
+def _set(root, path: str, module) -> None:
+    parent, _, leaf = path.rpartition(".")
+    setattr(root.get_submodule(parent) if parent else root, leaf, module)
+
+
+class Attachment:
+    """What `attach` changed; `detach()` (or leaving the `with` block) undoes it."""
+
+    def __init__(self, model, devices, groups, originals):
+        self.model = model
+        self.devices = devices
+        self.groups = groups
+        self._originals = originals  # path -> original module
+
+    @property
+    def device(self) -> Device:
+        return self.devices[0]
+
+    @property
+    def modules(self) -> list:
+        return [g.module for g in self.groups]
+
+    def detach(self) -> None:
+        for path, module in self._originals.items():
+            _set(self.model, path, module)
+        self._originals = {}
+
+    def __enter__(self) -> "Attachment":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.detach()
+
+
+def norm_groups(model) -> tuple:
+    """([(norm path, [projection paths])], gain style) for every foldable norm of `model`, final norm last."""
+    layout = layout_for(getattr(model.config, "model_type", None))
+    decoder = model.get_submodule(layout.decoder)
+    groups = []
+    for i, _ in enumerate(decoder.layers):
+        prefix = f"{layout.decoder}.layers.{i}"
+        for norm_name, projs in layout.folds.items():
+            groups.append((f"{prefix}.{norm_name}", [f"{prefix}.{p}" for p in projs]))
+    groups.append((f"{layout.decoder}.norm", ["lm_head"]))
+    return groups, layout.gain
+
+
+def attach(model, devices, plan: Optional[SyncPlan] = None, *, max_tokens: int = 256,
+           dtype: str = "float32") -> Attachment:
+    """Route every norm → projection group of `model` through the dual-stream pipeline.
+
+    `devices`: one Device, or several run in lockstep (the first feeds the model; the
+    others must compute the same values bit for bit at every step)."""
+    devices = [devices] if isinstance(devices, Device) else list(devices)
+    if not devices or not all(isinstance(d, Device) for d in devices):
+        raise ValueError("flashnorm attach: devices must be a streamcheck Device or a non-empty list of them")
+    plan = SyncPlan.correct() if plan is None else plan
+    callers = [d.legacy if plan.caller_kind == "legacy" else d.stream("caller", kind=plan.caller_kind)
+               for d in devices]
+    specs, gain_style = norm_groups(model)
+    groups, originals = [], {}
+    for norm_path, proj_paths in specs:
+        norm = model.get_submodule(norm_path)
+        linears = [model.get_submodule(p) for p in proj_paths]
+        name = norm_path.split(".", 1)[1] if "." in norm_path else norm_path  # "layers.0.input_layernorm"
+        group = _Group(name, norm, linears, gain_style, devices, plan, callers, max_tokens, dtype)
+        groups.append(group)
+        originals[norm_path] = norm
+        _set(model, norm_path, _Identity())
+        for index, path in enumerate(proj_paths):
+            originals[path] = model.get_submodule(path)
+            _set(model, path, _RoutedProjection(group, index))
+    for device in devices:
+        device.synchronize()  # weight uploads done before the first step
+    return Attachment(model, devices, groups, originals)

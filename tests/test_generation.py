@@ -1,0 +1,96 @@
+"""The talk's symptom, testable on the CPU: long generations of the fixture model with its
+norm → projection groups on the simulated dual-stream pipeline."""
+import pytest
+import torch
+
+from flashnorm_kernels.generation import check_generation, run_generation, run_lockstep
+from flashnorm_kernels.hf import LockstepMismatch, attach
+from flashnorm_kernels.plan import SyncPlan
+from streamcheck.commands.repro import strike_policy
+from streamcheck.device import Device
+from streamcheck.fixtures import PROMPT, decode, encode, expected_continuation, load_fixture_model
+
+PROMPT_IDS = encode(PROMPT)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_fixture_model("tiny_llama_zen")
+
+
+@pytest.fixture(scope="module")
+def reference(model):
+    return run_generation(model, PROMPT_IDS, 96, SyncPlan.correct(), policy="sequential")
+
+
+def test_sequential_reference_recites_the_text(reference):
+    assert bytes(reference.tokens) == expected_continuation(len(PROMPT_IDS), 96)
+    assert reference.races == []
+
+
+def test_implicit_join_hides_under_eager_but_is_flagged_on_the_first_step(model, reference):
+    # The bug hides on an unloaded GPU: tokens match...
+    run = run_generation(model, PROMPT_IDS, 96, SyncPlan.implicit_join(), policy="eager")
+    assert run.tokens == reference.tokens
+    # ...yet the happens-before checker flags the plan from the prefill alone.
+    dev = Device("sim", policy="eager")
+    with attach(model, dev, SyncPlan.implicit_join(), max_tokens=len(PROMPT_IDS)):
+        with torch.no_grad():
+            model(torch.tensor([PROMPT_IDS]))
+    raw = [r for r in dev.races if r.kind == "RAW" and r.buffer.endswith(".Y")]
+    assert raw, dev.report()
+    assert raw[0].first.name == "matmul" and raw[0].second.name == "postscale"
+    assert "never waited for an event recorded on stream" in raw[0].missing_edge
+    assert raw[0].first.actor.endswith(".A")
+
+
+@pytest.mark.parametrize("seed", [0, 5, 11])
+def test_delay_makes_it_strike_with_a_one_step_lag(model, reference, seed):
+    result = check_generation(model, PROMPT_IDS, 96, SyncPlan.implicit_join(), policy="delay", seed=seed,
+                              reference=reference, **strike_policy("sim", seed, 96))
+    comparison = result.comparison
+    assert not comparison.matches
+    assert comparison.first_divergence < 32
+    assert comparison.lag1_share > 0.5, result.message(decode)
+    message = result.message(decode)
+    assert "first divergence at token" in message and "RAW race on `layers." in message
+
+
+def test_correct_plan_survives_the_same_delay(model, reference):
+    result = check_generation(model, PROMPT_IDS, 96, SyncPlan.correct(), policy="delay", seed=0,
+                              reference=reference, **strike_policy("sim", 0, 96))
+    assert result.comparison.matches, result.message(decode)
+    assert result.candidate.races == []
+
+
+@pytest.mark.parametrize("policy", ["sequential", "eager", "delay", "random", "pct"])
+def test_correct_plan_1024_tokens_match_under_every_policy(model, policy):
+    # 4 seeds per policy, 20 schedules in all, each checked bit for bit at every step.
+    schedules = [(policy, seed, {}) for seed in range(4)]
+    run = run_lockstep(model, PROMPT_IDS, 1024, SyncPlan.correct(), schedules)
+    assert bytes(run.tokens) == expected_continuation(len(PROMPT_IDS), 1024)
+
+
+def test_lockstep_reports_a_schedule_that_computes_other_values(model):
+    strike = strike_policy("sim", 0, 32)
+    with pytest.raises(LockstepMismatch, match=r"layers\.0\.input_layernorm step \d+.*delay"):
+        run_lockstep(model, PROMPT_IDS, 32, SyncPlan.implicit_join(), [("delay", 0, strike)])
+
+
+def test_detach_restores_the_model_bit_for_bit(model):
+    ids = torch.tensor([PROMPT_IDS])
+    with torch.no_grad():
+        before = model(ids).logits
+        with attach(model, Device("sim"), SyncPlan.correct()) as attachment:
+            routed = model(ids).logits
+        after = model(ids).logits
+    assert len(attachment.groups) == 5  # 2 layers x (q/k/v, gate/up) + lm_head
+    assert torch.equal(before, after)
+    torch.testing.assert_close(routed, before, rtol=1e-4, atol=1e-4)
+
+
+def test_bad_generation_arguments(model):
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        run_generation(model, PROMPT_IDS, 0, SyncPlan.correct())
+    with pytest.raises(ValueError, match="devices"):
+        attach(model, [], SyncPlan.correct())
