@@ -1,5 +1,25 @@
-"""FlashNorm kernels: weight folding, dual-stream deferred normalization, pre-norm cancellation."""
-from .fold import AlreadyFoldedError, FlashNormError, UnsupportedArchitectureError, flashify
-from .checkpoint import CheckpointPathError, flashify_checkpoint
-from .cancel import NotCancellableError, cancellable_projections
-from .pipeline import DeferredNormProjection, Storage, normalize_dtype, reference_norm_proj, storage_for
+"""FlashNorm kernels: weight folding, dual-stream deferred normalization, pre-norm cancellation.
+
+Public names are loaded on first use, so `import flashnorm_kernels.plan` (no torch)
+stays cheap for tools that only need sync plans.
+"""
+import importlib
+
+_EXPORTS = {
+    "flashify": "fold", "FlashNormError": "fold", "AlreadyFoldedError": "fold",
+    "UnsupportedArchitectureError": "fold",
+    "flashify_checkpoint": "checkpoint", "CheckpointPathError": "checkpoint",
+    "cancellable_projections": "cancel", "NotCancellableError": "cancel",
+    "DeferredNormProjection": "pipeline", "Storage": "pipeline", "normalize_dtype": "pipeline",
+    "reference_norm_proj": "pipeline", "storage_for": "pipeline",
+    "SyncPlan": "plan",
+    "attach": "hf",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'flashnorm_kernels' has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{module}", __name__), name)

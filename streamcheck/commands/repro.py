@@ -70,7 +70,7 @@ def _repro(backend: str, args) -> int:
 
     from ..fixtures import PROMPT, decode, encode, load_fixture_model
 
-    model = load_fixture_model(FIXTURE)  # clear errors (exit 2) if missing or corrupt
+    model = load_fixture_model(FIXTURE, root=args.fixtures)  # clear errors (exit 2) if missing or corrupt
     prompt = encode(PROMPT)
     strike = strike_policy(backend, args.seed, args.tokens)
     print(f"streamcheck repro implicit-join: backend={backend} tokens={args.tokens} seed={args.seed}")
@@ -127,6 +127,7 @@ def register(subparsers) -> None:
     p.add_argument("--backend", default="auto", help="auto (cupy with a GPU, else sim), sim or cupy")
     p.add_argument("--tokens", type=int, default=300, help="tokens to generate per run (default 300)")
     p.add_argument("--seed", type=int, default=0, help="picks the first decode step that is delayed")
+    p.add_argument("--fixtures", metavar="DIR", help="where the fixture models live (default: the repository's)")
     p.add_argument("--timeline", metavar="PNG", help="also draw the racing operations' timeline")
     p.add_argument("--trace", metavar="JSON", help="also write a Perfetto (Chrome trace) JSON of the buggy run")
     p.set_defaults(func=run)
