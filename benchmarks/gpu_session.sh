@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# One GPU session: every `gpu` test and the GPU benchmarks, logs under $OUT (or ./gpu-out).
+# Run from the repository root on a machine with an NVIDIA GPU, CuPy and torch installed.
+set -uo pipefail
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+python3 -m pip install -q --no-deps --no-build-isolation -e . >/tmp/install.log 2>&1 || echo "install failed; using PYTHONPATH"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader | tee "$OUT/gpu.txt"
+python3 -c "import cupy, torch, transformers; print('cupy', cupy.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
+step() {  # step NAME LIMIT_S COMMAND...: run with a time limit, log to $OUT/NAME.log
+  local name=$1 limit=$2; shift 2
+  echo "=== $name: $*"
+  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+  echo "=== $name: exit $?"; tail -n 25 "$OUT/$name.log"
+}
+step pytest_gpu 240 python3 -m pytest -m gpu -q -p no:cacheprovider -o addopts="" tests/
+step bench_norm_proj 100 python3 benchmarks/bench_norm_proj.py --repeats 15
+step bench_instrument 80 python3 benchmarks/bench_instrument_overhead.py --repeats 7
+step repro_gpu 100 python3 -m streamcheck.cli repro implicit-join --backend cupy --tokens 200 --timeline "$OUT/repro_gpu.png"
