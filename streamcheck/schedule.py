@@ -163,17 +163,24 @@ class Delay(Policy):
             return named and (on_stream or not self.streams)
         return on_stream
 
-    def hold(self, op, now: int) -> bool:
+    def release_at(self, op, now: int) -> Optional[int]:
+        """The host step from which a ready `op` may execute, or None if it is not held.
+        The sim asks once per operation, when it first reaches the head of its stream
+        ready to run, instead of asking `hold` again at every decision."""
         if now - op.issued_at >= self.steps or not self._targeted_op(op):
-            return False
+            return None
         k = self._occurrence.setdefault(op.trace_index, len(self._occurrence))
         if k < self.after or (k - self.after) % self.every:
-            return False
+            return None
         if op.stream_name in self.streams:
             self.matched.add(op.stream_name)
         if op.name in self.kernels:
             self.matched.add(op.name)
-        return True
+        return op.issued_at + self.steps
+
+    def hold(self, op, now: int) -> bool:
+        release = self.release_at(op, now)
+        return release is not None and now < release
 
 
 class Random(Policy):

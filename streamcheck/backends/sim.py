@@ -31,11 +31,14 @@ from ..trace import CallSite, StreamKind
 _DTYPES = {"float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool"}
 
 
+_UNKNOWN = object()
+
+
 class _Pending:
     """One operation waiting on its stream. Policies read `stream`, `stream_name`,
     `name`, `kind` ("launch", "copy", "record", "wait") and `issued_at`."""
 
-    __slots__ = ("sim", "seq", "deps", "run", "args", "name", "kind", "issued_at", "trace_index")
+    __slots__ = ("sim", "seq", "deps", "run", "args", "name", "kind", "issued_at", "trace_index", "release")
 
     def __init__(self, sim, seq, deps, run, args, name, kind, issued_at, trace_index):
         self.sim = sim
@@ -47,6 +50,7 @@ class _Pending:
         self.kind = kind
         self.issued_at = issued_at
         self.trace_index = trace_index
+        self.release = _UNKNOWN  # the policy's release_at(), asked once
 
     @property
     def stream(self) -> int:
@@ -108,8 +112,10 @@ class SimBackend:
             self.policy = make_policy(policy, seed, **params)
         self.schedule = Schedule(self.policy.describe(), self.policy.seed, name=self.policy.name,
                                  params=self.policy.params())
-        # A policy that never holds anything needs no hold check (the common, fast case).
+        # A policy that never holds anything needs no hold check (the common, fast case);
+        # one with release_at() is asked once per operation rather than at every decision.
         self._hold = self.policy.hold if type(self.policy).hold is not Policy.hold else None
+        self._release_at = getattr(self.policy, "release_at", None)
         # With nothing ready the host goes on; only a replay must be asked (it consumes the `h`).
         self._ask_when_idle = isinstance(self.policy, Replay)
         self.now = 0  # host calls so far: the unit of injected delay
@@ -231,7 +237,7 @@ class SimBackend:
         ready = []
         if not self._pending:
             return ready
-        hold = self._hold
+        hold, release_at = self._hold, self._release_at
         now = self.now
         for sim in self._order:
             queue = sim.queue
@@ -245,8 +251,16 @@ class SimBackend:
                     break
             if blocked:
                 continue
-            if hold is not None and hold(op, now) and (need is None or op.seq > need.get(sim, 0)):
-                continue
+            if hold is not None:
+                if release_at is not None:
+                    release = op.release
+                    if release is _UNKNOWN:
+                        release = op.release = release_at(op, now)
+                    held = release is not None and now < release
+                else:
+                    held = hold(op, now)
+                if held and (need is None or op.seq > need.get(sim, 0)):
+                    continue
             ready.append(sim.id)
         return ready
 
