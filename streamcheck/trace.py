@@ -17,6 +17,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional, Union
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+# Frames in these files are the recording machinery, never the user's call site.
+_INTERNAL = tuple(os.path.join(_PACKAGE_DIR, name) for name in (
+    "trace.py", "hb.py", "device.py", "schedule.py", "instrument.py", "backends" + os.sep))
 
 
 class StreamKind(str, enum.Enum):
@@ -63,7 +66,7 @@ def caller_site(depth_limit: int = 40) -> CallSite:
         if frame is None:
             break
         filename = frame.f_code.co_filename
-        if not os.path.abspath(filename).startswith(_PACKAGE_DIR + os.sep):
+        if not os.path.abspath(filename).startswith(_INTERNAL):
             return CallSite(filename, frame.f_lineno, frame.f_code.co_name)
         frame = frame.f_back
     return UNKNOWN_SITE
