@@ -48,7 +48,9 @@ def _check_names(policy: str, what: str, value) -> frozenset:
 
 
 class Policy:
-    """Base: eager. Subclasses override `choose` (and `hold` to inject delays).
+    """Base: eager. Subclasses override `choose`, and `hold` to inject delays (a policy
+    whose delays end at a fixed step can also define `release_at(op, now)`, which the
+    sim asks once per operation instead of asking `hold` at every decision).
 
     `choose(ready, host_may_continue)` gets the ids of streams whose next operation
     may execute now, in stream creation order, and returns one of them or HOST
