@@ -20,7 +20,8 @@ SETUP, *EXAMPLES = blocks(RULES, "python")
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[f"example{i}" for i in range(len(EXAMPLES))])
-def test_cuda_rules_examples_report_what_their_comments_say(example):
+def test_cuda_rules_examples_report_what_their_comments_say(example, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # examples may write files (a Perfetto trace, a PNG)
     namespace = {"__name__": "example"}
     exec(compile(SETUP + example, str(RULES), "exec"), namespace)
     said = set(re.findall(r"#.*?\b(RAW|WAR|WAW|FREE) race", example))
