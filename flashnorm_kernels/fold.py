@@ -124,23 +124,17 @@ def flashify(model):
             "folding twice is refused. Use the model as it is."
         )
 
-    decoder = _submodule(model, layout.decoder, model_type)
     folds = []  # (name, norm, [(name, linear)]) — collected and checked before any weight changes
-    for i, layer in enumerate(_attr(decoder, "layers", layout.decoder, model_type)):
-        prefix = f"{layout.decoder}.layers.{i}"
-        for norm_name, proj_names in layout.folds.items():
-            norm = _attr(layer, norm_name, prefix, model_type)
-            projs = [(f"{prefix}.{p}", _submodule(layer, p, model_type, prefix)) for p in proj_names]
-            folds.append((f"{prefix}.{norm_name}", norm, projs))
-    final_norm = _attr(decoder, "norm", layout.decoder, model_type)
-    folds.append((f"{layout.decoder}.norm", final_norm, [("lm_head", _attr(model, "lm_head", "", model_type))]))
+    for norm_path, proj_paths in norm_groups(model):
+        norm = _submodule(model, norm_path, model_type)
+        folds.append((norm_path, norm, [(p, _submodule(model, p, model_type)) for p in proj_paths]))
     for norm_name, norm, projs in folds:
         _check_fold(norm_name, norm, projs, layout.gain, model_type)
 
     untied = _untie_lm_head(model)
     with torch.no_grad():
         for _, norm, projs in folds:
-            gain = _gain(norm, layout.gain)
+            gain = norm_gain(norm, layout.gain)
             for _, linear in projs:
                 _scale_columns(linear.weight, gain)
             norm.weight.fill_(_IDENTITY[layout.gain])
@@ -155,7 +149,23 @@ def flashify(model):
     return model
 
 
-def _gain(norm, gain_style: str) -> torch.Tensor:
+def norm_groups(model) -> list:
+    """[(norm path, [paths of the projections it feeds])] for every foldable norm of a CausalLM, in layer
+    order, the final norm (→ lm_head) last. The one place that walks LAYOUTS over a model."""
+    config = model.config
+    model_type = getattr(config, "model_type", None)
+    layout = layout_for(model_type)
+    decoder = _submodule(model, layout.decoder, model_type)
+    groups = []
+    for i, _ in enumerate(_attr(decoder, "layers", layout.decoder, model_type)):
+        prefix = f"{layout.decoder}.layers.{i}"
+        for norm_name, proj_names in layout.folds.items():
+            groups.append((f"{prefix}.{norm_name}", [f"{prefix}.{p}" for p in proj_names]))
+    groups.append((f"{layout.decoder}.norm", ["lm_head"]))
+    return groups
+
+
+def norm_gain(norm, gain_style: str) -> torch.Tensor:
     w = norm.weight.detach()
     cdt = torch.promote_types(w.dtype, torch.float32)
     return w.to(cdt) + 1.0 if gain_style == GAIN_ONE_PLUS_WEIGHT else w.to(cdt)
@@ -215,7 +225,7 @@ def _check_gain_style(norm_name, norm, gain_style, model_type) -> None:
     with torch.no_grad():
         actual = norm(x.to(device=weight.device, dtype=weight.dtype)).to(torch.float64).cpu()
     xd = x.to(weight.dtype).to(torch.float64)
-    expected = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True)) * _gain(norm, gain_style).to(torch.float64).cpu()
+    expected = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True)) * norm_gain(norm, gain_style).to(torch.float64).cpu()
     tol = 1e-3 if weight.dtype in (torch.float32, torch.float64) else 3e-2
     scale = max(expected.abs().max().item(), 1e-6)
     if not torch.allclose(actual, expected, rtol=tol, atol=tol * scale):

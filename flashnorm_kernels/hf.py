@@ -22,7 +22,7 @@ import torch
 
 from streamcheck.device import Device, Stream
 
-from .fold import GAIN_ONE_PLUS_WEIGHT, layout_for
+from .fold import layout_for, norm_gain, norm_groups
 from .pipeline import DeferredNormProjection
 from .plan import SyncPlan
 
@@ -47,10 +47,8 @@ class _Group:
 
     def __init__(self, name: str, norm, linears, gain_style: str, devices, plan: SyncPlan,
                  callers, max_tokens: int, dtype: str):
-        with torch.no_grad():
-            gain = norm.weight.detach().double()
-            if gain_style == GAIN_ONE_PLUS_WEIGHT:
-                gain = 1.0 + gain
+        with torch.no_grad():  # W* = W·g, as flashify folds it, without touching the model
+            gain = norm_gain(norm, gain_style).double()
             weights = [(lin.weight.detach().double() * gain[None, :]).float().numpy() for lin in linears]
         self.name = name
         self.biases = [lin.bias.detach().clone() if lin.bias is not None else None for lin in linears]
@@ -157,19 +155,6 @@ class Attachment:
         self.detach()
 
 
-def norm_groups(model) -> tuple:
-    """([(norm path, [projection paths])], gain style) for every foldable norm of `model`, final norm last."""
-    layout = layout_for(getattr(model.config, "model_type", None))
-    decoder = model.get_submodule(layout.decoder)
-    groups = []
-    for i, _ in enumerate(decoder.layers):
-        prefix = f"{layout.decoder}.layers.{i}"
-        for norm_name, projs in layout.folds.items():
-            groups.append((f"{prefix}.{norm_name}", [f"{prefix}.{p}" for p in projs]))
-    groups.append((f"{layout.decoder}.norm", ["lm_head"]))
-    return groups, layout.gain
-
-
 def attach(model, devices, plan: Optional[SyncPlan] = None, *, max_tokens: int = 256,
            dtype: str = "float32") -> Attachment:
     """Route every norm → projection group of `model` through the dual-stream pipeline.
@@ -182,9 +167,9 @@ def attach(model, devices, plan: Optional[SyncPlan] = None, *, max_tokens: int =
     plan = SyncPlan.correct() if plan is None else plan
     callers = [d.legacy if plan.caller_kind == "legacy" else d.stream("caller", kind=plan.caller_kind)
                for d in devices]
-    specs, gain_style = norm_groups(model)
+    gain_style = layout_for(getattr(model.config, "model_type", None)).gain
     groups, originals = [], {}
-    for norm_path, proj_paths in specs:
+    for norm_path, proj_paths in norm_groups(model):
         norm = model.get_submodule(norm_path)
         linears = [model.get_submodule(p) for p in proj_paths]
         name = norm_path.split(".", 1)[1] if "." in norm_path else norm_path  # "layers.0.input_layernorm"
