@@ -94,3 +94,17 @@ def test_bad_generation_arguments(model):
         run_generation(model, PROMPT_IDS, 0, SyncPlan.correct())
     with pytest.raises(ValueError, match="devices"):
         attach(model, [], SyncPlan.correct())
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "phi3", "qwen2"])
+def test_attach_routes_other_layouts_through_the_pipeline(arch):
+    # Gemma's 1 + w gain and pre_feedforward_layernorm, Phi-3's fused projections, Qwen2's q/k/v biases.
+    from tests.test_fold import tiny_model
+
+    model = tiny_model(arch)
+    ids = torch.tensor([[5, 17, 42, 7, 99, 3]])
+    with torch.no_grad():
+        want = model(ids).logits
+        with attach(model, Device("sim", policy="random", seed=1), SyncPlan.correct()):
+            got = model(ids).logits
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
