@@ -480,19 +480,19 @@ def run_schedules(request, streamcheck_seed):
         if first_wrong is not None:
             spec, schedule, diff, device = first_wrong
             found.replay = replay_command(config, item.nodeid, spec)
-            _write_trace(config, item.nodeid, device)
+            written = _trace_note(_write_trace(config, item.nodeid, device))
             raise ScheduleFailure(_failure_text(
                 f"schedule {spec.label} gave values that differ from the sequential reference "
                 f"({wrong} of {len(results)} schedules wrong)",
-                spec, schedule, diff, device.report() if check_mode != "off" else "", found.replay))
+                spec, schedule, diff, (device.report() if check_mode != "off" else "") + written, found.replay))
         if races and check_mode == "on":
             spec = results[0].spec
             found.replay = replay_command(config, item.nodeid, spec)
-            _write_trace(config, item.nodeid, ref_device)
+            written = _trace_note(_write_trace(config, item.nodeid, ref_device))
             raise ScheduleFailure(_failure_text(
                 f"the happens-before checker found {len(races)} race{'s' if len(races) != 1 else ''}; "
                 f"values matched the reference in all {len(results)} schedules (the race has not struck yet)",
-                spec, results[0].schedule, None, _format_races(races), found.replay))
+                spec, results[0].schedule, None, _format_races(races) + written, found.replay))
         return outcome
 
     return run
@@ -617,6 +617,14 @@ def _write_trace(config, nodeid: str, device) -> Optional[str]:
     return out
 
 
+def _trace_note(out: Optional[str]) -> str:
+    """The line a failure message gets when --streamcheck-trace-dir wrote files."""
+    if not out:
+        return ""
+    return (f"\n  trace files: {out}/ (perfetto.json for ui.perfetto.dev, timeline.png, trace.json, "
+            "report.txt)")
+
+
 # --- reporting ----------------------------------------------------------------------------
 
 
@@ -643,7 +651,9 @@ def pytest_runtest_makereport(item, call):
             "(streamcheck_device: values are the test's to check)",
             found.spec, describe_schedule(found.spec, device), None, _format_races(races), found.replay)
     if device is not None and report.failed:
-        _write_trace(item.config, item.nodeid, device)
+        written = _write_trace(item.config, item.nodeid, device)
+        if written:
+            report.sections.append(("streamcheck trace", _trace_note(written).strip()))
     report.user_properties.append(("streamcheck", {
         "races": len(races), "schedules": found.schedules, "wrong": found.wrong,
         "kinds": sorted({f"{r.kind} on {r.buffer}" for r in races}),

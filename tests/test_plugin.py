@@ -229,6 +229,7 @@ def test_trace_dir_gets_the_failing_runs_trace(pytester, tmp_path):
     result = _run(pytester, tmp_path, "--streamcheck-seed=7", "--streamcheck-trace-dir=traces")
     result.assert_outcomes(failed=1)
     out = pytester.path / "traces" / "test_racy.py_test_racy"
+    result.stdout.fnmatch_lines([f"*trace files: {out}/ (perfetto.json for ui.perfetto.dev, timeline.png*"])
     ops = json.loads((out / "trace.json").read_text())
     assert [op["name"] for op in ops if op["op"] == "Launch"] == ["produce", "consume"]
     report = (out / "report.txt").read_text()
