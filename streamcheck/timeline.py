@@ -46,13 +46,15 @@ def render_timeline(source, path, title: Optional[str] = None, *, window=None, d
     lanes = [lane for lane in model.lanes if any(s.lane == lane.key for s in shown.values())] or list(model.lanes)
     row = {lane.key: len(lanes) - 1 - n for n, lane in enumerate(lanes)}  # first lane on top
 
-    width = min(max(8.0, _LABEL_IN + 0.3 + _BOX_IN * (x1 - x0) * _units_per_box(model)), _MAX_IN)
+    # Room for the longest lane name (about 0.085 in per character at the label font size).
+    label_in = max(_LABEL_IN, 0.3 + 0.085 * max(len(lane.label) for lane in lanes))
+    width = min(max(8.0, label_in + 0.3 + _BOX_IN * (x1 - x0) * _units_per_box(model)), _MAX_IN + label_in - _LABEL_IN)
     footer_lines = _footer(model, int(width * 72 * 0.97 / (0.6 * 8)))
     height = 1.5 + 0.8 * len(lanes) + 0.22 * len(footer_lines)
     fig = Figure(figsize=(width, height), dpi=dpi)
     FigureCanvasAgg(fig)
     bottom = (0.55 + 0.22 * len(footer_lines)) / height
-    fig.subplots_adjust(left=_LABEL_IN / width, right=1 - 0.3 / width, top=1 - 0.85 / height, bottom=bottom)
+    fig.subplots_adjust(left=label_in / width, right=1 - 0.3 / width, top=1 - 0.85 / height, bottom=bottom)
     ax = fig.add_subplot(1, 1, 1)
     ax.set_xlim(x0, x1)
     ax.set_ylim(-0.6, len(lanes) - 0.4)
@@ -64,7 +66,7 @@ def render_timeline(source, path, title: Optional[str] = None, *, window=None, d
         ax.axhline(y, color="#eeeeee", zorder=0, linewidth=8)
     for spine in ("top", "right", "left"):
         ax.spines[spine].set_visible(False)
-    px_per_unit = (width * (1 - (_LABEL_IN + 0.3) / width)) * dpi / max(x1 - x0, 1e-9)
+    px_per_unit = (width * (1 - (label_in + 0.3) / width)) * dpi / max(x1 - x0, 1e-9)
 
     if model.clock == MICROSECONDS:
         ax.ticklabel_format(axis="x", style="plain", useOffset=False)
