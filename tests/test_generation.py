@@ -108,3 +108,44 @@ def test_attach_routes_other_layouts_through_the_pipeline(arch):
         with attach(model, Device("sim", policy="random", seed=1), SyncPlan.correct()):
             got = model(ids).logits
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+class _Unscaled(torch.nn.Module):
+    """A projection fed the *un-normalised* hidden state (gain kept): Prop 3's cancelled pre-norm."""
+
+    def __init__(self, linear, norm, captured):
+        super().__init__()
+        self.linear, self.norm, self.captured = linear, norm, captured
+
+    def forward(self, normed):
+        return self.linear(self.norm.weight * self.captured["x"])  # W·(g ⊙ x): no 1/RMS(x)
+
+
+def test_qk_norm_fixture_keeps_its_text_with_q_and_k_prescale_cancelled():
+    from flashnorm_kernels.cancel import cancellable_projections
+
+    model = load_fixture_model("tiny_qwen3_zen")
+    plan = cancellable_projections(model)
+    assert plan.skip_prescale == ("q_proj", "k_proj") and plan.keep_prescale == ("v_proj",)
+    reference = bytes(run_generation(model, PROMPT_IDS, 256, SyncPlan.correct()).tokens)
+    originals, hooks = [], []
+    for layer in model.model.layers:
+        captured = {}
+        hooks.append(layer.input_layernorm.register_forward_pre_hook(
+            lambda mod, args, captured=captured: captured.__setitem__("x", args[0])))
+        for name in plan.skip_prescale:  # q_norm / k_norm re-normalise: the 1/RMS(x) scale cancels
+            linear = getattr(layer.self_attn, name)
+            originals.append((layer.self_attn, name, linear))
+            setattr(layer.self_attn, name, _Unscaled(linear, layer.input_layernorm, captured))
+    try:
+        with torch.no_grad():
+            ids = torch.tensor([PROMPT_IDS])
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                 max_new_tokens=256, min_new_tokens=256)
+    finally:
+        for owner, name, linear in originals:
+            setattr(owner, name, linear)
+        for hook in hooks:
+            hook.remove()
+    # Exact only without ε (the bound is in docs/flashnorm.md); with ε = 1e-5 the text still holds.
+    assert bytes(out[0, len(PROMPT_IDS):].tolist()) == reference == expected_continuation(len(PROMPT_IDS), 256)
