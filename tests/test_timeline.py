@@ -13,37 +13,13 @@ from streamcheck.timeline import render_timeline  # noqa: E402
 
 
 
-def matmul(x, w, y):
-    y[...] = x @ w.T
-
-
-def rms(x, r):
-    r[...] = 1.0 / np.sqrt((x * x).mean(axis=-1, keepdims=True))
-
-
-def postscale(y, r, out):
-    out[...] = y * r
+from tests.test_export import implicit_join as _implicit_join, matmul, postscale, rms  # noqa: E402  (one home)
 
 
 def implicit_join(post="C", steps=8, join=False):
-    """matmul on A writes Y; rms on B; post-scale waits on B only and reads Y (the bug),
-    or on both (`join=True`, the fix). Stream A runs late by `steps` host calls."""
-    dev = Device("sim", policy="delay", streams=["A"], steps=steps)
-    x = dev.alloc((1, 8), name="x", fill=1.0)
-    w = dev.alloc((8, 8), name="W", fill=0.5)
-    y = dev.alloc((1, 8), name="Y", fill=0.0)
-    r = dev.alloc((1, 1), name="r", fill=0.0)
-    out = dev.alloc((1, 8), name="out", fill=0.0)
-    a, b = dev.stream("A"), dev.stream("B")
-    c = dev.legacy if post == "legacy" else dev.stream("C")
-    dev.launch(matmul, (x, w, y), stream=a, reads=[x, w], writes=[y])
-    dev.launch(rms, (x, r), stream=b, reads=[x], writes=[r])
-    c.wait_event(b.record(dev.event("rms_done")))
-    if join:
-        c.wait_event(a.record(dev.event("mm_done")))
-    dev.launch(postscale, (y, r, out), stream=c, reads=[y, r], writes=[out])
-    dev.synchronize()
-    return dev, dev.host_read(out)
+    """The export tests' implicit-join program, with stream A held back longer for the picture."""
+    return _implicit_join(post, steps, join)
+
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 RED = np.array([215, 25, 28]) / 255  # the race colour
