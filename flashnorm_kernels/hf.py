@@ -20,7 +20,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from streamcheck.device import Device, Stream
+from streamcheck.device import Device
 
 from .fold import layout_for, norm_gain, norm_groups
 from .pipeline import DeferredNormProjection

@@ -27,7 +27,7 @@ import numpy as np
 
 from . import trace as T
 from .hb import Checker, format_report
-from .trace import CallSite, Range, StreamKind, caller_site
+from .trace import CallSite, Range, StreamKind
 
 
 class DeviceError(RuntimeError):
