@@ -39,7 +39,7 @@ def main() -> None:
     model = load_fixture_model("tiny_llama_zen")
     ids = encode(PROMPT)
     n = args.tokens
-    strike = strike_policy("sim", 0, n)
+    strike = strike_policy("sim", 0)
 
     def plain():
         with torch.no_grad():

@@ -47,7 +47,7 @@ def test_implicit_join_hides_under_eager_but_is_flagged_on_the_first_step(model,
 @pytest.mark.parametrize("seed", [0, 5, 11])
 def test_delay_makes_it_strike_with_a_one_step_lag(model, reference, seed):
     result = check_generation(model, PROMPT_IDS, 96, SyncPlan.implicit_join(), policy="delay", seed=seed,
-                              reference=reference, **strike_policy("sim", seed, 96))
+                              reference=reference, **strike_policy("sim", seed))
     comparison = result.comparison
     assert not comparison.matches
     assert comparison.first_divergence < 32
@@ -58,7 +58,7 @@ def test_delay_makes_it_strike_with_a_one_step_lag(model, reference, seed):
 
 def test_correct_plan_survives_the_same_delay(model, reference):
     result = check_generation(model, PROMPT_IDS, 96, SyncPlan.correct(), policy="delay", seed=0,
-                              reference=reference, **strike_policy("sim", 0, 96))
+                              reference=reference, **strike_policy("sim", 0))
     assert result.comparison.matches, result.message(decode)
     assert result.candidate.races == []
 
@@ -72,7 +72,7 @@ def test_correct_plan_1024_tokens_match_under_every_policy(model, policy):
 
 
 def test_lockstep_reports_a_schedule_that_computes_other_values(model):
-    strike = strike_policy("sim", 0, 32)
+    strike = strike_policy("sim", 0)
     with pytest.raises(LockstepMismatch, match=r"layers\.0\.input_layernorm step \d+.*delay"):
         run_lockstep(model, PROMPT_IDS, 32, SyncPlan.implicit_join(), [("delay", 0, strike)])
 

@@ -36,7 +36,7 @@ def test_implicit_join_hides_without_delay_but_is_flagged(model, reference):
 @pytest.mark.parametrize("seed", [0, 7])
 def test_spin_delay_makes_it_strike_with_a_one_step_lag(model, reference, seed):
     result = check_generation(model, PROMPT_IDS, 96, SyncPlan.implicit_join(), backend="cupy", policy="delay",
-                              seed=seed, reference=reference, **strike_policy("cupy", seed, 96))
+                              seed=seed, reference=reference, **strike_policy("cupy", seed))
     assert not result.comparison.matches
     assert result.comparison.first_divergence < 32
     assert result.comparison.lag1_share > 0.5, result.message(decode)
@@ -44,6 +44,6 @@ def test_spin_delay_makes_it_strike_with_a_one_step_lag(model, reference, seed):
 
 def test_correct_plan_survives_the_spin_delay(model, reference):
     result = check_generation(model, PROMPT_IDS, 96, SyncPlan.correct(), backend="cupy", policy="delay", seed=0,
-                              reference=reference, **strike_policy("cupy", 0, 96))
+                              reference=reference, **strike_policy("cupy", 0))
     assert result.comparison.matches, result.message(decode)
     assert result.candidate.races == []

@@ -20,7 +20,7 @@ TARGET_STREAM = "layers.0.input_layernorm.A"
 STRIKE_EVERY = 97  # decode steps between injected delays
 
 
-def strike_policy(backend: str, seed: int, tokens: int) -> dict:
+def strike_policy(backend: str, seed: int) -> dict:
     """The delay that makes the implicit join strike: which launches, when, how long."""
     first = 4 + seed % 24  # within the first 32 tokens, chosen by the seed
     params = dict(streams=[TARGET_STREAM], kernels=["matmul"], after=first, every=STRIKE_EVERY)
@@ -72,7 +72,7 @@ def _repro(backend: str, args) -> int:
 
     model = load_fixture_model(FIXTURE, root=args.fixtures)  # clear errors (exit 2) if missing or corrupt
     prompt = encode(PROMPT)
-    strike = strike_policy(backend, args.seed, args.tokens)
+    strike = strike_policy(backend, args.seed)
     print(f"streamcheck repro implicit-join: backend={backend} tokens={args.tokens} seed={args.seed}")
     print(f"model: fixtures/{FIXTURE} (byte-level Llama reciting the Zen of Python); prompt {PROMPT!r}")
     print(f"delay: matmul on {TARGET_STREAM} held back at decode step {strike['after']} and every "
