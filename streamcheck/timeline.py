@@ -47,7 +47,7 @@ def render_timeline(source, path, title: Optional[str] = None, *, window=None, d
     row = {lane.key: len(lanes) - 1 - n for n, lane in enumerate(lanes)}  # first lane on top
 
     # Room for the longest lane name (about 0.085 in per character at the label font size).
-    label_in = max(_LABEL_IN, 0.3 + 0.085 * max(len(lane.label) for lane in lanes))
+    label_in = max(_LABEL_IN, 0.3 + 0.085 * max((len(lane.label) for lane in lanes), default=0))
     width = min(max(8.0, label_in + 0.3 + _BOX_IN * (x1 - x0) * _units_per_box(model)), _MAX_IN + label_in - _LABEL_IN)
     footer_lines = _footer(model, int(width * 72 * 0.97 / (0.6 * 8)))
     height = 1.5 + 0.8 * len(lanes) + 0.22 * len(footer_lines)
