@@ -18,8 +18,6 @@ and the user's line; it is never deferred to when the work happens to execute.
 """
 from __future__ import annotations
 
-import os
-import sys
 import threading
 from typing import Any, Iterable, Optional, Sequence
 
@@ -27,7 +25,7 @@ import numpy as np
 
 from . import trace as T
 from .hb import Checker, format_report
-from .trace import CallSite, Range, StreamKind
+from .trace import CallSite, Range, StreamKind, caller_site
 
 
 class DeviceError(RuntimeError):
@@ -37,35 +35,6 @@ class DeviceError(RuntimeError):
 class KernelError(RuntimeError):
     """A kernel raised while executing; names the launch call site (a GPU reports it later).
     Attributes: `kernel` (name), `launch_site` (CallSite), `stream` (name)."""
-
-
-# --- call sites -------------------------------------------------------------------------------
-# trace.caller_site() walks frames and normalises every file name; once per device call
-# that is most of the cost of a trivial launch. Same rule here, cached per file and per line.
-_INTERNAL_PREFIXES = getattr(T, "_INTERNAL", (T._PACKAGE_DIR + os.sep,))
-_internal_file: dict = {}
-_sites: dict = {}
-
-
-def _site() -> CallSite:
-    """The user's call site: the first frame outside the recording machinery (as trace.caller_site)."""
-    frame = sys._getframe(1)
-    internal = _internal_file
-    for _ in range(40):
-        if frame is None:
-            break
-        code = frame.f_code
-        inside = internal.get(code.co_filename)
-        if inside is None:
-            inside = internal[code.co_filename] = os.path.abspath(code.co_filename).startswith(_INTERNAL_PREFIXES)
-        if not inside:
-            key = (code, frame.f_lineno)
-            site = _sites.get(key)
-            if site is None:
-                site = _sites[key] = CallSite(code.co_filename, frame.f_lineno, code.co_name)
-            return site
-        frame = frame.f_back
-    return T.UNKNOWN_SITE
 
 
 class Buffer:
@@ -108,7 +77,7 @@ class Region:
 
     def __getitem__(self, index) -> "Region":
         if not isinstance(index, slice) or index.step not in (None, 1):
-            raise DeviceError(f"{self!r}[{index!r}] at {_site()}: only contiguous first-axis slices (a:b) are "
+            raise DeviceError(f"{self!r}[{index!r}] at {caller_site()}: only contiguous first-axis slices (a:b) are "
                               "regions; index the array inside the kernel instead")
         start, stop, _ = index.indices(self.stop - self.start)
         return Region(self.buffer, self.start + start, self.start + max(start, stop))
@@ -162,18 +131,18 @@ class Stream:
 
     def record(self, event: Optional["Event"] = None) -> "Event":
         """Record `event` (a new one if None) on this stream and return it."""
-        site = _site()
+        site = caller_site()
         event = event if event is not None else self.device._new_event("", site)
         self.device._record_event(event, self, site)
         return event
 
     def wait_event(self, event: "Event") -> None:
         """Order later work on this stream after the work `event` captured *now*."""
-        self.device._wait(self, event, _site())
+        self.device._wait(self, event, caller_site())
 
     def synchronize(self) -> None:
         """Block the host until everything issued to this stream so far has executed."""
-        self.device._sync_stream(self, _site())
+        self.device._sync_stream(self, caller_site())
 
     def __repr__(self) -> str:
         return f"Stream({self.name!r}, {self.kind.value})"
@@ -189,15 +158,15 @@ class Event:
 
     def record(self, stream: Optional[Stream] = None) -> "Event":
         """Capture the work issued to `stream` (the legacy stream if None) so far."""
-        self.device._record_event(self, stream, _site())
+        self.device._record_event(self, stream, caller_site())
         return self
 
     def synchronize(self) -> None:
         """Block the host until the captured work has executed (at once if never recorded)."""
-        self.device._sync_event(self, _site())
+        self.device._sync_event(self, caller_site())
 
     def destroy(self) -> None:
-        self.device._destroy_event(self, _site())
+        self.device._destroy_event(self, caller_site())
 
     def __repr__(self) -> str:
         return f"Event({self.name!r})"
@@ -209,7 +178,7 @@ class Device:
     def __init__(self, backend="sim", *, check: bool = True, policy="eager", seed: int = 0, **policy_params):
         from .backends import make_backend  # late: cupy is imported only if asked for
 
-        site = _site()
+        site = caller_site()
         if not isinstance(check, bool):
             raise DeviceError(f"Device() at {site}: check must be True or False, got {check!r}")
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
@@ -231,7 +200,7 @@ class Device:
         if tid is None:
             # A thread we did not see start: unordered with everything (conservative).
             tid = self._threads[threading.get_ident()] = len(self._threads)
-            self._record(T.ThreadStart(tid, _site(), parent=None))
+            self._record(T.ThreadStart(tid, caller_site(), parent=None))
         return tid
 
     def _record(self, op: T.Op) -> None:
@@ -308,7 +277,7 @@ class Device:
     def stream(self, name: str = "", kind="non_blocking", priority: int = 0) -> Stream:
         """A new stream. `kind`: non_blocking (default, cudaStreamNonBlocking) or blocking
         (cudaStreamDefault: synchronizes with the legacy default stream)."""
-        site = _site()
+        site = caller_site()
         name = self._name(name, "stream()", site)
         try:
             kind = StreamKind.parse(kind)
@@ -323,7 +292,7 @@ class Device:
 
     def per_thread_stream(self) -> Stream:
         """The calling thread's per-thread default stream (cudaStreamPerThread)."""
-        site = _site()
+        site = caller_site()
         with self._lock:
             tid = self._thread_id()
             if tid not in self._per_thread:
@@ -331,7 +300,7 @@ class Device:
             return self._per_thread[tid]
 
     def event(self, name: str = "") -> Event:
-        site = _site()
+        site = caller_site()
         return self._new_event(self._name(name, "event()", site), site)
 
     def _new_event(self, name: str, site: CallSite) -> Event:
@@ -345,7 +314,7 @@ class Device:
 
     def alloc(self, shape, dtype="float32", name: str = "", fill=None) -> Buffer:
         """Allocate device memory. Contents are garbage (NaN in the sim) unless `fill` is given."""
-        site = _site()
+        site = caller_site()
         name = self._name(name, "alloc", site)
         if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
             shape = (shape,)
@@ -381,7 +350,7 @@ class Device:
 
     def free(self, buffer: Buffer, stream: Optional[Stream] = None) -> None:
         """Give memory back. With a stream, the free is ordered on it (as CuPy's pool does)."""
-        site = _site()
+        site = caller_site()
         if not isinstance(buffer, Buffer):
             raise DeviceError(f"free at {site}: expected a Buffer, got {_type_name(buffer)}")
         region = self._region(buffer, "free", site)
@@ -399,7 +368,7 @@ class Device:
                reads: Iterable = (), writes: Iterable = (), name: str = "") -> None:
         """Enqueue `kernel(*args)` on `stream`. Buffers/Regions in args become backend arrays.
         Every buffer argument must appear in `reads` or `writes`: undeclared accesses are unchecked."""
-        site = _site()
+        site = caller_site()
         if not name:
             name = getattr(kernel, "__name__", None) or _type_name(kernel)
         elif not isinstance(name, str):
@@ -436,7 +405,7 @@ class Device:
 
     def copy(self, dst, src, stream: Optional[Stream] = None) -> None:
         """Async device-to-device copy of bytes on `stream` (cudaMemcpyAsync)."""
-        site = _site()
+        site = caller_site()
         stream = self._stream_or_default(stream, "copy", site)
         dst = self._region(dst, "copy dst", site)
         src = self._region(src, "copy src", site)
@@ -455,7 +424,7 @@ class Device:
     def upload(self, dst, host_array, stream: Optional[Stream] = None) -> None:
         """Async host-to-device copy on `stream` (the host array must stay alive and unchanged:
         it is read when the copy executes)."""
-        site = _site()
+        site = caller_site()
         stream = self._stream_or_default(stream, "upload", site)
         dst = self._region(dst, "upload dst", site)
         host_array = np.asarray(host_array)
@@ -474,7 +443,7 @@ class Device:
 
     def download(self, src, stream: Optional[Stream] = None) -> np.ndarray:
         """Async device-to-host copy on `stream`; the returned array is valid after a sync."""
-        site = _site()
+        site = caller_site()
         stream = self._stream_or_default(stream, "download", site)
         src = self._region(src, "download src", site)
         with self._lock:
@@ -486,7 +455,7 @@ class Device:
 
     def host_read(self, region) -> np.ndarray:
         """Read device memory from the host *now*, with no synchronization."""
-        return self._host_read(region, _site())
+        return self._host_read(region, caller_site())
 
     def _host_read(self, region, site: CallSite) -> np.ndarray:
         region = self._region(region, "host_read", site)
@@ -498,7 +467,7 @@ class Device:
 
     def host_write(self, region, value) -> None:
         """Write device memory from the host *now*, with no synchronization."""
-        site = _site()
+        site = caller_site()
         region = self._region(region, "host_write", site)
         if region.buffer.storage is not None:
             shape = region.array().shape
@@ -514,7 +483,7 @@ class Device:
 
     def get(self, region, stream: Optional[Stream] = None) -> np.ndarray:
         """Like CuPy's ndarray.get(): synchronize `stream` (the legacy stream if None) only, then read."""
-        site = _site()
+        site = caller_site()
         self._region(region, "get", site)
         stream = self._stream_or_default(stream, "get", site)
         self._sync_stream(stream, site)
@@ -522,7 +491,7 @@ class Device:
 
     def synchronize(self) -> None:
         """Block the host until all work issued so far, on every stream, has executed."""
-        site = _site()
+        site = caller_site()
         with self._lock:
             self._record(T.DeviceSync(self._thread_id(), site))
             self.backend.sync_device(site)
@@ -530,7 +499,7 @@ class Device:
 
     def note_implicit_sync(self, reason: str) -> None:
         """Record something that looks like a sync but is not one (see trace.ImplicitSync)."""
-        site = _site()
+        site = caller_site()
         if not isinstance(reason, str):
             raise DeviceError(f"note_implicit_sync at {site}: reason must be a string, got {reason!r}")
         with self._lock:
@@ -540,7 +509,7 @@ class Device:
     def thread(self, target, args: Sequence = ()) -> "DeviceThread":
         """A host thread whose start and join are ordered for the checker (as threading promises)."""
         if not callable(target):
-            raise DeviceError(f"thread at {_site()}: target must be callable, got {_type_name(target)}")
+            raise DeviceError(f"thread at {caller_site()}: target must be callable, got {_type_name(target)}")
         return DeviceThread(self, target, tuple(args))
 
     # --- called by Stream / Event -------------------------------------------------------
@@ -593,7 +562,7 @@ class DeviceThread(threading.Thread):
 
     def start(self) -> None:
         dev = self._device
-        site = _site()
+        site = caller_site()
         with dev._lock:
             parent = dev._thread_id()
             self._tid = len(dev._threads)
@@ -609,7 +578,7 @@ class DeviceThread(threading.Thread):
         super().run()
 
     def join(self, timeout=None) -> None:
-        site = _site()
+        site = caller_site()
         super().join(timeout)
         if self.is_alive():
             return  # timed out: the child's work is not ordered before anything yet

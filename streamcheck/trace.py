@@ -59,15 +59,28 @@ class CallSite:
 UNKNOWN_SITE = CallSite("<unknown>", 0)
 
 
+_internal_file: dict = {}  # file name -> whether it is recording machinery
+_sites: dict = {}  # (code, line) -> CallSite: a device call site repeats on every step
+
+
 def caller_site(depth_limit: int = 40) -> CallSite:
-    """The first frame outside the streamcheck package: the user's line that issued the call."""
+    """The first frame outside the recording machinery: the user's line that issued the call.
+    Runs once per recorded operation, so file checks and sites are cached."""
     frame = sys._getframe(1)
+    internal = _internal_file
     for _ in range(depth_limit):
         if frame is None:
             break
-        filename = frame.f_code.co_filename
-        if not os.path.abspath(filename).startswith(_INTERNAL):
-            return CallSite(filename, frame.f_lineno, frame.f_code.co_name)
+        code = frame.f_code
+        inside = internal.get(code.co_filename)
+        if inside is None:
+            inside = internal[code.co_filename] = os.path.abspath(code.co_filename).startswith(_INTERNAL)
+        if not inside:
+            key = (code, frame.f_lineno)
+            site = _sites.get(key)
+            if site is None:
+                site = _sites[key] = CallSite(code.co_filename, frame.f_lineno, code.co_name)
+            return site
         frame = frame.f_back
     return UNKNOWN_SITE
 
