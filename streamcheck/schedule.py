@@ -35,6 +35,28 @@ def _check_int(policy: str, what: str, value, minimum: int) -> int:
     return value
 
 
+def check_strike_pattern(after, every) -> tuple:
+    """Validate a delay's `after`/`every` (shared by the sim and the cupy backend)."""
+    return _check_int("delay", "after", after, 0), _check_int("delay", "every", every, 1)
+
+
+def strikes(k: int, after: int, every: int) -> bool:
+    """Whether the k-th targeted operation (from 0) is delayed: the after-th and every every-th after it."""
+    return k >= after and (k - after) % every == 0
+
+
+def describe_delay(amount: str, streams, kernels, after: int, every: int) -> str:
+    """`delay(steps=8, streams=A, kernels=matmul, after=4, every=97)`, the same on both backends."""
+    parts = [amount]
+    if streams:
+        parts.append("streams=" + "+".join(sorted(streams)))
+    if kernels:
+        parts.append("kernels=" + "+".join(sorted(kernels)))
+    if after or every != 1:
+        parts.append(f"after={after}, every={every}")
+    return f"delay({', '.join(parts)})"
+
+
 def _check_names(policy: str, what: str, value) -> frozenset:
     names = (value,) if isinstance(value, str) else value
     try:
@@ -115,21 +137,13 @@ class Delay(Policy):
         self.steps = _check_int("delay", "steps", steps, 0)
         self.streams = _check_names("delay", "streams", streams)
         self.kernels = _check_names("delay", "kernels", kernels)
-        self.after = _check_int("delay", "after", after, 0)
-        self.every = _check_int("delay", "every", every, 1)
+        self.after, self.every = check_strike_pattern(after, every)
         self._occurrence: dict[int, int] = {}  # trace index -> how many targeted ops came before
         self._targeted: dict[str, bool] = {}  # stream name -> held (cache of the seeded choice)
         self.matched: set = set()  # target names that held something: the rest are probably typos
 
     def describe(self) -> str:
-        parts = [f"steps={self.steps}"]
-        if self.streams:
-            parts.append("streams=" + "+".join(sorted(self.streams)))
-        if self.kernels:
-            parts.append("kernels=" + "+".join(sorted(self.kernels)))
-        if self.after or self.every != 1:
-            parts.append(f"after={self.after}, every={self.every}")
-        return f"delay({', '.join(parts)})"
+        return describe_delay(f"steps={self.steps}", self.streams, self.kernels, self.after, self.every)
 
     def params(self) -> dict:
         params: dict = {"steps": self.steps}
@@ -172,7 +186,7 @@ class Delay(Policy):
         if now - op.issued_at >= self.steps or not self._targeted_op(op):
             return None
         k = self._occurrence.setdefault(op.trace_index, len(self._occurrence))
-        if k < self.after or (k - self.after) % self.every:
+        if not strikes(k, self.after, self.every):
             return None
         if op.stream_name in self.streams:
             self.matched.add(op.stream_name)

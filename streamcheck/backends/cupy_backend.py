@@ -37,7 +37,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..schedule import Schedule, ScheduleError
+from ..schedule import Schedule, ScheduleError, check_strike_pattern, describe_delay, strikes
 from ..trace import StreamKind
 
 POLICIES = ("sequential", "eager", "delay", "random", "pct")
@@ -124,17 +124,13 @@ class _Policy:
         self.kernels = frozenset(params.pop("kernels", ()) or ())
         self.depth = params.pop("depth", 2)
         # Which targeted launches strike, as the sim's delay policy: the after-th and every every-th after.
-        self.after = params.pop("after", 0)
-        self.every = params.pop("every", 1)
+        self.after, self.every = check_strike_pattern(params.pop("after", 0), params.pop("every", 1))
         self.targeted = 0
         self.launches = 0
         self.change_points: frozenset = frozenset()
         if params:
             raise ScheduleError(f"cupy backend, policy {name!r}: unknown parameters {sorted(params)}; "
                                 "accepted: delay_us, streams, kernels, after, every (delay), depth (pct), timing, caller")
-        for key, value, least in (("after", self.after, 0), ("every", self.every, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise ScheduleError(f"delay: {key} must be an integer >= {least}, got {value!r}")
         if not isinstance(self.delay_us, (int, float)) or not 0 <= self.delay_us <= MAX_DELAY_US:
             raise ScheduleError(f"cupy backend: delay_us must be a number in [0, {MAX_DELAY_US}] µs "
                                 f"(the spin kernel's cap), got {self.delay_us!r}")
@@ -146,14 +142,7 @@ class _Policy:
 
     def describe(self) -> str:
         if self.name == "delay":
-            parts = [f"delay_us={self.delay_us:g}"]
-            if self.streams:
-                parts.append("streams=" + "+".join(sorted(self.streams)))
-            if self.kernels:
-                parts.append("kernels=" + "+".join(sorted(self.kernels)))
-            if self.after or self.every != 1:
-                parts.append(f"after={self.after}, every={self.every}")
-            return f"delay({', '.join(parts)})"
+            return describe_delay(f"delay_us={self.delay_us:g}", self.streams, self.kernels, self.after, self.every)
         if self.name == "random":
             return f"random(seed={self.seed}, jitter_us={self.delay_us:g})"
         if self.name == "pct":
@@ -176,8 +165,7 @@ class _Policy:
             if not (self.kernels and not self.streams) and not self.targets(stream_name):
                 return 0.0
             k, self.targeted = self.targeted, self.targeted + 1
-            strikes = k >= self.after and (k - self.after) % self.every == 0
-            return float(self.delay_us) if strikes else 0.0
+            return float(self.delay_us) if strikes(k, self.after, self.every) else 0.0
         if self.name == "random":
             return self.rng.uniform(0.0, float(self.delay_us)) if self.rng.random() < 0.5 else 0.0
         if self.name == "pct":
