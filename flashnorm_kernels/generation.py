@@ -33,21 +33,27 @@ class GenerationRun:
         return self.device.report()
 
 
-def run_generation(model, prompt_ids, max_new_tokens: int, plan: SyncPlan, *, backend: str = "sim",
-                   policy="sequential", seed: int = 0, check: bool = True, **policy_params) -> GenerationRun:
-    """Greedy `model.generate` (KV cache on) with the model's norms and projections on a Device."""
+def _generate(model, prompt_ids, max_new_tokens: int, plan: SyncPlan, devices: list) -> GenerationRun:
+    """Greedy `model.generate` (KV cache on) with the model's norm → projection groups on `devices`."""
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-    device = Device(backend, check=check, policy=policy, seed=seed, **policy_params)
+    for device in devices:
+        warm_up = getattr(device.backend, "warm_up", None)
+        if warm_up is not None:
+            warm_up()  # first cuBLAS call, module loading, pool growth: implicit syncs that hide races
     ids = torch.as_tensor(prompt_ids, dtype=torch.long).reshape(1, -1)
-    warm_up = getattr(device.backend, "warm_up", None)
-    if warm_up is not None:
-        warm_up()  # first cuBLAS call, module loading, pool growth: implicit syncs that hide races
-    with attach(model, device, plan, max_tokens=max(ids.shape[1], 1)):
+    with attach(model, devices, plan, max_tokens=max(ids.shape[1], 1)):
         with torch.no_grad():
             out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, use_cache=True,
                                  max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens)
-    return GenerationRun(out[0, ids.shape[1]:].tolist(), device)
+    return GenerationRun(out[0, ids.shape[1]:].tolist(), devices[0])
+
+
+def run_generation(model, prompt_ids, max_new_tokens: int, plan: SyncPlan, *, backend: str = "sim",
+                   policy="sequential", seed: int = 0, check: bool = True, **policy_params) -> GenerationRun:
+    """One (plan, policy, seed) generation on one Device."""
+    device = Device(backend, check=check, policy=policy, seed=seed, **policy_params)
+    return _generate(model, prompt_ids, max_new_tokens, plan, [device])
 
 
 def run_lockstep(model, prompt_ids, max_new_tokens: int, plan: SyncPlan, schedules, *, backend: str = "sim",
@@ -59,12 +65,7 @@ def run_lockstep(model, prompt_ids, max_new_tokens: int, plan: SyncPlan, schedul
     at the cost of one model forward per token instead of one per schedule."""
     devices = [Device(backend, check=check, policy="sequential")]
     devices += [Device(backend, check=check, policy=policy, seed=seed, **params) for policy, seed, params in schedules]
-    ids = torch.as_tensor(prompt_ids, dtype=torch.long).reshape(1, -1)
-    with attach(model, devices, plan, max_tokens=max(ids.shape[1], 1)):
-        with torch.no_grad():
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, use_cache=True,
-                                 max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens)
-    return GenerationRun(out[0, ids.shape[1]:].tolist(), devices[0])
+    return _generate(model, prompt_ids, max_new_tokens, plan, devices)
 
 
 @dataclass
