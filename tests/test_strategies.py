@@ -100,6 +100,7 @@ def test_profiles_are_registered_with_their_promises():
     assert ci.derandomize and ci.print_blob and ci.database is None and ci.max_examples <= 50
     assert ci.deadline is None
     assert not settings.get_profile("dev").derandomize
+    assert not settings.get_profile("fuzz").derandomize
     assert settings.get_profile("fuzz").max_examples >= 10_000
 
 
