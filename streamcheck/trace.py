@@ -238,6 +238,50 @@ class ImplicitSync(Op):
     reason: str = ""
 
 
+class CaptureMode(str, enum.Enum):
+    """cudaStreamCaptureMode: which other threads' unsafe calls a capture forbids."""
+
+    GLOBAL = "global"
+    THREAD_LOCAL = "thread_local"
+    RELAXED = "relaxed"
+
+    @classmethod
+    def parse(cls, value: Union[str, "CaptureMode"]) -> "CaptureMode":
+        if isinstance(value, CaptureMode):
+            return value
+        try:
+            return cls(str(value).replace("-", "_"))
+        except ValueError:
+            choices = ", ".join(m.value for m in cls)
+            raise ValueError(f"unknown capture mode {value!r}; choose one of: {choices}") from None
+
+
+@dataclass(frozen=True)
+class CaptureBegin(Op):
+    """cudaStreamBeginCapture: work issued to `stream` (and to streams that fork from it
+    through events) is recorded into graph `graph` instead of executing."""
+
+    stream: int = 0
+    graph: int = 0
+    mode: CaptureMode = CaptureMode.GLOBAL
+
+
+@dataclass(frozen=True)
+class CaptureEnd(Op):
+    """cudaStreamEndCapture on the stream that began the capture."""
+
+    stream: int = 0
+    graph: int = 0
+
+
+@dataclass(frozen=True)
+class GraphLaunch(Op):
+    """cudaGraphLaunch: the whole captured graph runs as one unit of work on `stream`."""
+
+    stream: int = 0
+    graph: int = 0
+
+
 StreamOp = (EventRecord, StreamWait, Launch, Copy)
 
 

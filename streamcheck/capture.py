@@ -1,0 +1,286 @@
+"""CUDA stream capture: which operations go into a graph instead of executing, and the
+errors CUDA raises for captures it cannot turn into a graph.
+
+Pure bookkeeping over trace records, shared by the happens-before checker (hb.py) and the
+simulated device (backends/sim.py), so both agree on what a capture contains. The rules
+(CUDA programming guide, "Stream Capture"; DESIGN.md):
+- work issued to a capturing stream is recorded as graph nodes, not executed;
+- a stream joins a capture by waiting on an event recorded inside it (a fork); every
+  forked stream must be joined back into the origin stream before end_capture
+  (cudaErrorStreamCaptureUnjoined);
+- only in-stream order crosses the capture boundary: a capturing stream may not wait on
+  an event recorded outside the capture (cudaErrorStreamCaptureIsolation), nor on one
+  recorded in another capture (cudaErrorStreamCaptureMerge);
+- synchronizing a capturing stream, the device, or an event recorded in a capture is
+  illegal (cudaErrorStreamCaptureUnsupported, cudaErrorCapturedEvent);
+- the legacy default stream cannot be captured, and using it while a blocking stream
+  captures would create an implicit dependency (cudaErrorStreamCaptureImplicit);
+- a capture not begun in relaxed mode must end on the thread that began it
+  (cudaErrorStreamCaptureWrongThread).
+An error invalidates the capture, as in CUDA: its end_capture then fails too.
+
+Inside a capture, graph order is tracked with per-capture vector clocks over member
+streams: node j is ordered after node i when j.clock[i.stream] >= i.seq.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from .trace import (
+    CallSite,
+    CaptureBegin,
+    CaptureEnd,
+    CaptureMode,
+    EventRecord,
+    Op,
+    StreamKind,
+    StreamWait,
+)
+
+
+class CaptureError(RuntimeError):
+    """An operation CUDA refuses during stream capture; `code` is CUDA's error name."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+
+
+@dataclass(frozen=True)
+class CapturedNode:
+    """One captured kernel or copy: `seq` counts the nodes of its stream in this capture
+    (from 1), `clock` maps each member stream to how many of its nodes this one follows."""
+
+    index: int
+    stream: int
+    seq: int
+    clock: dict
+    op: Op
+
+    def after(self, other: "CapturedNode") -> bool:
+        """True when the graph orders this node after `other`."""
+        return self.clock.get(other.stream, 0) >= other.seq
+
+
+@dataclass(frozen=True)
+class CapturedGraph:
+    id: int
+    origin: int  # stream the capture began and ended on
+    nodes: tuple
+    begin_site: CallSite
+    end_site: CallSite
+
+
+class _Capture:
+    __slots__ = ("graph", "origin", "mode", "thread", "site", "clocks", "last", "nodes", "error")
+
+    def __init__(self, op: CaptureBegin, mode: CaptureMode):
+        self.graph = op.graph
+        self.origin = op.stream
+        self.mode = mode
+        self.thread = op.thread
+        self.site = op.site
+        self.clocks: dict = {op.stream: {op.stream: 0}}  # member stream -> its clock in this capture
+        self.last: dict = {}  # member stream -> its latest node
+        self.nodes: list = []
+        self.error: Optional[CaptureError] = None  # the first error, which invalidated it
+
+
+class CaptureTracker:
+    """Feed the capture-relevant operations in issue order (ids already validated)."""
+
+    def __init__(self) -> None:
+        self._kinds: dict = {}  # stream id -> StreamKind
+        self._labels: dict = {}  # stream id -> name for messages
+        self._active: dict = {}  # graph id -> _Capture
+        self._member: dict = {}  # stream id -> _Capture it belongs to
+        self._event_capture: dict = {}  # event id -> (capture, clock at record) of a record made in a capture
+        self._graphs: dict = {}  # graph id -> CapturedGraph
+        self._graph_ids: set = set()  # every id ever begun: a graph id names one capture
+
+    # --- queries --------------------------------------------------------------------------
+    @property
+    def active(self) -> bool:
+        return bool(self._active)
+
+    def capturing(self, stream: int) -> Optional[int]:
+        """The graph id `stream` is capturing into, or None."""
+        capture = self._member.get(stream)
+        return None if capture is None else capture.graph
+
+    def graph(self, graph_id: int) -> Optional[CapturedGraph]:
+        return self._graphs.get(graph_id)
+
+    # --- bookkeeping ------------------------------------------------------------------------
+    def stream_created(self, stream: int, kind: StreamKind, label: str) -> None:
+        self._kinds[stream] = kind
+        self._labels[stream] = label
+
+    def _fail(self, capture: Optional[_Capture], code: str, message: str) -> None:
+        error = CaptureError(code, message)
+        if capture is not None and capture.error is None:
+            capture.error = error
+        raise error
+
+    def _check_legacy(self, op: Op, stream: int) -> None:
+        """Work on the legacy stream would implicitly join a capturing blocking stream."""
+        if self._kinds.get(stream) is not StreamKind.LEGACY or not self._active:
+            return
+        for member, capture in self._member.items():
+            if self._kinds[member].joins_legacy:
+                self._fail(capture, "cudaErrorStreamCaptureImplicit",
+                           f"{type(op).__name__} on the legacy default stream at {op.site} while "
+                           f"{self._labels[member]} (a blocking stream) is capturing graph {capture.graph} "
+                           f"(begun at {capture.site}); the legacy stream's implicit join cannot be captured. "
+                           "Use non-blocking streams for captured work, or keep the legacy stream idle "
+                           "until end_capture")
+
+    # --- operations ---------------------------------------------------------------------------
+    def begin(self, op: CaptureBegin) -> None:
+        label = self._labels[op.stream]
+        mode = CaptureMode.parse(op.mode)
+        if self._kinds[op.stream] is StreamKind.LEGACY:
+            raise CaptureError("cudaErrorStreamCaptureUnsupported",
+                               f"begin_capture on the legacy default stream at {op.site}: it cannot be "
+                               "captured; capture on a stream you created (non-blocking)")
+        known = self._member.get(op.stream)
+        if known is not None:
+            raise CaptureError("cudaErrorIllegalState",
+                               f"begin_capture on {label} at {op.site}: it is already capturing graph "
+                               f"{known.graph} (begun at {known.site}); end that capture first")
+        if op.graph in self._graph_ids:
+            raise CaptureError("cudaErrorIllegalState",
+                               f"begin_capture at {op.site}: graph id {op.graph} was used before; "
+                               "give each capture its own graph id")
+        capture = _Capture(op, mode)
+        self._graph_ids.add(op.graph)
+        self._active[op.graph] = capture
+        self._member[op.stream] = capture
+
+    def node(self, op: Op, stream: int) -> Optional[CapturedNode]:
+        """A kernel or copy on `stream`: its graph node when captured (it does not execute
+        now), else None."""
+        self._check_legacy(op, stream)
+        capture = self._member.get(stream)
+        if capture is None:
+            return None
+        clock = capture.clocks[stream]
+        seq = clock[stream] = clock.get(stream, 0) + 1
+        node = CapturedNode(len(capture.nodes), stream, seq, dict(clock), op)
+        if capture.error is None:
+            capture.nodes.append(node)
+            capture.last[stream] = node
+        return node
+
+    def record(self, op: EventRecord) -> bool:
+        """True when the record is made inside a capture: it marks a point in the graph
+        for forks and joins and records nothing on the device."""
+        self._check_legacy(op, op.stream)
+        capture = self._member.get(op.stream)
+        if capture is None:
+            self._event_capture.pop(op.event, None)
+            return False
+        self._event_capture[op.event] = (capture, dict(capture.clocks[op.stream]))
+        return True
+
+    def wait(self, op: StreamWait, recorded_outside: bool) -> bool:
+        """True when the wait is a graph edge (a fork into, or a join within, a capture),
+        or a wait on a captured event that has no effect; False: ordinary CUDA semantics.
+        `recorded_outside`: the event's last record was an ordinary (executed) one."""
+        self._check_legacy(op, op.stream)
+        label = self._labels[op.stream]
+        mine = self._member.get(op.stream)
+        source = self._event_capture.get(op.event)
+        if source is None:
+            if mine is not None and recorded_outside:
+                self._fail(mine, "cudaErrorStreamCaptureIsolation",
+                           f"{label} waits at {op.site} on an event recorded outside graph {mine.graph} "
+                           f"(capture begun at {mine.site}); only in-stream order may cross the capture "
+                           "boundary. Make the dependency before begin_capture (wait on the origin "
+                           "stream first), or record the event inside the capture")
+            return mine is not None  # a never-recorded event: a no-op either way
+        capture, state = source
+        if self._active.get(capture.graph) is not capture:
+            # The capture ended: its records executed nothing, so there is nothing to wait for.
+            if mine is not None:
+                self._fail(mine, "cudaErrorStreamCaptureIsolation",
+                           f"{label} waits at {op.site} on an event last recorded inside graph "
+                           f"{capture.graph}, whose capture has ended; record the event again first")
+            return True
+        if mine is not None and mine is not capture:
+            self._fail(mine, "cudaErrorStreamCaptureMerge",
+                       f"{label} (capturing graph {mine.graph}) waits at {op.site} on an event recorded "
+                       f"in graph {capture.graph}; two captures cannot be merged")
+        clock = capture.clocks.get(op.stream)
+        if clock is None and self._kinds[op.stream] is StreamKind.LEGACY:
+            self._fail(capture, "cudaErrorStreamCaptureImplicit",
+                       f"the legacy default stream waits at {op.site} on an event recorded inside graph "
+                       f"{capture.graph}; the legacy stream cannot join a capture. Fork to a stream you "
+                       "created instead")
+        if clock is None:  # a fork: the stream joins the capture
+            clock = capture.clocks[op.stream] = {op.stream: 0}
+            self._member[op.stream] = capture
+        for stream, seq in state.items():
+            if clock.get(stream, 0) < seq:
+                clock[stream] = seq
+        return True
+
+    def sync_stream(self, op: Op, stream: int) -> None:
+        capture = self._member.get(stream)
+        if capture is not None:
+            self._fail(capture, "cudaErrorStreamCaptureUnsupported",
+                       f"synchronize at {op.site} on {self._labels[stream]}, which is capturing graph "
+                       f"{capture.graph} (begun at {capture.site}); its work has not run and will not "
+                       "until the graph is launched. Synchronize after end_capture and launch")
+
+    def sync_event(self, op: Op, event: int, name: str) -> None:
+        source = self._event_capture.get(event)
+        if source is not None and self._active.get(source[0].graph) is source[0]:
+            self._fail(source[0], "cudaErrorCapturedEvent",
+                       f"synchronize at {op.site} on event `{name}`, last recorded inside graph "
+                       f"{source[0].graph} while it is being captured; synchronize after the graph is launched")
+
+    def sync_device(self, op: Op) -> None:
+        for capture in self._active.values():
+            self._fail(capture, "cudaErrorStreamCaptureUnsupported",
+                       f"device synchronize at {op.site} while {self._labels[capture.origin]} is capturing "
+                       f"graph {capture.graph} (begun at {capture.site}); synchronize after end_capture")
+
+    def end(self, op: CaptureEnd) -> CapturedGraph:
+        label = self._labels[op.stream]
+        capture = self._member.get(op.stream)
+        if capture is None:
+            raise CaptureError("cudaErrorIllegalState",
+                               f"end_capture on {label} at {op.site}: it is not capturing; "
+                               "call begin_capture on it first")
+        if capture.origin != op.stream:
+            raise CaptureError("cudaErrorIllegalState",
+                               f"end_capture on {label} at {op.site}: graph {capture.graph} was begun on "
+                               f"{self._labels[capture.origin]} (at {capture.site}); end it there")
+        if capture.mode is not CaptureMode.RELAXED and op.thread != capture.thread:
+            raise CaptureError("cudaErrorStreamCaptureWrongThread",
+                               f"end_capture at {op.site} on host thread {op.thread}, but graph "
+                               f"{capture.graph} was begun on thread {capture.thread} in {capture.mode.value} "
+                               "mode; end it on the same thread, or begin it with mode='relaxed'")
+        # Whatever happens next, the capture is over (CUDA ends an invalidated one too).
+        del self._active[capture.graph]
+        for stream in capture.clocks:
+            del self._member[stream]
+        if capture.error is not None:
+            raise CaptureError("cudaErrorStreamCaptureInvalidated",
+                               f"end_capture on {label} at {op.site}: graph {capture.graph} was invalidated "
+                               f"by an earlier error: {capture.error}")
+        origin = capture.clocks[capture.origin]
+        unjoined = [node for stream, node in capture.last.items()
+                    if stream != capture.origin and origin.get(stream, 0) < node.seq]
+        if unjoined:
+            lines = "; ".join(f"{self._labels[n.stream]} after `{getattr(n.op, 'name', '?')}` ({n.op.site})"
+                              for n in unjoined)
+            raise CaptureError("cudaErrorStreamCaptureUnjoined",
+                               f"end_capture on {label} at {op.site}: graph {capture.graph} forked work that "
+                               f"was never joined back: {lines}. Record an event on each of those streams "
+                               f"after its last captured work and make {label} wait on it before end_capture")
+        graph = CapturedGraph(capture.graph, capture.origin, tuple(capture.nodes), capture.site, op.site)
+        self._graphs[graph.id] = graph
+        return graph
