@@ -95,14 +95,20 @@ class CaptureTracker:
         self._labels: dict = {}  # stream id -> name for messages
         self._active: dict = {}  # graph id -> _Capture
         self._member: dict = {}  # stream id -> _Capture it belongs to
-        self._event_capture: dict = {}  # event id -> (capture, clock at record) of a record made in a capture
+        # event id -> (capture, clock at record) of a record made in a capture; read-only outside
+        self.captured_events: dict = {}
         self._graphs: dict = {}  # graph id -> CapturedGraph
         self._graph_ids: set = set()  # every id ever begun: a graph id names one capture
+        self.active = False  # any capture in progress: the one check on the hot path
 
     # --- queries --------------------------------------------------------------------------
-    @property
-    def active(self) -> bool:
-        return bool(self._active)
+    def is_active(self, graph_id: int) -> bool:
+        return graph_id in self._active
+
+    def origin(self, graph_id: int) -> Optional[int]:
+        """The stream an active capture began on."""
+        capture = self._active.get(graph_id)
+        return None if capture is None else capture.origin
 
     def capturing(self, stream: int) -> Optional[int]:
         """The graph id `stream` is capturing into, or None."""
@@ -114,7 +120,7 @@ class CaptureTracker:
 
     # --- bookkeeping ------------------------------------------------------------------------
     def stream_created(self, stream: int, kind: StreamKind, label: str) -> None:
-        self._kinds[stream] = kind
+        self._kinds[stream] = StreamKind.parse(kind)
         self._labels[stream] = label
 
     def _fail(self, capture: Optional[_Capture], code: str, message: str) -> None:
@@ -157,6 +163,7 @@ class CaptureTracker:
         self._graph_ids.add(op.graph)
         self._active[op.graph] = capture
         self._member[op.stream] = capture
+        self.active = True
 
     def node(self, op: Op, stream: int) -> Optional[CapturedNode]:
         """A kernel or copy on `stream`: its graph node when captured (it does not execute
@@ -179,9 +186,9 @@ class CaptureTracker:
         self._check_legacy(op, op.stream)
         capture = self._member.get(op.stream)
         if capture is None:
-            self._event_capture.pop(op.event, None)
+            self.captured_events.pop(op.event, None)
             return False
-        self._event_capture[op.event] = (capture, dict(capture.clocks[op.stream]))
+        self.captured_events[op.event] = (capture, dict(capture.clocks[op.stream]))
         return True
 
     def wait(self, op: StreamWait, recorded_outside: bool) -> bool:
@@ -191,7 +198,7 @@ class CaptureTracker:
         self._check_legacy(op, op.stream)
         label = self._labels[op.stream]
         mine = self._member.get(op.stream)
-        source = self._event_capture.get(op.event)
+        source = self.captured_events.get(op.event)
         if source is None:
             if mine is not None and recorded_outside:
                 self._fail(mine, "cudaErrorStreamCaptureIsolation",
@@ -235,7 +242,7 @@ class CaptureTracker:
                        "until the graph is launched. Synchronize after end_capture and launch")
 
     def sync_event(self, op: Op, event: int, name: str) -> None:
-        source = self._event_capture.get(event)
+        source = self.captured_events.get(event)
         if source is not None and self._active.get(source[0].graph) is source[0]:
             self._fail(source[0], "cudaErrorCapturedEvent",
                        f"synchronize at {op.site} on event `{name}`, last recorded inside graph "
@@ -265,6 +272,7 @@ class CaptureTracker:
                                "mode; end it on the same thread, or begin it with mode='relaxed'")
         # Whatever happens next, the capture is over (CUDA ends an invalidated one too).
         del self._active[capture.graph]
+        self.active = bool(self._active)
         for stream in capture.clocks:
             del self._member[stream]
         if capture.error is not None:

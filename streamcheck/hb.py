@@ -15,7 +15,11 @@ or not it struck. CUDA's rules it models (DESIGN.md):
   per-thread default streams) and later work on those waits for it; non-blocking
   streams never synchronize with it;
 - stream/event/device synchronize order the host after the awaited work;
-- nothing else is synchronization (first cuBLAS call, lazy loading, pool growth).
+- nothing else is synchronization (first cuBLAS call, lazy loading, pool growth);
+- stream capture (capture.py decides what a capture holds): captured work does not
+  execute, so it is checked only against the rest of its graph, where a race strikes on
+  every launch; a graph launch is one unit of work on its stream whose accesses are all
+  of its nodes'. What CUDA refuses during capture is collected in `capture_errors`.
 
 The per-access path is the hot loop (every kernel argument of every launch), so
 accesses are kept as plain tuples and turned into `Access` records only when a
@@ -27,9 +31,12 @@ import json
 from dataclasses import asdict, dataclass, replace
 from typing import Optional
 
+from .capture import CaptureError, CaptureTracker, CapturedNode
 from .trace import (
     Alloc,
     CallSite,
+    CaptureBegin,
+    CaptureEnd,
     Copy,
     DeviceSync,
     EventCreate,
@@ -37,6 +44,7 @@ from .trace import (
     EventRecord,
     EventSync,
     Free,
+    GraphLaunch,
     HostAccess,
     ImplicitSync,
     Launch,
@@ -193,6 +201,10 @@ class Checker:
         self._joiners: list[_Stream] = []  # streams that synchronize with the legacy stream
         self._races: dict[tuple, Race] = {}
         self._counts: dict[tuple, int] = {}
+        self._capture = CaptureTracker()
+        self._graph_buffers: dict = {}  # active graph id -> buffer id -> _Buffer holding its accesses
+        self._in_graph: Optional[int] = None  # set while checking a captured node, for the report
+        self.capture_errors: list[CaptureError] = []
         self._dispatch = {
             ThreadStart: self._thread_start,
             ThreadJoin: self._thread_join,
@@ -210,6 +222,9 @@ class Checker:
             Copy: self._launch,
             HostAccess: self._host_access,
             ImplicitSync: lambda op: None,  # deliberately not an edge: CUDA promises nothing
+            CaptureBegin: self._capture_begin,
+            CaptureEnd: self._capture_end,
+            GraphLaunch: self._graph_launch,
         }
 
     # --- public -------------------------------------------------------------------------
@@ -364,6 +379,7 @@ class Checker:
             self._legacy = stream
         elif kind.joins_legacy:
             self._joiners.append(stream)
+        self._capture.stream_created(op.stream, kind, label)
 
     def _event_create(self, op: EventCreate) -> None:
         known = self._events.get(op.event)
@@ -378,6 +394,16 @@ class Checker:
     def _event_record(self, op: EventRecord) -> None:
         event = self._event(op, op.event)
         stream = self._stream(op, op.stream)
+        capture = self._capture
+        try:
+            if (capture.active or op.event in capture.captured_events) and capture.record(op):
+                # A record inside a capture marks a point in the graph; on the device
+                # nothing is recorded, so an ordinary wait on it later waits for nothing.
+                event.state, event.stream, event.site = None, stream, op.site
+                return
+        except CaptureError as error:
+            self.capture_errors.append(error)
+            return
         self._issue(op, stream)
         event.state = dict(stream.clock)  # replaces any earlier record
         event.stream = stream
@@ -386,6 +412,13 @@ class Checker:
     def _stream_wait(self, op: StreamWait) -> None:
         event = self._event(op, op.event)
         stream = self._stream(op, op.stream)
+        capture = self._capture
+        try:
+            if (capture.active or op.event in capture.captured_events) and capture.wait(op, event.state is not None):
+                return  # an edge inside a graph, not an ordering of executed work
+        except CaptureError as error:
+            self.capture_errors.append(error)
+            return
         self._issue(op, stream)
         state = event.state
         stream.waits[event.id] = (event, op.site, state is not None)
@@ -398,16 +431,31 @@ class Checker:
         if known is None or known[1] < captured:
             stream.captured[src] = (event.name, captured, event.site)
 
+    def _refused(self, check, *args) -> bool:
+        """Run a capture rule; True (and the error collected) when CUDA would refuse the call."""
+        try:
+            check(*args)
+        except CaptureError as error:
+            self.capture_errors.append(error)
+            return True
+        return False
+
     def _stream_sync(self, op: StreamSync) -> None:
         stream = self._stream(op, op.stream)
+        if self._refused(self._capture.sync_stream, op, op.stream):
+            return
         self._host_join(self._threads[op.thread], stream.clock)
 
     def _event_sync(self, op: EventSync) -> None:
         event = self._event(op, op.event)
+        if self._refused(self._capture.sync_event, op, op.event, event.name):
+            return
         if event.state is not None:  # synchronizing a never-recorded event returns at once
             self._host_join(self._threads[op.thread], event.state)
 
     def _device_sync(self, op: DeviceSync) -> None:
+        if self._refused(self._capture.sync_device, op):
+            return
         thread = self._threads[op.thread]
         for stream in self._streams.values():
             _join(thread.clock, stream.clock)
@@ -446,6 +494,15 @@ class Checker:
                 buf = buffers.get(rng.buffer)
                 if buf is None or buf.freed_at is not None or not (0 <= rng.start <= rng.stop <= buf.nbytes):
                     self._check_ranges(op, ranges)
+        if self._capture.active:
+            try:
+                node = self._capture.node(op, op.stream)
+            except CaptureError as error:
+                self.capture_errors.append(error)
+                return
+            if node is not None:
+                self._captured_access(node, stream)
+                return
         tick = self._issue(op, stream)
         clock, owner, access = stream.clock, stream.owner, self._access
         for rng in reads:
@@ -463,6 +520,58 @@ class Checker:
             self._access(buffers[rng.buffer], rng.start, rng.stop, False, clock, owner, tick, op, False)
         for rng in op.writes:
             self._access(buffers[rng.buffer], rng.start, rng.stop, True, clock, owner, tick, op, False)
+
+    # --- stream capture -------------------------------------------------------------------
+    def _capture_begin(self, op: CaptureBegin) -> None:
+        self._stream(op, op.stream)
+        if not self._refused(self._capture.begin, op):
+            self._graph_buffers[op.graph] = {}
+
+    def _capture_end(self, op: CaptureEnd) -> None:
+        self._stream(op, op.stream)
+        self._refused(self._capture.end, op)
+        for graph_id in [g for g in self._graph_buffers if not self._capture.is_active(g)]:
+            del self._graph_buffers[graph_id]
+
+    def _captured_access(self, node: CapturedNode, stream: _Stream) -> None:
+        """Check a captured node against the earlier nodes of its graph, in graph order."""
+        graph_id = self._capture.capturing(node.stream)
+        shadows = self._graph_buffers[graph_id]
+        streams = self._streams
+        clock = {streams[s].owner: seq for s, seq in node.clock.items()}
+        op = node.op
+        self._in_graph = graph_id
+        try:
+            for ranges, write in ((op.reads, False), (op.writes, True)):
+                for rng in ranges:
+                    shadow = shadows.get(rng.buffer)
+                    if shadow is None:
+                        buf = self._buffers[rng.buffer]
+                        shadow = shadows[rng.buffer] = _Buffer(buf.id, buf.nbytes, buf.name, buf.site)
+                    self._access(shadow, rng.start, rng.stop, write, clock, stream.owner, node.seq, op, False)
+        finally:
+            self._in_graph = None
+
+    def _graph_launch(self, op: GraphLaunch) -> None:
+        stream = self._stream(op, op.stream)
+        graph = self._capture.graph(op.graph)
+        if graph is None:
+            raise TraceError(f"GraphLaunch at {op.site}: unknown graph {op.graph}; launch only a graph whose "
+                             "capture ended without error (CaptureEnd)")
+        if self._capture.capturing(op.stream) is not None:
+            raise TraceError(f"GraphLaunch at {op.site}: {stream.label} is capturing; streamcheck does not "
+                             "model a graph launched into another capture (a child graph node)")
+        for node in graph.nodes:
+            self._check_ranges(op, node.op.reads)
+            self._check_ranges(op, node.op.writes)
+        # The graph starts after earlier work on the stream and ends before later work
+        # (every fork was joined back into the origin), so all of its nodes share one tick.
+        tick = self._issue(op, stream)
+        clock, owner, buffers = stream.clock, stream.owner, self._buffers
+        for node in graph.nodes:
+            for ranges, write in ((node.op.reads, False), (node.op.writes, True)):
+                for rng in ranges:
+                    self._access(buffers[rng.buffer], rng.start, rng.stop, write, clock, owner, tick, node.op, False)
 
     # --- the race check -----------------------------------------------------------------
     def _access(self, buf: _Buffer, start: int, stop: int, write: bool, clock: dict, owner: int,
@@ -514,11 +623,22 @@ class Checker:
         self._races[key] = Race(kind, buf.name, buf.site, max(start, first[_START]), min(stop, first[_STOP]),
                                 first_access, second, edge, hint)
 
+    @staticmethod
+    def _hint(src: _Stream, first_access: Access, dst: _Stream, second: Access) -> str:
+        return (f"record an event on {src.label} after `{first_access.name}` and make {dst.label} wait "
+                f"on it (stream.wait_event) before `{second.name}` ({second.site})")
+
     def _explain(self, first: tuple, first_access: Access, owner: int, second: Access,
                  kind: str) -> tuple[str, str]:
         """Say which edge is missing, in the words a CUDA programmer would use."""
         producer = f"`{first_access.name}` ({first_access.site})"
         src, dst = self._owners[first[_OWNER]], self._owners[owner]
+        if self._in_graph is not None:  # both sides are captured nodes on streams
+            origin = self._streams[self._capture.origin(self._in_graph)]
+            return (f"inside CUDA graph {self._in_graph} (captured on {origin.label}): {dst.label} never "
+                    f"waited for an event recorded on {src.label} after {producer}; the graph repeats this "
+                    "race on every launch",
+                    f"during the capture, {self._hint(src, first_access, dst, second)}")
         if isinstance(src, _Thread):  # the earlier access was the host's
             return (
                 f"{second.actor} is not ordered after host thread {src.id}'s {producer}: "
@@ -534,8 +654,7 @@ class Checker:
                 f"call {src.label}.synchronize() (or synchronize an event recorded after "
                 f"`{first_access.name}`) before `{second.name}` ({second.site})",
             )
-        hint = (f"record an event on {src.label} after `{first_access.name}` and make {dst.label} wait "
-                f"on it (stream.wait_event) before `{second.name}` ({second.site})")
+        hint = self._hint(src, first_access, dst, second)
         tick = first[_TICK]
         for event, wait_site, was_recorded in dst.waits.values():
             # The event now covers the producer, but the wait came before that record.
