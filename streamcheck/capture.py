@@ -11,8 +11,10 @@ simulated device (backends/sim.py), so both agree on what a capture contains. Th
 - only in-stream order crosses the capture boundary: a capturing stream may not wait on
   an event recorded outside the capture (cudaErrorStreamCaptureIsolation), nor on one
   recorded in another capture (cudaErrorStreamCaptureMerge);
-- synchronizing a capturing stream, the device, or an event recorded in a capture is
-  illegal (cudaErrorStreamCaptureUnsupported, cudaErrorCapturedEvent);
+- synchronizing a capturing stream or the device is illegal
+  (cudaErrorStreamCaptureUnsupported); an event last recorded inside a capture records
+  nothing on the device, and CUDA refuses to synchronize it or, once the capture has
+  ended, to wait on it (cudaErrorCapturedEvent) until it is recorded again;
 - the legacy default stream cannot be captured, and using it while a blocking stream
   captures would create an implicit dependency (cudaErrorStreamCaptureImplicit);
 - a capture not begun in relaxed mode must end on the thread that began it
@@ -209,12 +211,16 @@ class CaptureTracker:
             return mine is not None  # a never-recorded event: a no-op either way
         capture, state = source
         if self._active.get(capture.graph) is not capture:
-            # The capture ended: its records executed nothing, so there is nothing to wait for.
+            # The capture ended; its records executed nothing, and CUDA refuses to use
+            # such an event until it is recorded again outside a capture.
             if mine is not None:
                 self._fail(mine, "cudaErrorStreamCaptureIsolation",
                            f"{label} waits at {op.site} on an event last recorded inside graph "
                            f"{capture.graph}, whose capture has ended; record the event again first")
-            return True
+            self._fail(None, "cudaErrorCapturedEvent",
+                       f"{label} waits at {op.site} on an event last recorded inside graph {capture.graph} "
+                       f"(captured at {capture.site}); such an event records nothing on the device. "
+                       "Record it again outside the capture before waiting on it")
         if mine is not None and mine is not capture:
             self._fail(mine, "cudaErrorStreamCaptureMerge",
                        f"{label} (capturing graph {mine.graph}) waits at {op.site} on an event recorded "
@@ -243,10 +249,12 @@ class CaptureTracker:
 
     def sync_event(self, op: Op, event: int, name: str) -> None:
         source = self.captured_events.get(event)
-        if source is not None and self._active.get(source[0].graph) is source[0]:
-            self._fail(source[0], "cudaErrorCapturedEvent",
+        if source is not None:
+            capture = source[0] if self._active.get(source[0].graph) is source[0] else None
+            self._fail(capture, "cudaErrorCapturedEvent",
                        f"synchronize at {op.site} on event `{name}`, last recorded inside graph "
-                       f"{source[0].graph} while it is being captured; synchronize after the graph is launched")
+                       f"{source[0].graph}; such an event records nothing on the device. Synchronize the "
+                       "stream the graph is launched on, or an event recorded there after the launch")
 
     def sync_device(self, op: Op) -> None:
         for capture in self._active.values():

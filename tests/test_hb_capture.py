@@ -277,16 +277,22 @@ def test_end_capture_on_a_forked_stream_or_a_stream_not_capturing_is_illegal():
     assert codes(p) == ["cudaErrorIllegalState", "cudaErrorIllegalState"]
 
 
-def test_an_event_recorded_in_an_ended_capture_orders_nothing():
+def test_an_event_recorded_in_an_ended_capture_is_refused_until_recorded_again():
     p = setup()
     p.begin("main")
     p.record("fork", "main")
     p.end("main")
     p.launch("main", "produce", writes=["x"])
-    p.wait("B", "fork")  # the record executed nothing: B is not ordered after `produce`
+    p.wait("B", "fork")  # refused: the record executed nothing, B is not ordered after `produce`
+    p.event_sync("fork")  # refused too
     p.launch("B", "consume", reads=["x"])
-    (race,) = p.checker().races
-    assert race.kind == "RAW"
+    p.record("fork", "main")  # an ordinary record makes it usable again
+    p.wait("A", "fork")
+    p.launch("A", "consume_again", reads=["x"])
+    checker = p.checker()
+    assert [e.code for e in checker.capture_errors] == ["cudaErrorCapturedEvent"] * 2
+    (race,) = checker.races
+    assert (race.kind, race.second.name) == ("RAW", "consume")
 
 
 def test_the_checker_recovers_after_a_refused_capture():
