@@ -23,6 +23,16 @@ Policies
   launches (every launch may get one under random; only at `depth - 1` seeded
   change points under pct).
 
+Stream capture (CUDA graphs): begin_capture / end_capture / launch_graph map to
+CuPy's Stream.begin_capture(mode) / end_capture() and Graph.launch(stream); CUDA
+captures the launches, copies, records and waits on capturing streams itself. No
+delay is injected while a stream captures: a spin issued then would not delay
+anything now (captured work does not run) but would be baked into the graph and
+replayed at every launch, long after this policy decided on it. The delay policy
+is consulted at launch_graph instead, and spins on the launch stream before the
+graph, which makes races between the graph and work outside it strike. A race
+*inside* a graph can only strike if the program captures its own delay.
+
 Implicit synchronization (first cuBLAS call, lazy module loading, memory-pool
 growth) often makes a race *not* strike in a single-shot program. `warm_up()`
 gets these out of the way and records each as `device.note_implicit_sync(...)`,
@@ -38,7 +48,7 @@ from typing import Optional
 import numpy as np
 
 from ..schedule import Schedule, ScheduleError, check_strike_pattern, describe_delay, strikes
-from ..trace import StreamKind
+from ..trace import CaptureMode, StreamKind
 
 POLICIES = ("sequential", "eager", "delay", "random", "pct")
 SPIN_SOURCE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "cuda", "spin_delay.cu")
@@ -46,6 +56,32 @@ MAX_DELAY_US = 50_000  # the spin kernel's hard cap (STREAMCHECK_SPIN_MAX_NS): n
 _DTYPES = {"float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
            "uint64", "bool"}
 _CONTEXT_PARAMS = ("steps", "horizon")  # the sim's units; accepted so one test runs on both backends
+
+
+# cudaStreamCaptureMode values as CuPy's runtime module names them.
+_CAPTURE_MODE_NAMES = {
+    CaptureMode.GLOBAL: "streamCaptureModeGlobal",
+    CaptureMode.THREAD_LOCAL: "streamCaptureModeThreadLocal",
+    CaptureMode.RELAXED: "streamCaptureModeRelaxed",
+}
+GRAPH_LAUNCH_NAME = "cudaGraphLaunch"  # what `kernels=` names to delay graph launches
+
+
+def capture_mode_value(mode, runtime) -> int:
+    """The cudaStreamCaptureMode integer for `mode` (CaptureMode or its name), read from
+    CuPy's runtime module (cupy.cuda.runtime), which Stream.begin_capture(mode=...) takes."""
+    mode = CaptureMode.parse(mode)
+    return int(getattr(runtime, _CAPTURE_MODE_NAMES[mode]))
+
+
+def graph_delay_name(node_names, kernels) -> str:
+    """The name a graph launch is matched against `kernels=` with: the first captured kernel
+    named there (so naming a kernel also delays the graphs that contain it), else
+    GRAPH_LAUNCH_NAME."""
+    for name in node_names:
+        if name in kernels:
+            return name
+    return GRAPH_LAUNCH_NAME
 
 
 def _suppressed():
@@ -208,6 +244,8 @@ class CupyBackend:
         self._op_times: dict = {}
         self._spin: Optional[SpinDelay] = None
         self._host_stream = None  # private stream for host_read/host_write (see there)
+        self._captures = 0  # captures begun here and not yet ended
+        self._graph_names: dict = {}  # graph id -> names of its captured kernels (delay targeting)
         try:
             self._least, self._greatest = cupy.cuda.runtime.deviceGetStreamPriorityRange()
         except Exception:  # not exposed by this CuPy build; CUDA clamps out-of-range values anyway
@@ -251,6 +289,14 @@ class CupyBackend:
             event.handle = self._cupy.cuda.Event(disable_timing=True)
 
     def alloc(self, buf, fill) -> None:
+        if self._captures:
+            from ..device import DeviceError
+
+            # The fill runs on the legacy stream and the host waits for it, and pool growth is a
+            # cudaMalloc: both are illegal or unsafe while a capture is open.
+            raise DeviceError(f"alloc `{buf.name}` at {buf.site} while a graph is being captured: the cupy backend "
+                              "allocates (and fills on the legacy stream) synchronously. Allocate every buffer "
+                              "the graph uses before begin_capture; a graph replays fixed addresses anyway")
         cupy = self._cupy
         pool = cupy.get_default_memory_pool()
         before = pool.total_bytes()
@@ -295,11 +341,25 @@ class CupyBackend:
     def _trace_index(self) -> int:
         return len(self._device.trace) - 1  # the device recorded this operation just before calling us
 
+    def _capturing(self, handle) -> bool:
+        """Whether CUDA captures work issued to `handle` now (the origin of a capture, or a
+        stream forked into one). Asked only while a capture begun here is open, so the
+        ordinary path costs one integer test."""
+        if not self._captures:
+            return False
+        try:
+            return bool(handle.is_capturing())
+        except Exception:  # an invalidated capture, or the legacy stream next to a blocking capture
+            return True
+
     def _before(self, stream, name: str):
-        """Spin (per the policy) and open a timing window; return what _after needs."""
+        """Spin (per the policy) and open a timing window; return what _after needs.
+        Nothing for work that is being captured (see the module docstring)."""
         index = self._trace_index()
-        us = self.policy.spin_before(stream.name, name)
         handle = self._handle(stream)
+        if self._captures and self._capturing(handle):
+            return index, handle, None
+        us = self.policy.spin_before(stream.name, name)
         if us > 0:
             if self._spin is None:
                 self._spin = SpinDelay.get()
@@ -349,6 +409,14 @@ class CupyBackend:
         self._after(token)
 
     def upload(self, stream, dst, host_array, site) -> None:
+        if self._captures and self._capturing(self._handle(stream)):
+            from ..device import DeviceError
+
+            # A captured H2D copy reads the host array again at every replay, and CuPy copies
+            # from pageable memory, which CUDA cannot capture.
+            raise DeviceError(f"upload to {dst} at {site} on {stream.name}, which is capturing a graph: the cupy "
+                              "backend cannot capture a host-to-device copy. Upload into a device buffer before "
+                              "begin_capture and copy from it inside the capture")
         token = self._before(stream, "copy H2D")
         out = dst.array()
         with _suppressed():
@@ -410,8 +478,70 @@ class CupyBackend:
         with _suppressed():
             self._cupy.cuda.runtime.deviceSynchronize()
 
+    # --- stream capture ---------------------------------------------------------------
+    def begin_capture(self, stream, graph_id: int, mode) -> None:
+        """cudaStreamBeginCapture through CuPy, with CaptureMode mapped to CuPy's
+        runtime.streamCaptureMode* value (CuPy's own default would be relaxed)."""
+        handle = self._handle(stream)
+        with _suppressed():
+            handle.begin_capture(mode=capture_mode_value(mode, self._cupy.cuda.runtime))
+        self._captures += 1
+
+    def end_capture(self, stream, graph):
+        """cudaStreamEndCapture + instantiate: returns CuPy's Graph (the handle launch_graph takes)."""
+        handle = self._handle(stream)
+        try:
+            with _suppressed():
+                cupy_graph = handle.end_capture()
+        except Exception as exc:
+            from ..device import DeviceError
+
+            raise DeviceError(
+                f"end_capture on {stream.name} at {graph.end_site}: CUDA refused graph {graph.id} ({exc}) although "
+                "streamcheck's capture model accepted it. Most often an unsafe call during a global or "
+                "thread-local capture invalidated it, such as cudaMalloc when CuPy's pool grows for a temporary "
+                "array inside a captured kernel: allocate before begin_capture, write through out= arguments, "
+                "or begin with mode='relaxed'") from exc
+        finally:
+            self._captures -= 1  # CUDA ends the capture whether or not it produced a graph
+        self._graph_names[graph.id] = tuple(dict.fromkeys(getattr(n.op, "name", "") for n in graph.nodes))
+        return cupy_graph
+
+    def abort_capture(self, stream) -> None:
+        """End a capture that CUDA still holds open after streamcheck refused its end_capture
+        (an unjoined fork, a capture invalidated by an op the device refused and never issued):
+        without this the stream would go on capturing everything issued to it. Whatever CUDA
+        says about that capture is discarded; streamcheck has already raised its own error."""
+        if not self._captures:
+            return
+        handle = self._handle(stream)
+        try:
+            capturing = bool(handle.is_capturing())
+        except Exception:  # invalidated: still to be ended
+            capturing = True
+        if not capturing:
+            return
+        try:
+            with _suppressed():
+                handle.end_capture()
+        except Exception:  # CUDA's own refusal of the same capture (e.g. cudaErrorStreamCaptureUnjoined)
+            pass
+        finally:
+            self._captures -= 1
+
+    def launch_graph(self, handle, stream, site) -> None:
+        """cudaGraphLaunch on `stream`; the policy may spin on that stream first."""
+        op = self._device.trace.ops[-1]  # the GraphLaunch the device recorded just before calling us
+        names = self._graph_names.get(getattr(op, "graph", None), ())
+        token = self._before(stream, graph_delay_name(names, self.policy.kernels))
+        with _suppressed():
+            handle.launch(stream=token[1])
+        self._after(token)
+
     def tick(self) -> None:
-        if self.policy.name == "sequential":
+        # While a capture is open a device synchronize is illegal (and would invalidate it);
+        # captured work does not run until the graph is launched anyway.
+        if self.policy.name == "sequential" and not self._captures:
             with _suppressed():
                 self._cupy.cuda.runtime.deviceSynchronize()
 
