@@ -15,21 +15,40 @@ reported whether or not the chosen schedule made it strike.
 
 Misuse raises DeviceError at the call that made it, naming the call, the object
 and the user's line; it is never deferred to when the work happens to execute.
+
+Stream capture (CUDA graphs): work issued to a capturing stream, and to streams forked
+from it through events, becomes graph nodes instead of executing; `end_capture` returns
+a Graph that runs all of it, as one unit of work on a stream, every time it is launched.
+
+    main.begin_capture()
+    ...fork to A and B with events, issue work, join both back into main...
+    graph = main.end_capture()
+    graph.launch(main)
+
+The device's CaptureTracker (capture.py) decides what a capture holds; what CUDA refuses
+during capture raises its CaptureError, with CUDA's error name, after the call has been
+recorded into the trace (so the checker sees the same call and collects the same error).
 """
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
 from . import trace as T
+from .capture import CaptureError, CapturedGraph, CaptureTracker
 from .hb import Checker, format_report
 from .trace import CallSite, Range, StreamKind, caller_site
 
 
 class DeviceError(RuntimeError):
     """Misuse of the device API: names the call, the object and the call site."""
+
+
+__all__ = ["Buffer", "CaptureError", "Device", "DeviceError", "DeviceThread", "Event", "Graph", "KernelError",
+           "Region", "Stream"]
 
 
 class KernelError(RuntimeError):
@@ -144,6 +163,22 @@ class Stream:
         """Block the host until everything issued to this stream so far has executed."""
         self.device._sync_stream(self, caller_site())
 
+    def begin_capture(self, mode="global") -> None:
+        """cudaStreamBeginCapture: from now on, work issued to this stream (and to streams that
+        wait on an event recorded on it) is captured into a graph instead of executing.
+        `mode`: global (default), thread_local or relaxed (cudaStreamCaptureMode)."""
+        self.device._begin_capture(self, mode, caller_site())
+
+    def end_capture(self) -> "Graph":
+        """cudaStreamEndCapture: the captured work as a Graph; every stream forked from this
+        one must have been joined back into it (CaptureError cudaErrorStreamCaptureUnjoined)."""
+        return self.device._end_capture(self, caller_site())
+
+    @property
+    def is_capturing(self) -> bool:
+        """True while this stream captures (it began a capture, or forked into one)."""
+        return self.device.capture_tracker.capturing(self.id) is not None
+
     def __repr__(self) -> str:
         return f"Stream({self.name!r}, {self.kind.value})"
 
@@ -172,6 +207,45 @@ class Event:
         return f"Event({self.name!r})"
 
 
+class Graph:
+    """An executable CUDA graph made by Stream.end_capture(). `nodes` are the captured kernels
+    and copies (capture.CapturedNode: stream, per-stream seq, graph-order clock, trace op)."""
+
+    def __init__(self, device: "Device", captured: CapturedGraph, handle: Any, buffers: tuple):
+        self.device = device
+        self.captured = captured
+        self.handle = handle  # the backend's executable graph
+        self.buffers = buffers  # every Buffer a node touches: launching after a free is refused
+        self.launches = 0
+
+    @property
+    def id(self) -> int:
+        return self.captured.id
+
+    @property
+    def nodes(self) -> tuple:
+        return self.captured.nodes
+
+    def launch(self, stream: Optional[Stream] = None) -> None:
+        """cudaGraphLaunch on `stream` (the legacy stream if None): the whole graph runs after
+        the work issued to `stream` so far and before work issued to it later."""
+        self.device._launch_graph(self, stream, caller_site())
+
+    def __repr__(self) -> str:
+        origin = self.device._stream_names.get(self.captured.origin, f"stream{self.captured.origin}")
+        return (f"Graph({self.id}, {len(self.nodes)} nodes, captured on {origin!r} "
+                f"at {self.captured.begin_site}..{self.captured.end_site})")
+
+
+def _stream_label(kind: StreamKind, name: str, id: int, thread: int) -> str:
+    """How the checker names a stream (hb.Checker), so capture errors read the same from both."""
+    if kind is StreamKind.LEGACY:
+        return name or "legacy default stream"
+    if kind is StreamKind.PER_THREAD:
+        return name or f"per-thread default stream of thread {thread}"
+    return f"stream {name}" if name else f"stream{id}"
+
+
 class Device:
     """Front end: validates, records, forwards to the backend."""
 
@@ -184,10 +258,16 @@ class Device:
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise DeviceError(f"Device() at {site}: seed must be an integer, got {seed!r}")
         self.trace = T.Trace()
+        # Always on, even with check=False: the sim backend asks it what a capture holds,
+        # and CUDA's capture errors must be raised whether or not races are checked.
+        self.capture_tracker = CaptureTracker()
+        self._capture_buffers: dict = {}  # active graph id -> {buffer id: Buffer} its nodes touch
+        self._stream_names: dict = {}  # stream id -> name, for Graph's repr
+        self._buffers = weakref.WeakValueDictionary()  # buffer id -> Buffer, for what a graph touches
         self.backend = make_backend(backend, device=self, policy=policy, seed=int(seed), **policy_params)
         self.checker: Optional[Checker] = Checker() if check else None
         self._lock = threading.RLock()
-        self._next = {"stream": 1, "event": 1, "buffer": 1}
+        self._next = {"stream": 1, "event": 1, "buffer": 1, "graph": 1}
         self._threads: dict = {threading.get_ident(): 0}
         self._per_thread: dict[int, Stream] = {}
         # Named "legacy" for delay targets; recorded without a name so reports say
@@ -270,7 +350,10 @@ class Device:
                 id = self._next["stream"]
                 self._next["stream"] += 1
             stream = Stream(self, id, kind, label or name or f"stream{id}", priority)
-            self._record(T.StreamCreate(self._thread_id(), site, stream=id, kind=kind, name=name))
+            tid = self._thread_id()
+            self._record(T.StreamCreate(tid, site, stream=id, kind=kind, name=name))
+            self.capture_tracker.stream_created(id, kind, _stream_label(kind, name, id, tid))
+            self._stream_names[id] = stream.name
             self.backend.new_stream(stream)
             return stream
 
@@ -308,6 +391,7 @@ class Device:
             id = self._next["event"]
             self._next["event"] += 1
             event = Event(self, id, name or f"event{id}")
+            event._recorded_outside = False  # its last record executes (made outside any capture)
             self._record(T.EventCreate(self._thread_id(), site, event=id, name=event.name))
             self.backend.new_event(event)
             return event
@@ -343,6 +427,7 @@ class Device:
             id = self._next["buffer"]
             self._next["buffer"] += 1
             buf = Buffer(self, id, shape, dtype, name or f"buffer{id}", site)
+            self._buffers[id] = buf
             self._record(T.Alloc(self._thread_id(), site, buffer=id, nbytes=buf.nbytes, name=buf.name))
             self.backend.alloc(buf, fill)
             self.backend.tick()
@@ -356,6 +441,8 @@ class Device:
         region = self._region(buffer, "free", site)
         if stream is not None:
             self._stream_or_default(stream, f"free `{buffer.name}`", site)
+            self._refuse_if_capturing(stream, f"free `{buffer.name}`", site,
+                                      "free it on a stream that is not capturing, or after end_capture")
         with self._lock:
             self._record(T.Free(self._thread_id(), site, buffer=region.buffer.id,
                                 stream=stream.id if stream is not None else None))
@@ -399,7 +486,10 @@ class Device:
         reads = tuple([r.byte_range() for r in reads])
         writes = tuple([w.byte_range() for w in writes])
         with self._lock:
-            self._record(T.Launch(self._thread_id(), site, stream=stream.id, name=name, reads=reads, writes=writes))
+            op = T.Launch(self._thread_id(), site, stream=stream.id, name=name, reads=reads, writes=writes)
+            self._record(op)
+            if self.capture_tracker.active:  # the one check the hot path pays while nothing captures
+                self._capture_node(op, stream, reads, writes)
             self.backend.launch(stream, kernel, tuple(args), name, site)
             self.backend.tick()
 
@@ -417,7 +507,10 @@ class Device:
             raise DeviceError(f"copy at {site}: {src} and {dst} overlap; cudaMemcpy on overlapping memory is "
                               "undefined, copy through a temporary buffer")
         with self._lock:
-            self._record(T.Copy(self._thread_id(), site, stream=stream.id, kind=T.CopyKind.D2D, src=s, dst=d))
+            op = T.Copy(self._thread_id(), site, stream=stream.id, kind=T.CopyKind.D2D, src=s, dst=d)
+            self._record(op)
+            if self.capture_tracker.active:
+                self._capture_node(op, stream, (s,), (d,))
             self.backend.copy(stream, dst, src, site)
             self.backend.tick()
 
@@ -436,8 +529,11 @@ class Device:
             raise DeviceError(f"upload to {dst} at {site}: {host_array.size} host elements for {expected} "
                               "device elements; the sizes must match")
         with self._lock:
-            self._record(T.Copy(self._thread_id(), site, stream=stream.id, kind=T.CopyKind.H2D,
-                                src=None, dst=dst.byte_range()))
+            op = T.Copy(self._thread_id(), site, stream=stream.id, kind=T.CopyKind.H2D, src=None, dst=dst.byte_range())
+            self._record(op)
+            if self.capture_tracker.active:
+                # Captured: the graph reads the host array at every launch (keep it alive and current).
+                self._capture_node(op, stream, (), (op.dst,))
             self.backend.upload(stream, dst, host_array, site)
             self.backend.tick()
 
@@ -446,9 +542,13 @@ class Device:
         site = caller_site()
         stream = self._stream_or_default(stream, "download", site)
         src = self._region(src, "download src", site)
+        self._refuse_if_capturing(stream, f"download of {src}", site, "download after launching the graph "
+                                  "(graph.launch(stream), then download on that stream and synchronize it)")
         with self._lock:
-            self._record(T.Copy(self._thread_id(), site, stream=stream.id, kind=T.CopyKind.D2H,
-                                src=src.byte_range(), dst=None))
+            op = T.Copy(self._thread_id(), site, stream=stream.id, kind=T.CopyKind.D2H, src=src.byte_range(), dst=None)
+            self._record(op)
+            if self.capture_tracker.active:
+                self._capture_node(op, stream, (op.src,), ())  # the legacy stream's implicit join
             out = self.backend.download(stream, src, site)
             self.backend.tick()
             return out
@@ -484,8 +584,10 @@ class Device:
     def get(self, region, stream: Optional[Stream] = None) -> np.ndarray:
         """Like CuPy's ndarray.get(): synchronize `stream` (the legacy stream if None) only, then read."""
         site = caller_site()
-        self._region(region, "get", site)
+        region = self._region(region, "get", site)
         stream = self._stream_or_default(stream, "get", site)
+        self._refuse_if_capturing(stream, f"get of {region}", site, "read it after launching the graph "
+                                  "(graph.launch(stream), then get on that stream)")
         self._sync_stream(stream, site)
         return self._host_read(region, site)
 
@@ -493,7 +595,9 @@ class Device:
         """Block the host until all work issued so far, on every stream, has executed."""
         site = caller_site()
         with self._lock:
-            self._record(T.DeviceSync(self._thread_id(), site))
+            op = T.DeviceSync(self._thread_id(), site)
+            self._record(op)
+            self.capture_tracker.sync_device(op)
             self.backend.sync_device(site)
             self.backend.tick()
 
@@ -517,27 +621,37 @@ class Device:
         self._check_event(event, "record", site)
         stream = self._stream_or_default(stream, f"record `{event.name}`", site)
         with self._lock:
-            self._record(T.EventRecord(self._thread_id(), site, event=event.id, stream=stream.id))
+            op = T.EventRecord(self._thread_id(), site, event=event.id, stream=stream.id)
+            self._record(op)
+            # Inside a capture a record marks a point in the graph and executes nothing.
+            event._recorded_outside = not self.capture_tracker.record(op)
             self.backend.record(event, stream)
             self.backend.tick()
 
     def _wait(self, stream: Stream, event: Event, site: CallSite) -> None:
         self._check_event(event, f"{stream.name}.wait_event", site)
         with self._lock:
-            self._record(T.StreamWait(self._thread_id(), site, stream=stream.id, event=event.id))
+            op = T.StreamWait(self._thread_id(), site, stream=stream.id, event=event.id)
+            self._record(op)
+            # A fork into, or a join within, a capture; or a capture error (isolation, merge).
+            self.capture_tracker.wait(op, event._recorded_outside)
             self.backend.wait(stream, event)
             self.backend.tick()
 
     def _sync_stream(self, stream: Stream, site: CallSite) -> None:
         with self._lock:
-            self._record(T.StreamSync(self._thread_id(), site, stream=stream.id))
+            op = T.StreamSync(self._thread_id(), site, stream=stream.id)
+            self._record(op)
+            self.capture_tracker.sync_stream(op, stream.id)
             self.backend.sync_stream(stream, site)
             self.backend.tick()
 
     def _sync_event(self, event: Event, site: CallSite) -> None:
         self._check_event(event, "synchronize", site)
         with self._lock:
-            self._record(T.EventSync(self._thread_id(), site, event=event.id))
+            op = T.EventSync(self._thread_id(), site, event=event.id)
+            self._record(op)
+            self.capture_tracker.sync_event(op, event.id, event.name)
             self.backend.sync_event(event, site)
             self.backend.tick()
 
@@ -546,6 +660,95 @@ class Device:
         with self._lock:
             self._record(T.EventDestroy(self._thread_id(), site, event=event.id))
             event.destroyed = True
+
+    # --- stream capture -------------------------------------------------------------------
+    def _capture_backend(self, what: str, site: CallSite, method: str):
+        call = getattr(self.backend, method, None)
+        if call is None:
+            raise DeviceError(f"{what} at {site}: the {getattr(self.backend, 'name', '?')} backend does not "
+                              "support stream capture; use backend='sim' or 'cupy'")
+        return call
+
+    def _refuse_if_capturing(self, stream: Stream, what: str, site: CallSite, do: str) -> None:
+        graph = self.capture_tracker.capturing(stream.id)
+        if graph is not None:
+            raise DeviceError(f"{what} at {site}: {stream.name} is capturing graph {graph}, so nothing issued to "
+                              f"it runs until the graph is launched; {do}")
+
+    def _capture_node(self, op, stream: Stream, reads, writes) -> None:
+        """A kernel or copy while some stream captures: a graph node if `stream` captures.
+        Raises CaptureError (the op is already in the trace) for what CUDA refuses."""
+        node = self.capture_tracker.node(op, stream.id)
+        if node is not None:
+            graph = self.capture_tracker.capturing(stream.id)
+            touched = self._capture_buffers.setdefault(graph, {})
+            for rng in reads + writes:
+                buf = self._buffers.get(rng.buffer)
+                if buf is not None:
+                    touched[rng.buffer] = buf
+
+    def _begin_capture(self, stream: Stream, mode, site: CallSite) -> None:
+        what = f"{stream.name}.begin_capture(mode={mode!r})"
+        try:
+            mode = T.CaptureMode.parse(mode)
+        except ValueError as exc:
+            raise DeviceError(f"{what} at {site}: {exc}") from None
+        begin = self._capture_backend(what, site, "begin_capture")
+        with self._lock:
+            graph = self._next["graph"]
+            self._next["graph"] += 1
+            op = T.CaptureBegin(self._thread_id(), site, stream=stream.id, graph=graph, mode=mode)
+            self._record(op)
+            self.capture_tracker.begin(op)
+            self._capture_buffers[graph] = {}
+            begin(stream, graph, mode)
+
+    def _end_capture(self, stream: Stream, site: CallSite) -> Graph:
+        end = self._capture_backend(f"{stream.name}.end_capture()", site, "end_capture")
+        tracker = self.capture_tracker
+        with self._lock:
+            graph = tracker.capturing(stream.id)
+            op = T.CaptureEnd(self._thread_id(), site, stream=stream.id, graph=graph if graph is not None else 0)
+            self._record(op)
+            try:
+                captured = tracker.end(op)
+            finally:
+                # An error may have ended the capture too (CUDA ends an invalidated one).
+                live = {tracker.capturing(s) for s in self._stream_names}
+                ended = {g: self._capture_buffers.pop(g) for g in list(self._capture_buffers) if g not in live}
+            touched = ended.get(captured.id, {})
+            buffers = tuple(touched[b] for b in sorted(touched))
+            return Graph(self, captured, end(stream, captured), buffers)
+
+    def _launch_graph(self, graph: Graph, stream: Optional[Stream], site: CallSite) -> None:
+        if not isinstance(graph, Graph):
+            raise DeviceError(f"graph launch at {site}: expected a Graph (from Stream.end_capture()), "
+                              f"got {_type_name(graph)}")
+        what = f"launch of graph {graph.id}"
+        if graph.device is not self:
+            raise DeviceError(f"{what} at {site}: the graph was captured on another Device; launch it there, "
+                              "or capture it again on this one")
+        if stream is not None and (not isinstance(stream, Stream) or stream.device is not self):
+            raise DeviceError(f"{what} at {site}: {stream!r} is not a stream of the graph's device; launch a "
+                              "graph on a stream of the Device that captured it")
+        stream = self._stream_or_default(stream, what, site)
+        self._refuse_if_capturing(stream, what, site, "streamcheck does not model a graph launched into another "
+                                  "capture (a child graph node); launch it after end_capture")
+        for buf in graph.buffers:
+            if buf.freed:
+                raise DeviceError(f"{what} at {site}: buffer `{buf.name}` (allocated at {buf.site}), which a node "
+                                  "of the graph uses, was freed; capture the graph again over live buffers")
+        launch = self._capture_backend(what, site, "launch_graph")
+        with self._lock:
+            op = T.GraphLaunch(self._thread_id(), site, stream=stream.id, graph=graph.id)
+            self._record(op)
+            if self.capture_tracker.active:
+                # Never a node (the stream is not capturing), but the legacy stream's implicit join with
+                # a capturing blocking stream is refused (cudaErrorStreamCaptureImplicit).
+                self.capture_tracker.node(op, stream.id)
+            launch(graph.handle, stream, site)
+            graph.launches += 1
+            self.backend.tick()
 
     def _check_event(self, event, what: str, site: CallSite) -> None:
         if not isinstance(event, Event) or event.device is not self:

@@ -17,6 +17,21 @@ A host synchronize blocks the host: the scheduler keeps executing until the
 awaited work (and everything it depends on) has run. Injected delays do not
 apply to that work, so a synchronize always completes; unrelated delayed work
 stays pending, so `stream.synchronize()` does not drain other streams.
+
+Stream capture: work issued to a capturing stream (the device's CaptureTracker says
+which) is held as a graph node and not executed. A graph launch on stream L is a start
+marker on L, the graph's nodes on lanes (one per captured stream, scheduled like
+streams, with ids from 1000 up that never clash with a live stream's), and an end marker
+on L that waits for every lane: so the graph runs after earlier work on L and before
+later work on L. Inside the graph a node is ready once its graph predecessors (the
+capture's vector clock) and its lane's earlier nodes have executed, and the policy
+chooses among ready lanes like among streams: a missing edge inside a graph can strike,
+and every choice goes into the schedule, so seeds and replay strings reproduce it.
+Ready lanes are offered after the streams, ordered by their next node's capture order,
+so `sequential`/`eager` run a graph in capture order. Delays: a lane carries its
+captured stream's name, so a delay on stream A (or on kernel k) holds A's nodes (or k's)
+inside every launch too, counted from the launch; a delay on L holds the launch itself
+(its start marker); the end marker is bookkeeping and never held.
 """
 from __future__ import annotations
 
@@ -26,17 +41,22 @@ from typing import Optional
 import numpy as np
 
 from ..schedule import HOST, Policy, Replay, Schedule, ScheduleError, make_policy
+from ..capture import CapturedGraph
 from ..trace import CallSite, StreamKind
 
 _DTYPES = {"float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool"}
 
 
 _UNKNOWN = object()
+_LANE_BASE = 1000  # graph lanes take ids from here up, skipping ids of live streams
+_BOOKKEEPING = -(1 << 62)  # issued_at of a graph's end marker: "long ago", so no delay applies
 
 
 class _Pending:
     """One operation waiting on its stream. Policies read `stream`, `stream_name`,
-    `name`, `kind` ("launch", "copy", "record", "wait") and `issued_at`."""
+    `name`, `kind` ("launch", "copy", "record", "wait", "graph") and `issued_at`.
+    `trace_index`: the trace index of its call; (graph launch's index, node index) for
+    a graph node; None for a graph's end marker."""
 
     __slots__ = ("sim", "seq", "deps", "run", "args", "name", "kind", "issued_at", "trace_index", "release")
 
@@ -76,6 +96,43 @@ class _SimStream:
         self.with_deps: deque = deque()
         self.issued = 0  # operations issued so far; the n-th has seq n
         self.executed = 0  # operations executed so far (always a prefix: stream order)
+
+
+class _Lane:
+    """What _SimStream needs to know of a graph lane: a captured stream's nodes in one launch."""
+
+    __slots__ = ("id", "name", "kind")
+
+    def __init__(self, id: int, name: str):
+        self.id = id
+        self.name = name  # the captured stream's: delays aimed at it hold its nodes too
+        self.kind = StreamKind.NON_BLOCKING  # the graph orders a lane; the legacy stream never does
+
+
+class SimGraph:
+    """The sim's executable graph: the captured nodes with what running each one means."""
+
+    __slots__ = ("captured", "nodes", "members", "deps")
+
+    def __init__(self, captured: CapturedGraph, nodes: tuple, names: dict):
+        self.captured = captured
+        self.nodes = nodes  # (CapturedNode, run, args, name, kind) in capture order
+        # Captured streams that hold nodes, by first node: one lane each per launch.
+        members: dict = {}
+        for node in captured.nodes:
+            members.setdefault(node.stream, names.get(node.stream, f"stream{node.stream}"))
+        self.members = tuple(members.items())
+        # Node j waits, on every other lane s, for s's first j.clock[s] nodes; its own
+        # lane's earlier nodes come first by lane order.
+        self.deps = tuple(tuple((s, n) for s, n in node.clock.items() if s != node.stream and n > 0)
+                          for node in captured.nodes)
+
+    @property
+    def id(self) -> int:
+        return self.captured.id
+
+    def __repr__(self) -> str:
+        return f"SimGraph({self.id}, {len(self.nodes)} nodes on {len(self.members)} lanes)"
 
 
 def _byte_view(array: np.ndarray) -> np.ndarray:
@@ -129,6 +186,11 @@ class SimBackend:
         self._legacy: Optional[_SimStream] = None
         self._joiners: list[_SimStream] = []
         self._events: dict[int, Optional[tuple]] = {}  # event id -> (_SimStream, seq) of its last record
+        self._tracker = device.capture_tracker  # what a capture holds: shared with the device
+        self._held: dict = {}  # graph id being captured -> [(run, args, name, kind), ...] in issue order
+        self._lanes: list = []  # _SimStreams of graph lanes with work still to run
+        # (graph launch trace index, node index) -> (start, end) in scheduler steps.
+        self.node_times: dict = {}
 
     # --- objects ------------------------------------------------------------------------
     def dtype(self, dtype) -> np.dtype:
@@ -138,6 +200,9 @@ class SimBackend:
         return dt
 
     def new_stream(self, stream) -> None:
+        if stream.id in self._streams:
+            raise self._DeviceError(f"sim: stream id {stream.id} is taken by a lane of a running graph; "
+                                    f"create fewer than {_LANE_BASE} streams, or synchronize graphs first")
         sim = _SimStream(stream)
         self._streams[stream.id] = sim
         self._order.append(sim)
@@ -185,7 +250,18 @@ class SimBackend:
 
     # Operations are (bound method, arguments) rather than closures: a launch is the hot path.
     def launch(self, stream, kernel, args, name, site) -> None:
-        self._enqueue(stream, self._run_kernel, (kernel, args, name, site, stream), name, "launch")
+        args = (kernel, args, name, site, stream)
+        if self._tracker.active and self._hold_node(stream, self._run_kernel, args, name, "launch"):
+            return
+        self._enqueue(stream, self._run_kernel, args, name, "launch")
+
+    def _hold_node(self, stream, run, args: tuple, name: str, kind: str) -> bool:
+        """Keep an operation on a capturing stream as a graph node instead of issuing it."""
+        graph = self._tracker.capturing(stream.id)
+        if graph is None:
+            return False
+        self._held.setdefault(graph, []).append((run, args, name, kind))
+        return True
 
     def _run_kernel(self, kernel, args, name, site, stream) -> None:
         # Buffers/Regions become arrays when the kernel runs, not when it is issued.
@@ -203,25 +279,104 @@ class SimBackend:
             raise err from exc
 
     def copy(self, stream, dst, src, site) -> None:
+        if self._tracker.active and self._hold_node(stream, _copy_bytes, (dst, src), "copy D2D", "copy"):
+            return
         self._enqueue(stream, _copy_bytes, (dst, src), "copy D2D", "copy")
 
     def upload(self, stream, dst, host_array, site) -> None:
-        # The host memory is read when the copy executes (it must stay unchanged until then).
+        # The host memory is read when the copy executes (it must stay unchanged until then);
+        # captured, at every launch of the graph.
+        if self._tracker.active and self._hold_node(stream, _copy_from_host, (dst, host_array), "copy H2D", "copy"):
+            return
         self._enqueue(stream, _copy_from_host, (dst, host_array), "copy H2D", "copy")
 
     def download(self, stream, src, site) -> np.ndarray:
+        if self._tracker.active and self._tracker.capturing(stream.id) is not None:
+            raise self._DeviceError(f"download of {src} at {site}: {stream.name} is capturing; the device API "
+                                    "refuses this before it reaches the backend (please report)")
         out = np.full(src.array().shape, np.nan if src.buffer.dtype.kind == "f" else 0, dtype=src.buffer.dtype)
         self._enqueue(stream, _copy_to_host, (out, src), "copy D2H", "copy")
         return out
 
     def record(self, event, stream) -> None:
+        if self._tracker.active and self._tracker.capturing(stream.id) is not None:
+            # A point in a graph (the tracker keeps it); on the device it records nothing,
+            # so an ordinary wait on it later waits for nothing.
+            self._events[event.id] = None
+            return
         # Captures the work issued to `stream` so far; replaces any earlier record.
         self._events[event.id] = self._enqueue(stream, None, (), f"record {event.name}", "record")
 
     def wait(self, stream, event) -> None:
+        if self._tracker.active and self._tracker.capturing(stream.id) is not None:
+            return  # a fork into or a join within the graph: an edge the tracker's clocks hold
         captured = self._events[event.id]  # the state *now*; later records do not matter
         deps = (captured,) if captured is not None else ()  # never recorded: a no-op
         self._enqueue(stream, None, (), f"wait {event.name}", "wait", deps)
+
+    # --- stream capture -----------------------------------------------------------------
+    def begin_capture(self, stream, graph_id: int, mode) -> None:
+        # Drop what captures that failed held (their end raised, so end_capture never came).
+        live = {self._tracker.capturing(sid) for sid in self._streams}
+        self._held = {g: nodes for g, nodes in self._held.items() if g in live}
+        self._held[graph_id] = []
+
+    def end_capture(self, stream, graph: CapturedGraph) -> SimGraph:
+        held = self._held.pop(graph.id, [])
+        if len(held) != len(graph.nodes):
+            raise self._DeviceError(f"end_capture of graph {graph.id} at {graph.end_site}: the sim held "
+                                    f"{len(held)} operations for {len(graph.nodes)} captured nodes "
+                                    "(simulator invariant broken; please report)")
+        names = {sid: sim.name for sid, sim in self._streams.items()}
+        return SimGraph(graph, tuple((node,) + entry for node, entry in zip(graph.nodes, held)), names)
+
+    def _new_lane(self, name: str) -> _SimStream:
+        id = _LANE_BASE
+        while id in self._streams:
+            id += 1
+        lane = _SimStream(_Lane(id, name))
+        self._streams[id] = lane
+        self._lanes.append(lane)
+        return lane
+
+    def launch_graph(self, handle: SimGraph, stream, site) -> None:
+        index = len(self._trace.ops) - 1  # the GraphLaunch the device recorded just before
+        gid = handle.id
+        start = self._enqueue(stream, None, (), f"graph {gid} start", "graph")
+        lanes = {sid: self._new_lane(name) for sid, name in handle.members}
+        issued_at = self.now + 1
+        for (node, run, args, name, kind), deps in zip(handle.nodes, handle.deps):
+            lane = lanes[node.stream]
+            seq = lane.issued = lane.issued + 1
+            deps = tuple([(lanes[s], n) for s, n in deps])
+            if seq == 1:
+                deps += (start,)  # after everything issued to the launch stream before the launch
+            op = _Pending(lane, seq, deps, run, args, name, kind, issued_at, (index, node.index))
+            lane.queue.append(op)
+            if deps:
+                lane.with_deps.append(op)
+            self._pending += 1
+        # Later work on the launch stream follows the end marker, which waits for every node.
+        done = tuple([(lane, lane.issued) for lane in lanes.values()])
+        sim, _ = self._enqueue(stream, self._graph_done, (index, tuple(lanes.values())), f"graph {gid} end",
+                               "graph", done)
+        end = sim.queue[-1]
+        end.trace_index = None
+        end.issued_at = _BOOKKEEPING
+
+    def _graph_done(self, index: int, lanes: tuple) -> None:
+        """The end marker executes: the launch spans from its start marker to now; lanes retire."""
+        started = self.op_times.get(index, (self._step, 0))[0]
+        self.op_times[index] = (started, self._step + 1)
+        for lane in lanes:
+            del self._streams[lane.id]
+            self._lanes.remove(lane)
+
+    def _streams_and_lanes(self) -> list:
+        # Lanes after the streams, by the capture order of their next node (then the older
+        # launch first): an eager choice then runs a graph in capture order.
+        lanes = sorted([lane for lane in self._lanes if lane.queue], key=lambda lane: lane.queue[0].trace_index)
+        return self._order + lanes
 
     def host_read(self, region) -> np.ndarray:
         return np.array(region.array(), copy=True)
@@ -239,7 +394,7 @@ class SimBackend:
             return ready
         hold, release_at = self._hold, self._release_at
         now = self.now
-        for sim in self._order:
+        for sim in self._order if not self._lanes else self._streams_and_lanes():
             queue = sim.queue
             if not queue:
                 continue
@@ -276,7 +431,11 @@ class SimBackend:
             # Even a kernel that raised has finished: later work must not wait on it forever.
             sim.executed += 1
             step = self._step
-            self.op_times[op.trace_index] = (step, step + 1)
+            index = op.trace_index
+            if type(index) is int:
+                self.op_times[index] = (step, step + 1)
+            elif index is not None:
+                self.node_times[index] = (step, step + 1)
             self._step = step + 1
 
     def _choose(self, ready: list, host_may_continue: bool) -> int:
