@@ -28,7 +28,13 @@ issue order and fed to the happens-before checker (hb.Checker) as it happens:
   the stream that allocated it (CuPy's pool reuses the bytes on that stream);
   memory CuPy did not allocate (torch tensors through DLPack or
   __cuda_array_interface__) maps to the driver's allocation that holds it;
-- host threads: threading.Thread.start / join are happens-before edges.
+- host threads: threading.Thread.start / join are happens-before edges;
+- CUDA graphs: Stream.begin_capture / end_capture (CaptureBegin / CaptureEnd, one
+  graph id per begin_capture) and launches of the graph end_capture returned
+  (GraphLaunch). end_capture returns CuPy's Graph wrapped in a small proxy, since
+  CuPy's Graph is a Cython class whose launch cannot be patched. What CUDA refuses
+  during a capture is collected by the checker (capture_errors) and printed with the
+  races; the real CuPy call still runs, so the program gets CUDA's own error.
 
 What it cannot see, and how to declare it, is in docs/instrument.md. The
 analysis itself is hb.py's; this module only adapts CuPy to trace records.
@@ -51,6 +57,7 @@ import zlib
 from typing import Optional
 
 from . import trace as T
+from .backends.cupy_backend import capture_mode_of, graph_delay_name
 from .hb import Checker, TraceError, format_report
 from .trace import UNKNOWN_SITE, CallSite, CopyKind, Range, StreamKind
 
@@ -66,6 +73,43 @@ _SCALARS = (int, float, complex, bool, str, bytes, type(None), __import__("numpy
 
 class InstrumentError(RuntimeError):
     """instrument() cannot run here (no GPU, nested sessions); the message says what to do."""
+
+
+def format_capture_errors(errors) -> str:
+    """The stream-capture errors the checker collected (capture.CaptureError: CUDA's error
+    name and streamcheck's explanation), as printed after the race reports."""
+    if not errors:
+        return ""
+    head = (f"streamcheck: {len(errors)} stream-capture error{'s' if len(errors) != 1 else ''} "
+            "(calls CUDA refuses during graph capture; the program got CUDA's own error from CuPy)")
+    blocks = [head]
+    for error in errors:
+        text, prefix = str(error), f"{error.code}: "
+        blocks.append(f"capture error {error.code}\n  {text[len(prefix):] if text.startswith(prefix) else text}")
+    return "\n\n".join(blocks)
+
+
+def captured_kernel_names(ops, origin: int) -> tuple:
+    """Names of the kernels a capture begun on stream `origin` holds, from the trace slice
+    that starts at its CaptureBegin: the origin and every stream that waited on an event
+    recorded by a member are members. For delay targeting only (`--delay-kernel NAME`
+    delays the launches of graphs holding NAME); the checker keeps its own account."""
+    members, marked, names = {origin}, set(), {}
+    for op in ops:
+        kind = type(op)
+        if kind is T.EventRecord:
+            if op.stream in members:
+                marked.add(op.event)
+            else:
+                marked.discard(op.event)
+        elif kind is T.StreamWait:
+            if op.event in marked:
+                members.add(op.stream)
+        elif kind is T.CaptureEnd and op.stream == origin:
+            break
+        elif kind in (T.Launch, T.Copy) and op.stream in members:
+            names[op.name] = None
+    return tuple(names)
 
 
 # --- small helpers ------------------------------------------------------------------------
@@ -286,6 +330,10 @@ class Session:
         self._sites: dict = {}
         self._signatures: dict = {}
         self._skip_dirs = tuple(d + os.sep for d in _library_dirs())
+        self._next_graph = 1
+        self._capture_origin: dict = {}  # stream id -> (graph id, trace index of its CaptureBegin)
+        self._captures = 0  # captures CUDA holds open: the only time spins and failed calls need a look
+        self._runtime = cupy.cuda.runtime
         self._append = self.trace.ops.append
         self._feed = self.checker.feed if self.checker is not None else None
         self._record(T.StreamCreate(0, self._site(), stream=0, kind=StreamKind.LEGACY, name="legacy default stream"))
@@ -297,8 +345,20 @@ class Session:
     def races(self) -> list:
         return self.checker.races if self.checker is not None else []
 
+    @property
+    def capture_errors(self) -> list:
+        """What CUDA refuses during stream capture (capture.CaptureError), as the checker saw it."""
+        return list(getattr(self.checker, "capture_errors", ())) if self.checker is not None else []
+
+    @property
+    def findings(self) -> int:
+        """Races plus capture errors: what `streamcheck run --error-exitcode` counts."""
+        return len(self.races) + len(self.capture_errors)
+
     def report(self) -> str:
         lines = [format_report(self.races)]
+        if self.capture_errors:
+            lines.append(format_capture_errors(self.capture_errors))
         if self.errors:
             lines.append(f"streamcheck: {len(self.errors)} internal error(s) while recording (the program was "
                          f"not affected); first: {self.errors[0]}")
@@ -581,11 +641,25 @@ class Session:
             return True
         return (zlib.crc32(short.encode()) + self.seed) % 2 == 0  # seed-chosen, as the sim's delay policy
 
+    def _capturing(self, stream) -> bool:
+        """Whether CUDA captures work issued to `stream` now (asked only while a capture is open)."""
+        ptr = stream if isinstance(stream, int) else getattr(stream, "ptr", None)
+        if ptr is None:
+            ptr = getattr(stream, "cuda_stream", 0)
+        try:
+            return bool(self._runtime.streamIsCapturing(ptr))
+        except Exception:  # an invalidated capture, or the legacy stream next to a blocking capture
+            return True
+
     def _maybe_spin(self, stream, sid: int, name: str) -> None:
         if not self._targets(sid, name):
             return
         if stream is None or isinstance(stream, int):
             stream = self._current_stream()
+        if self._captures and self._capturing(stream):
+            # Captured work does not run now, so a spin would delay nothing; it would be baked
+            # into the graph and replayed at every launch. Graph launches are delayed instead.
+            return
         if self._spin is None:
             from .backends.cupy_backend import SpinDelay
 
@@ -601,7 +675,13 @@ class Session:
         sid = self._sid(stream)
         if self.delay_us:
             self._maybe_spin(stream, sid, name)
-        result = _inside(call)
+        try:
+            result = _inside(call)
+        except BaseException:
+            if self._captures:  # refused during a capture (e.g. the legacy stream): the checker says why
+                self._record(T.Launch(tid, site, stream=sid, name=name, reads=self._ranges(reads),
+                                      writes=self._ranges(writes)))
+            raise
         self._record(T.Launch(tid, site, stream=sid, name=name, reads=self._ranges(reads),
                               writes=self._ranges(writes)))
         return result
@@ -692,13 +772,26 @@ class Session:
         reads, writes = self.kernel_access(name, code, args)
         return self.launch(name, call, stream=kwargs.get("stream"), reads=reads, writes=writes)
 
+    def _call(self, call, op):
+        """Run the real CuPy call. If CUDA refuses it while a capture is open (a sync of a
+        capturing stream, a wait across the capture boundary, ...), record `op` anyway so the
+        checker collects its own capture error naming this call, then re-raise CUDA's error."""
+        try:
+            return _inside(call)
+        except BaseException:
+            if self._captures and op is not None:
+                self._record(op)
+            raise
+
     def event_record(self, event, stream, call):
         site = self._site()
         tid = self._tid()
         sid = self._sid(stream)
-        result = _inside(call)
-        event = result if event is None else event
-        self._record(T.EventRecord(tid, site, event=self._eid(event), stream=sid))
+        op = T.EventRecord(tid, site, event=self._eid(event), stream=sid) if event is not None else None
+        result = self._call(call, op)
+        if op is None:
+            op = T.EventRecord(tid, site, event=self._eid(result), stream=sid)
+        self._record(op)
         return result
 
     def stream_wait(self, stream, event, call):
@@ -706,33 +799,112 @@ class Session:
         tid = self._tid()
         sid = self._sid(stream)
         eid = self._eid(event)
-        result = _inside(call)
-        self._record(T.StreamWait(tid, site, stream=sid, event=eid))
+        op = T.StreamWait(tid, site, stream=sid, event=eid)
+        result = self._call(call, op)
+        self._record(op)
         return result
 
     def stream_sync(self, stream, call, only_if_true: bool = False):
         site = self._site()
         tid = self._tid()
         sid = self._sid(stream)
-        result = _inside(call)
+        op = T.StreamSync(tid, site, stream=sid)
+        result = self._call(call, op)
         if not only_if_true or result:
-            self._record(T.StreamSync(tid, site, stream=sid))
+            self._record(op)
         return result
 
     def event_sync(self, event, call, only_if_true: bool = False):
         site = self._site()
         tid = self._tid()
         eid = self._eid(event)
-        result = _inside(call)
+        op = T.EventSync(tid, site, event=eid)
+        result = self._call(call, op)
         if not only_if_true or result:
-            self._record(T.EventSync(tid, site, event=eid))
+            self._record(op)
         return result
 
     def device_sync(self, call):
         site = self._site()
         tid = self._tid()
+        op = T.DeviceSync(tid, site)
+        result = self._call(call, op)
+        self._record(op)
+        return result
+
+    # --- stream capture (CUDA graphs) ---------------------------------------------------
+    def capture_begin(self, stream, mode, call):
+        """Stream.begin_capture: a CaptureBegin with a new graph id, after CUDA began it."""
+        site = self._site()
+        tid = self._tid()
+        sid = self._sid(stream)
+        try:
+            capture_mode = capture_mode_of(mode, self._runtime)
+        except ValueError as exc:  # CUDA refuses it too (cudaErrorInvalidValue); nothing began
+            result = _inside(call)
+            self.errors.append(f"begin_capture at {site}: {exc}; not recorded")
+            return result
+        with self._lock:
+            gid = self._next_graph
+            self._next_graph += 1
+        op = T.CaptureBegin(tid, site, stream=sid, graph=gid, mode=capture_mode)
+        # The refusals the checker knows (the legacy stream, a stream already capturing) are
+        # recorded so its report names the call; anything else CUDA refuses began nothing.
+        known_refusal = sid == 0 or sid in self._capture_origin or bool(self._captures and self._capturing(stream))
+        try:
+            result = _inside(call)
+        except BaseException:
+            if known_refusal:
+                self._record(op)
+            raise
+        with self._lock:
+            self._capture_origin[sid] = (gid, len(self.trace))
+            self._captures += 1
+        self._record(op)
+        return result
+
+    def capture_end(self, stream, call):
+        """Stream.end_capture: a CaptureEnd, recorded whether or not CUDA produced a graph (the
+        checker explains a refusal, e.g. an unjoined fork); the graph comes back proxied."""
+        site = self._site()
+        tid = self._tid()
+        sid = self._sid(stream)
+        begun = self._capture_origin.get(sid)
+        try:
+            graph = _inside(call)
+        except BaseException:
+            if begun is None:
+                with self._lock:
+                    gid = self._next_graph
+                    self._next_graph += 1
+            else:
+                gid = begun[0]
+                if not self._capturing(stream):  # CUDA ended the capture (unjoined, invalidated)
+                    self._capture_ended(sid)
+            self._record(T.CaptureEnd(tid, site, stream=sid, graph=gid))
+            raise
+        if begun is None:  # begun before this session started: nothing to check it against
+            return graph
+        gid, begin_index = begun
+        self._capture_ended(sid)
+        self._record(T.CaptureEnd(tid, site, stream=sid, graph=gid))
+        names = captured_kernel_names(self.trace.ops[begin_index:], sid)
+        return _GraphProxy(graph, gid, names, self)
+
+    def _capture_ended(self, sid: int) -> None:
+        with self._lock:
+            if self._capture_origin.pop(sid, None) is not None:
+                self._captures -= 1
+
+    def graph_launch(self, gid: int, names: tuple, stream, call):
+        """Graph.launch: one GraphLaunch on the stream (None: current), after any spin there."""
+        site = self._site()
+        tid = self._tid()
+        sid = self._sid(stream)
+        if self.delay_us:
+            self._maybe_spin(stream, sid, graph_delay_name(names, self.delay_kernels))
         result = _inside(call)
-        self._record(T.DeviceSync(tid, site))
+        self._record(T.GraphLaunch(tid, site, stream=sid, graph=gid))
         return result
 
     # --- threads ------------------------------------------------------------------------
@@ -928,6 +1100,33 @@ class _KernelProxy:
         setattr(self._kernel, name, value)
 
 
+class _GraphProxy:
+    """What Stream.end_capture returns while a session records: CuPy's Graph (a Cython class,
+    whose launch cannot be patched) with `launch` recorded as a GraphLaunch of this graph's
+    id; everything else (upload, debug_dot_str, ...) is the Graph's own. Launched while no
+    session, or another one, records, it just launches."""
+
+    __slots__ = ("graph", "graph_id", "kernel_names", "_session")
+
+    def __init__(self, graph, graph_id: int, kernel_names: tuple, session: Session):
+        self.graph = graph
+        self.graph_id = graph_id
+        self.kernel_names = kernel_names
+        self._session = session
+
+    def launch(self, stream=None):
+        graph = self.graph
+        if _quiet() or _session is not self._session:
+            return graph.launch(stream)
+        return _session.graph_launch(self.graph_id, self.kernel_names, stream, lambda: graph.launch(stream))
+
+    def __getattr__(self, name):
+        return getattr(self.graph, name)
+
+    def __repr__(self):
+        return f"<streamcheck-recorded graph {self.graph_id}: {self.graph!r}>"
+
+
 def _install(session: Session) -> _Patcher:
     cupy = session.cupy
     p = _Patcher(session)
@@ -986,6 +1185,24 @@ def _install(session: Session) -> _Patcher:
                 return st_done.fget(self)
             return _session.stream_sync(self, lambda: st_done.fget(self), only_if_true=True)
         p.set(BaseStream, "done", property(stream_done))
+
+    # --- stream capture: begin/end are plain Python methods; is_capturing needs no record --
+    st_begin, st_end = BaseStream.__dict__.get("begin_capture"), BaseStream.__dict__.get("end_capture")
+    if st_begin is not None and st_end is not None:
+        def stream_begin_capture(self, mode=None):
+            if _quiet():
+                return st_begin(self, mode)
+            return _session.capture_begin(self, mode, lambda: st_begin(self, mode))
+
+        def stream_end_capture(self):
+            if _quiet():
+                return st_end(self)
+            return _session.capture_end(self, lambda: st_end(self))
+
+        p.set(BaseStream, "begin_capture", stream_begin_capture, "cupy.cuda.Stream.begin_capture")
+        p.set(BaseStream, "end_capture", stream_end_capture, "cupy.cuda.Stream.end_capture")
+    else:
+        session.unpatched.append("cupy.cuda.Stream.begin_capture / end_capture: not in this CuPy version")
 
     st_init = Stream.__init__
 

@@ -74,6 +74,18 @@ def capture_mode_value(mode, runtime) -> int:
     return int(getattr(runtime, _CAPTURE_MODE_NAMES[mode]))
 
 
+def capture_mode_of(value, runtime) -> CaptureMode:
+    """CuPy's begin_capture(mode=...) argument as a CaptureMode; None is CuPy's default, relaxed
+    (not CUDA's global: CuPy picks relaxed so that pool growth during a capture is allowed)."""
+    if value is None:
+        return CaptureMode.RELAXED
+    for mode, name in _CAPTURE_MODE_NAMES.items():
+        if value == getattr(runtime, name, None):
+            return mode
+    raise ValueError(f"unknown stream capture mode {value!r}; pass cupy.cuda.runtime.streamCaptureModeGlobal, "
+                     "streamCaptureModeThreadLocal or streamCaptureModeRelaxed")
+
+
 def graph_delay_name(node_names, kernels) -> str:
     """The name a graph launch is matched against `kernels=` with: the first captured kernel
     named there (so naming a kernel also delays the graphs that contain it), else
