@@ -542,7 +542,8 @@ class Device:
         site = caller_site()
         stream = self._stream_or_default(stream, "download", site)
         src = self._region(src, "download src", site)
-        self._refuse_if_capturing(stream, f"download of {src}", site, "download after launching the graph "
+        self._refuse_if_capturing(stream, f"download of {src}", site, "a copy into host memory cannot be captured "
+                                  "(CUDA: cudaErrorStreamCaptureUnsupported); download after launching the graph "
                                   "(graph.launch(stream), then download on that stream and synchronize it)")
         with self._lock:
             op = T.Copy(self._thread_id(), site, stream=stream.id, kind=T.CopyKind.D2H, src=src.byte_range(), dst=None)
@@ -586,7 +587,8 @@ class Device:
         site = caller_site()
         region = self._region(region, "get", site)
         stream = self._stream_or_default(stream, "get", site)
-        self._refuse_if_capturing(stream, f"get of {region}", site, "read it after launching the graph "
+        self._refuse_if_capturing(stream, f"get of {region}", site, "synchronizing it is refused (CUDA: "
+                                  "cudaErrorStreamCaptureUnsupported); read it after launching the graph "
                                   "(graph.launch(stream), then get on that stream)")
         self._sync_stream(stream, site)
         return self._host_read(region, site)
@@ -712,13 +714,21 @@ class Device:
             self._record(op)
             try:
                 captured = tracker.end(op)
-            finally:
-                # An error may have ended the capture too (CUDA ends an invalidated one).
-                live = {tracker.capturing(s) for s in self._stream_names}
-                ended = {g: self._capture_buffers.pop(g) for g in list(self._capture_buffers) if g not in live}
-            touched = ended.get(captured.id, {})
+            except CaptureError:
+                if graph is not None and not tracker.is_active(graph):
+                    # Refused, yet over (unjoined, invalidated): the backend may still hold it open.
+                    self._capture_buffers.pop(graph, None)
+                    abort = getattr(self.backend, "abort_capture", None)
+                    if abort is not None:
+                        abort(stream)
+                raise
+            touched = self._capture_buffers.pop(captured.id, {})
             buffers = tuple(touched[b] for b in sorted(touched))
             return Graph(self, captured, end(stream, captured), buffers)
+
+    def launch_graph(self, graph: Graph, stream: Optional[Stream] = None) -> None:
+        """cudaGraphLaunch of `graph` (from Stream.end_capture()) on `stream`; same as graph.launch(stream)."""
+        self._launch_graph(graph, stream, caller_site())
 
     def _launch_graph(self, graph: Graph, stream: Optional[Stream], site: CallSite) -> None:
         if not isinstance(graph, Graph):

@@ -316,10 +316,12 @@ class SimBackend:
 
     # --- stream capture -----------------------------------------------------------------
     def begin_capture(self, stream, graph_id: int, mode) -> None:
-        # Drop what captures that failed held (their end raised, so end_capture never came).
-        live = {self._tracker.capturing(sid) for sid in self._streams}
-        self._held = {g: nodes for g, nodes in self._held.items() if g in live}
         self._held[graph_id] = []
+
+    def abort_capture(self, stream) -> None:
+        """The device refused an end_capture that ended the capture anyway (unjoined fork,
+        invalidated capture): forget what it held, which no graph will ever run."""
+        self._held = {g: nodes for g, nodes in self._held.items() if self._tracker.is_active(g)}
 
     def end_capture(self, stream, graph: CapturedGraph) -> SimGraph:
         held = self._held.pop(graph.id, [])
