@@ -517,7 +517,7 @@ def _fork_join_graph(backend, join_mm=True, **options):
     origin, a, b = dev.stream("O"), dev.stream("A"), dev.stream("B")
     x, y, r, out = (dev.alloc((64,), "float32", name=name, fill=0.0) for name in ("x", "y", "r", "out"))
 
-    def step():
+    def step(join_mm):
         fork = origin.record()
         a.wait_event(fork)
         b.wait_event(fork)
@@ -532,10 +532,10 @@ def _fork_join_graph(backend, join_mm=True, **options):
 
     if backend == "cupy":
         dev.backend.warm_up()
-        step()  # eager once: CuPy compiles and loads its kernels outside the (global-mode) capture
+        step(True)  # eager and correct, once: CuPy loads its kernels outside the (global-mode) capture
         dev.synchronize()
     origin.begin_capture()
-    step()
+    step(join_mm)
     graph = origin.end_capture()
     values = []
     for t in (1, 2, 3):
@@ -564,8 +564,9 @@ def test_device_cupy_fork_join_graph_matches_the_sim_and_injects_no_delay_into_t
 def test_device_cupy_missing_join_in_a_graph_is_reported_like_the_sim():
     for backend in ("sim", "cupy"):
         dev, _, _ = _fork_join_graph(backend, join_mm=False)
-        assert [(r.kind, r.first.name, r.second.name) for r in dev.races] == [("RAW", "matmul_like", "post_scale")], \
-            backend
+        (race,) = dev.races
+        assert (race.kind, race.first.name, race.second.name) == ("RAW", "matmul_like", "post_scale"), backend
+        assert "inside CUDA graph" in race.missing_edge, (backend, race.missing_edge)
 
 
 @gpu
