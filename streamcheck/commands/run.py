@@ -6,7 +6,7 @@ streamcheck.instrument has wrapped CuPy's entry points; every stream operation i
 recorded and fed to the happens-before checker. At the end each race is printed
 to stderr.
 
-Exit status: --error-exitcode when a race was found (if given), else the script's
+Exit status: --error-exitcode when a race or a refused capture was found (if given), else the script's
 own status (0, its sys.exit code, or 1 for an uncaught exception, whose traceback
 is printed as Python would). 2: bad usage, a script that cannot be opened, or no
 GPU (CuPy missing or no CUDA device).
@@ -67,7 +67,7 @@ def register(subparsers) -> None:
                    help="delay only before launches of this kernel (repeatable)")
     p.add_argument("--seed", type=int, default=0, help="seed for choosing delayed streams (default 0)")
     p.add_argument("--error-exitcode", type=_exit_code, default=None, metavar="CODE",
-                   help="exit with CODE when any race was found (default: the script's own status)")
+                   help="exit with CODE when any race or refused stream capture was found (default: the script's own status)")
     p.add_argument("--no-warm-up", action="store_true",
                    help="skip the warm-up (first cuBLAS call, pool growth) before the script")
     p.add_argument("--report-json", metavar="FILE", help="also write the race reports as JSON to FILE")
@@ -174,6 +174,6 @@ def run(args) -> int:
     if args.trace_json:
         with open(args.trace_json, "w", encoding="utf-8") as f:
             f.write(session.trace.to_json())
-    if races and args.error_exitcode is not None:
+    if session.findings and args.error_exitcode is not None:  # races and refused captures
         return args.error_exitcode
     return status
