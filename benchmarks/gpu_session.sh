@@ -15,6 +15,9 @@ step() {  # step NAME LIMIT_S COMMAND...: run with a time limit, log to $OUT/NAM
   echo "=== $name: exit $?"; tail -n 25 "$OUT/$name.log"
 }
 step pytest_gpu 240 python3 -m pytest -m gpu -q -p no:cacheprovider -o addopts="" tests/
-step bench_norm_proj 100 python3 benchmarks/bench_norm_proj.py --repeats 15
+if [ "${WITH_NORM_PROJ:-0}" = 1 ]; then
+  step bench_norm_proj 100 python3 benchmarks/bench_norm_proj.py --repeats 15
+fi
+step bench_sim 60 python3 benchmarks/bench_sim.py --ops 50000 --repeats 7 --policy random
 step bench_instrument 80 python3 benchmarks/bench_instrument_overhead.py --repeats 7
 step repro_gpu 100 python3 -m streamcheck.cli repro implicit-join --backend cupy --tokens 200 --timeline "$OUT/repro_gpu.png"
