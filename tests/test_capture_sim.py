@@ -408,3 +408,54 @@ def test_bad_input_names_the_call_and_the_site():
     with pytest.raises(DeviceError, match="child graph"):
         graph.launch(main)
     main.end_capture()
+
+
+def test_a_capture_ends_on_its_own_thread_unless_relaxed():
+    dev = Device("sim")
+    main = dev.stream("main")
+    out = dev.alloc((1,), name="out", fill=0.0)
+    ended: list = []
+
+    def end_elsewhere():
+        try:
+            ended.append(main.end_capture())
+        except CaptureError as error:
+            ended.append(error)
+
+    main.begin_capture()  # global mode
+    dev.launch(set_to(2.0), (out,), stream=main, writes=[out])
+    worker = dev.thread(end_elsewhere)
+    worker.start()
+    worker.join()
+    assert isinstance(ended[0], CaptureError) and ended[0].code == "cudaErrorStreamCaptureWrongThread"
+    assert main.is_capturing  # still open: end it where it began
+    main.end_capture().launch(main)
+    assert dev.get(out, main)[0] == 2.0
+    main.begin_capture(mode="relaxed")
+    dev.launch(set_to(4.0), (out,), stream=main, writes=[out])
+    worker = dev.thread(end_elsewhere)
+    worker.start()
+    worker.join()
+    assert isinstance(ended[1], Graph)
+    ended[1].launch(main)
+    assert dev.get(out, main)[0] == 4.0
+
+
+def test_a_graph_launch_on_the_legacy_stream_while_a_blocking_stream_captures_is_refused():
+    # check=False: hb.py does not yet apply the legacy-stream rule to GraphLaunch.
+    dev = Device("sim", check=False)
+    s, blocking = dev.stream("s"), dev.stream("blk", kind="blocking")
+    out = dev.alloc((1,), name="out", fill=0.0)
+    s.begin_capture()
+    dev.launch(set_to(1.0), (out,), stream=s, writes=[out])
+    graph = s.end_capture()
+    blocking.begin_capture()
+    with pytest.raises(CaptureError, match="cudaErrorStreamCaptureImplicit"):
+        graph.launch()  # the legacy stream would implicitly join the capturing blocking stream
+    with pytest.raises(CaptureError, match="cudaErrorStreamCaptureInvalidated"):
+        blocking.end_capture()
+    dev.synchronize()
+    assert dev.host_read(out)[0] == 0.0  # the refused launch never ran
+    graph.launch()  # nothing captures now: the legacy stream may launch it
+    dev.synchronize()
+    assert dev.host_read(out)[0] == 1.0
