@@ -188,7 +188,7 @@ class SimBackend:
         self._events: dict[int, Optional[tuple]] = {}  # event id -> (_SimStream, seq) of its last record
         self._tracker = device.capture_tracker  # what a capture holds: shared with the device
         self._held: dict = {}  # graph id being captured -> [(run, args, name, kind), ...] in issue order
-        self._lanes: list = []  # _SimStreams of graph lanes with work still to run
+        self._lanes: list = []  # lanes of graph launches that started and have not ended
         # (graph launch trace index, node index) -> (start, end) in scheduler steps.
         self.node_times: dict = {}
 
@@ -338,14 +338,13 @@ class SimBackend:
             id += 1
         lane = _SimStream(_Lane(id, name))
         self._streams[id] = lane
-        self._lanes.append(lane)
         return lane
 
     def launch_graph(self, handle: SimGraph, stream, site) -> None:
         index = len(self._trace.ops) - 1  # the GraphLaunch the device recorded just before
         gid = handle.id
-        start = self._enqueue(stream, None, (), f"graph {gid} start", "graph")
         lanes = {sid: self._new_lane(name) for sid, name in handle.members}
+        start = self._enqueue(stream, self._graph_start, (tuple(lanes.values()),), f"graph {gid} start", "graph")
         issued_at = self.now + 1
         for (node, run, args, name, kind), deps in zip(handle.nodes, handle.deps):
             lane = lanes[node.stream]
@@ -365,6 +364,11 @@ class SimBackend:
         end = sim.queue[-1]
         end.trace_index = None
         end.issued_at = _BOOKKEEPING
+
+    def _graph_start(self, lanes: tuple) -> None:
+        # Only now may its nodes be ready: the scheduler looks at the lanes of started launches
+        # only, so launches queued behind each other cost nothing per decision.
+        self._lanes.extend(lanes)
 
     def _graph_done(self, index: int, lanes: tuple) -> None:
         """The end marker executes: the launch spans from its start marker to now; lanes retire."""
