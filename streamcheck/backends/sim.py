@@ -31,7 +31,9 @@ Ready lanes are offered after the streams, ordered by their next node's capture 
 so `sequential`/`eager` run a graph in capture order. Delays: a lane carries its
 captured stream's name, so a delay on stream A (or on kernel k) holds A's nodes (or k's)
 inside every launch too, counted from the launch; a delay on L holds the launch itself
-(its start marker); the end marker is bookkeeping and never held.
+(its start marker); the end marker is bookkeeping and never held. Times: `op_times` of a
+GraphLaunch spans its start to its end marker; `node_times` maps (launch trace index,
+node index) to each node's execution.
 """
 from __future__ import annotations
 
@@ -40,8 +42,8 @@ from typing import Optional
 
 import numpy as np
 
-from ..schedule import HOST, Policy, Replay, Schedule, ScheduleError, make_policy
 from ..capture import CapturedGraph
+from ..schedule import HOST, Policy, Replay, Schedule, ScheduleError, make_policy
 from ..trace import CallSite, StreamKind
 
 _DTYPES = {"float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool"}
