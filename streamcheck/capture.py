@@ -131,7 +131,7 @@ class CaptureTracker:
             capture.error = error
         raise error
 
-    def _check_legacy(self, op: Op, stream: int) -> None:
+    def check_legacy(self, op: Op, stream: int) -> None:
         """Work on the legacy stream would implicitly join a capturing blocking stream."""
         if self._kinds.get(stream) is not StreamKind.LEGACY or not self._active:
             return
@@ -170,7 +170,7 @@ class CaptureTracker:
     def node(self, op: Op, stream: int) -> Optional[CapturedNode]:
         """A kernel or copy on `stream`: its graph node when captured (it does not execute
         now), else None."""
-        self._check_legacy(op, stream)
+        self.check_legacy(op, stream)
         capture = self._member.get(stream)
         if capture is None:
             return None
@@ -185,7 +185,7 @@ class CaptureTracker:
     def record(self, op: EventRecord) -> bool:
         """True when the record is made inside a capture: it marks a point in the graph
         for forks and joins and records nothing on the device."""
-        self._check_legacy(op, op.stream)
+        self.check_legacy(op, op.stream)
         capture = self._member.get(op.stream)
         if capture is None:
             self.captured_events.pop(op.event, None)
@@ -197,7 +197,7 @@ class CaptureTracker:
         """True when the wait is a graph edge (a fork into, or a join within, a capture),
         or a wait on a captured event that has no effect; False: ordinary CUDA semantics.
         `recorded_outside`: the event's last record was an ordinary (executed) one."""
-        self._check_legacy(op, op.stream)
+        self.check_legacy(op, op.stream)
         label = self._labels[op.stream]
         mine = self._member.get(op.stream)
         source = self.captured_events.get(op.event)

@@ -755,7 +755,7 @@ class Device:
             if self.capture_tracker.active:
                 # Never a node (the stream is not capturing), but the legacy stream's implicit join with
                 # a capturing blocking stream is refused (cudaErrorStreamCaptureImplicit).
-                self.capture_tracker.node(op, stream.id)
+                self.capture_tracker.check_legacy(op, stream.id)
             launch(graph.handle, stream, site)
             graph.launches += 1
             self.backend.tick()

@@ -554,6 +554,8 @@ class Checker:
 
     def _graph_launch(self, op: GraphLaunch) -> None:
         stream = self._stream(op, op.stream)
+        if self._capture.active and self._refused(self._capture.check_legacy, op, op.stream):
+            return  # a launch on the legacy stream would implicitly join a capturing blocking stream
         graph = self._capture.graph(op.graph)
         if graph is None:
             raise TraceError(f"GraphLaunch at {op.site}: unknown graph {op.graph}; launch only a graph whose "

@@ -442,8 +442,7 @@ def test_a_capture_ends_on_its_own_thread_unless_relaxed():
 
 
 def test_a_graph_launch_on_the_legacy_stream_while_a_blocking_stream_captures_is_refused():
-    # check=False: hb.py does not yet apply the legacy-stream rule to GraphLaunch.
-    dev = Device("sim", check=False)
+    dev = Device("sim")
     s, blocking = dev.stream("s"), dev.stream("blk", kind="blocking")
     out = dev.alloc((1,), name="out", fill=0.0)
     s.begin_capture()
@@ -454,6 +453,8 @@ def test_a_graph_launch_on_the_legacy_stream_while_a_blocking_stream_captures_is
         graph.launch()  # the legacy stream would implicitly join the capturing blocking stream
     with pytest.raises(CaptureError, match="cudaErrorStreamCaptureInvalidated"):
         blocking.end_capture()
+    assert [e.code for e in dev.checker.capture_errors] == ["cudaErrorStreamCaptureImplicit",
+                                                           "cudaErrorStreamCaptureInvalidated"]
     dev.synchronize()
     assert dev.host_read(out)[0] == 0.0  # the refused launch never ran
     graph.launch()  # nothing captures now: the legacy stream may launch it
