@@ -55,7 +55,7 @@ class Slice:
     index: int  # position in the trace
     lane: tuple  # Lane.key
     name: str  # kernel name, "record ev", "wait ev", "synchronize stream A", ...
-    category: str  # kernel, copy, record, wait, free, sync, host
+    category: str  # kernel, copy, record, wait, free, sync, host; captured (a graph node), graph (a launch)
     start: float
     end: float
     measured: bool  # False: placed by issue order
@@ -118,10 +118,13 @@ class Model:
 
     def struck(self, located: LocatedRace) -> Optional[bool]:
         """Whether this run's timing let the race strike: the second access started
-        before the first one ended. None when either side is not on the timeline."""
+        before the first one ended. None when either side is not on the timeline, or is
+        captured work without times (it ran at the graph's launches, not where it is drawn)."""
         first = self.slices.get(located.first)
         second = self.slices.get(located.second)
         if first is None or second is None:
+            return None
+        if any(s.category == "captured" and not s.measured for s in (first, second)):
             return None
         return second.start < first.end
 
@@ -132,15 +135,17 @@ _MIN_WIDTH = 0.1  # of the nominal width: every slice gets a body a flow can bin
 # --- building it ----------------------------------------------------------------------------
 
 def _parts(source) -> tuple:
-    """(ops, races or None, op_times, clock or None, backend name, schedule text, delays)."""
+    """(ops, races or None, op_times, clock or None, backend name, schedule text, delays,
+    node_times: (graph launch index, node index) -> (start, end), where the backend times them)."""
     if isinstance(source, Mapping):
         ops = source["trace"]
         races = source.get("races")
         op_times = source.get("op_times") or {}
         return (list(ops), races, op_times, source.get("clock"), str(source.get("backend", "")),
-                str(source.get("schedule", "") or ""), tuple(source.get("delays", ())))
+                str(source.get("schedule", "") or ""), tuple(source.get("delays", ())),
+                source.get("node_times") or {})
     if isinstance(source, (T.Trace, list, tuple)):
-        return list(source), None, {}, None, "", "", ()
+        return list(source), None, {}, None, "", "", (), {}
     ops = getattr(source, "trace", None)
     if ops is None:
         raise TypeError(f"export: expected a Device, a Trace or a mapping with 'trace', got "
@@ -151,7 +156,8 @@ def _parts(source) -> tuple:
     races = source.races if getattr(source, "checker", None) is not None else None
     schedule = getattr(source, "schedule", None)
     return (list(ops), races, op_times, None, getattr(backend, "name", "") or "",
-            str(schedule) if schedule is not None else "", tuple(getattr(backend, "delays", ()) or ()))
+            str(schedule) if schedule is not None else "", tuple(getattr(backend, "delays", ()) or ()),
+            getattr(backend, "node_times", None) or {})
 
 
 def _stream_lane_label(op: T.StreamCreate) -> str:
@@ -171,10 +177,17 @@ def _replay(ops, races) -> tuple:
     checker = Checker()
     seconds: dict = {}
     seen: dict = {}
+    captured: dict = {}  # trace index -> graph id, for work captured into a graph
     watch = None if races is None else {race.second.site for race in races}
     try:
         for index, op in enumerate(ops):
+            stream = getattr(op, "stream", None)
+            graph = checker.capturing(stream) if isinstance(op, _STREAM_OPS) else None
             checker.feed(op)
+            if isinstance(op, _STREAM_OPS):
+                graph = checker.capturing(stream) if graph is None else graph  # a fork joins after its wait
+                if graph is not None:
+                    captured[index] = graph
             if isinstance(op, _ACCESS_OPS) and (watch is None or op.site in watch):
                 for race in checker.races:
                     if race.count > seen.get(race.key, 0):
@@ -189,7 +202,50 @@ def _replay(ops, races) -> tuple:
                 labels[checker.stream_label(op.stream)] = op.stream
             except KeyError:
                 pass
-    return checker.races, labels, seconds
+    graphs = {g: checker.captured_graph(g) for g in set(captured.values())}
+    return checker.races, labels, seconds, captured, {g: graph for g, graph in graphs.items() if graph is not None}
+
+
+def _graph_times(ops, captured: dict, graphs: dict, node_times: Mapping, op_times: Mapping, races) -> dict:
+    """trace index -> (start, end) for captured work, taken from one launch of its graph
+    (the sim times each node of each launch): the first launch in which a race between
+    two of its nodes struck, else its first launch. Captured records and waits, which
+    do no work, are put where that launch reached them."""
+    index_of = {id(ops[i]): i for i in captured}
+    pairs = [(race.first.site, race.second.site) for race in races]
+    times: dict = {}
+    for graph_id, graph in graphs.items():
+        launches = []
+        for launch, op in enumerate(ops):
+            if isinstance(op, T.GraphLaunch) and op.graph == graph_id:
+                timed = {index_of[id(node.op)]: node_times[(launch, node.index)] for node in graph.nodes
+                         if (launch, node.index) in node_times and id(node.op) in index_of}
+                if timed:
+                    launches.append((op_times.get(launch, (min(t[0] for t in timed.values()),))[0], timed))
+        if not launches:
+            continue
+
+        def strikes(timed: dict) -> bool:
+            at = {ops[i].site: t for i, t in timed.items()}
+            return any(a in at and b in at and at[b][0] < at[a][1] for a, b in pairs)
+
+        start, timed = next((launch for launch in launches if strikes(launch[1])), launches[0])
+        reached: dict = {}  # stream -> where the launch got to on it
+        recorded: dict = {}  # event -> when its captured record was reached
+        for index in sorted(i for i, g in captured.items() if g == graph_id):
+            op = ops[index]
+            if index in timed:
+                reached[op.stream] = timed[index][1]
+                continue
+            at = reached.get(op.stream, start)
+            if isinstance(op, T.StreamWait):
+                at = max(at, recorded.get(op.event, start))
+            elif isinstance(op, T.EventRecord):
+                recorded[op.event] = at
+            reached[op.stream] = at
+            timed[index] = (at, at)
+        times.update(timed)
+    return times
 
 
 def _op_name(op) -> str:
@@ -198,11 +254,15 @@ def _op_name(op) -> str:
     return getattr(op, "name", type(op).__name__)
 
 
-def _lane_of(op) -> tuple:
-    """Where an operation is drawn: its stream, or its host thread (syncs block the host)."""
+def _lane_of(op, graph: Optional[int] = None) -> tuple:
+    """Where an operation is drawn: its stream, or its host thread (syncs block the host).
+    Work captured into graph `graph` gets a lane of its own: it runs at the graph's
+    launches, so it does not take a place in its stream's order."""
     stream = getattr(op, "stream", None)
     if stream is None or isinstance(op, _HOST_OPS):
         return ("host", op.thread)
+    if graph is not None:
+        return ("graph", graph, stream)
     return ("stream", stream)
 
 
@@ -263,8 +323,13 @@ def _ranges(ranges, buffer_names: dict) -> tuple:
     return tuple((buffer_names.get(r.buffer, f"buffer{r.buffer}"), r.start, r.stop) for r in ranges if r is not None)
 
 
-def _describe(op, event_names: dict, stream_names: dict) -> tuple:
-    """(name, category) of a drawn operation."""
+def _describe(op, event_names: dict, stream_names: dict, graph: Optional[int] = None) -> tuple:
+    """(name, category) of a drawn operation; `graph`: the graph it was captured into."""
+    if graph is not None:
+        name, _ = _describe(op, event_names, stream_names)
+        return f"{name} [graph {graph}]", "captured"
+    if isinstance(op, T.GraphLaunch):
+        return f"launch graph {op.graph}", "graph"
     if isinstance(op, T.Launch):
         return op.name, "kernel"
     if isinstance(op, T.Copy):
@@ -290,10 +355,13 @@ def build_model(source) -> Model:
     """The timeline model of a run: a Device, a Trace, or a mapping with keys `trace`
     and optionally `races`, `op_times`, `clock` ("steps" | "us"), `backend`, `schedule`,
     `delays` ((trace index, stream name, µs) of spins a GPU backend injected)."""
-    ops, races, op_times, clock, backend, schedule, delays = _parts(source)
-    replay_races, stream_labels, seconds = _replay(ops, races)
+    ops, races, op_times, clock, backend, schedule, delays, node_times = _parts(source)
+    replay_races, stream_labels, seconds, captured, graphs = _replay(ops, races)
     if races is None:
         races = replay_races
+    if node_times and captured:
+        # Captured work ran at its graph's launches: draw it where one launch ran it.
+        op_times = {**op_times, **_graph_times(ops, captured, graphs, node_times, op_times, races)}
     if clock is None:
         clock = STEPS if backend == "sim" else (MICROSECONDS if op_times else ISSUE_ORDER)
     if clock not in (STEPS, MICROSECONDS, ISSUE_ORDER):
@@ -314,14 +382,14 @@ def build_model(source) -> Model:
             stream_names[op.stream] = _stream_lane_label(op).split(" (")[0]  # without the kind
 
     drawn = [i for i, op in enumerate(ops)
-             if isinstance(op, _STREAM_OPS + _HOST_OPS) or isinstance(op, T.Free)]
-    slices = _place(ops, drawn, op_times, clock)
+             if isinstance(op, _STREAM_OPS + _HOST_OPS) or isinstance(op, (T.Free, T.GraphLaunch))]
+    slices = _place(ops, drawn, op_times, clock, captured)
 
     out: dict = {}
     for index, (start, end, measured) in slices.items():
         op = ops[index]
-        lane = _lane_of(op)
-        name, category = _describe(op, event_names, stream_names)
+        lane = _lane_of(op, captured.get(index))
+        name, category = _describe(op, event_names, stream_names, captured.get(index))
         reads = _ranges(getattr(op, "reads", ()), buffer_names)
         writes = _ranges(getattr(op, "writes", ()), buffer_names)
         if isinstance(op, T.Free):
@@ -331,7 +399,8 @@ def build_model(source) -> Model:
     edges, notes = _edges(ops, out, event_names)
 
     def struck(first: int, second: int) -> bool:
-        return first in out and second in out and out[second].start < out[first].end
+        return (first in out and second in out and out[second].start < out[first].end
+                and all(out[i].measured for i in (first, second) if i in captured))
 
     located = tuple(_locate(ops, race, seconds, stream_labels, buffer_ids, struck) for race in races)
     for loc in located:
@@ -342,6 +411,9 @@ def build_model(source) -> Model:
     hosts = sorted(k for k in used if k[0] == "host")
     streams = [k for k in lane_labels if k in used]  # creation order
     streams += sorted(k for k in used if k[0] == "stream" and k not in lane_labels)
+    for key in sorted(k for k in used if k[0] == "graph"):
+        streams.append(key)
+        lane_labels[key] = f"graph {key[1]} on {lane_labels.get(('stream', key[2]), f'stream{key[2]}')}"
     lanes = tuple([Lane(k, f"host thread {k[1]}") for k in hosts]
                   + [Lane(k, lane_labels.get(k, f"stream{k[1]}")) for k in streams])
     return Model(lanes, out, tuple(edges), located, tuple(notes), clock, backend, schedule,
@@ -380,8 +452,9 @@ def _missing_label(race: Race) -> str:
     return f"missing wait: {race.second.actor} must wait for {race.first.actor} after `{race.first.name}`"
 
 
-def _place(ops, drawn: list, op_times: Mapping, clock: str) -> dict:
-    """trace index -> (start, end, measured) for every drawn operation."""
+def _place(ops, drawn: list, op_times: Mapping, clock: str, captured: Mapping) -> dict:
+    """trace index -> (start, end, measured) for every drawn operation; `captured`: trace
+    index -> graph id of work captured into a graph (drawn on that graph's lanes)."""
     known = {}
     for index in drawn:
         times = op_times.get(index)
@@ -410,11 +483,11 @@ def _place(ops, drawn: list, op_times: Mapping, clock: str) -> dict:
     stream_ahead: dict = {}  # lane -> (next timed start, untimed count), scanning backwards
     host_ahead: dict = {}  # host lane -> untimed count since the next timed operation
     for index in reversed(drawn):
-        lane = _lane_of(ops[index])
+        lane = _lane_of(ops[index], captured.get(index))
         if index in known:
             stream_ahead[lane] = (known[index][0], 0)
             host_ahead = {}
-        elif lane[0] == "stream":
+        elif lane[0] != "host":  # a stream, or a graph's lane: ordered on the lane
             high, waiting = stream_ahead.get(lane, (math.inf, 0))
             stream_ahead[lane] = room[index] = (high, waiting + 1)
         else:
@@ -431,7 +504,7 @@ def _place(ops, drawn: list, op_times: Mapping, clock: str) -> dict:
             issued = max(issued, later_start[index])  # issued before it, or later work, started
         if index not in drawn_set:
             continue
-        lane = _lane_of(op)
+        lane = _lane_of(op, captured.get(index))
         if index in known:
             start, end = known[index]
             # Slices on one track must not overlap (Perfetto nests them); event timing
@@ -442,7 +515,7 @@ def _place(ops, drawn: list, op_times: Mapping, clock: str) -> dict:
             floor = lane_end.get(lane, 0.0)
             if isinstance(op, T.StreamWait) and op.event in last_record:
                 floor = max(floor, placed[last_record[op.event]][1])  # it completes after its record
-            low = floor if lane[0] == "stream" else max(floor, issued)
+            low = floor if lane[0] != "host" else max(floor, issued)
             high, waiting = room[index]
             width = nominal if high == math.inf else min(nominal, (high - low) / waiting)
             if width <= 0:
@@ -500,9 +573,8 @@ def _edges(ops, slices: dict, event_names: dict) -> tuple:
                 edges.append(Edge(src, index, "sync", "sync"))
             last_on_stream = {}  # later device syncs only need the work issued after this one
             continue
-        lane = _lane_of(op)
-        if lane[0] == "stream" and index in slices:
-            last_on_stream[lane[1]] = index
+        if index in slices and slices[index].lane[0] == "stream":  # captured work is not synced here
+            last_on_stream[slices[index].lane[1]] = index
     return edges, notes
 
 

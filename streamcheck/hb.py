@@ -244,6 +244,14 @@ class Checker:
                              "record ThreadStart for it first")
         handler(op)
 
+    def capturing(self, stream: int) -> Optional[int]:
+        """The graph `stream` is capturing into now, or None."""
+        return self._capture.capturing(stream)
+
+    def captured_graph(self, graph_id: int):
+        """The CapturedGraph of a capture that ended without error, or None."""
+        return self._capture.graph(graph_id)
+
     def stream_label(self, stream: int) -> str:
         return self._streams[stream].label
 

@@ -18,7 +18,8 @@ from .export import ISSUE_ORDER, MICROSECONDS, STEPS, Model, Slice, build_model
 
 # Colours: quiet for ordinary work so the race stands out.
 _FACE = {"kernel": "#a6cee3", "copy": "#b2df8a", "record": "#d9d9d9", "wait": "#d9d9d9",
-         "free": "#cab2d6", "sync": "#fdbf6f", "host": "#e0e0e0"}
+         "free": "#cab2d6", "sync": "#fdbf6f", "host": "#e0e0e0", "captured": "#f2f2f2", "graph": "#deebf7"}
+_HATCH = {"sync": "//", "captured": ".."}  # captured: recorded into a graph, ran at its launches
 _RACE = "#d7191c"
 _EDGE = "#4d4d4d"
 _SMALL = ("record", "wait")  # drawn as short boxes: they order work, they do no work
@@ -97,8 +98,9 @@ def render_timeline(source, path, title: Optional[str] = None, *, window=None, d
         face = _RACE if racing else _FACE.get(s.category, "#e0e0e0")
         untimed = model.clock == MICROSECONDS and not s.measured
         ax.add_patch(Rectangle((s.start, y - h / 2), s.duration, h, facecolor=face, edgecolor=_EDGE,
-                               linewidth=1.4 if racing else 0.6, hatch="//" if s.category == "sync" else None,
-                               linestyle="--" if untimed else "-", zorder=2))
+                               linewidth=1.4 if racing else 0.6, hatch=_HATCH.get(s.category),
+                               linestyle="--" if untimed else "-",
+                               zorder=1 if s.category == "graph" else 2))  # a launch frames its nodes
         label = _box_label(s, racing)
         lines = label.split("\n")
         size = 7 if small or len(lines) > 2 else 8
@@ -201,6 +203,8 @@ def _middle(s: Slice, x0: float, x1: float) -> float:
 
 
 def _height(s: Slice) -> float:
+    if s.category == "graph":
+        return 0.8  # behind the nodes it ran on the same stream
     return 0.28 if s.category in _SMALL else 0.62
 
 
@@ -293,6 +297,9 @@ def _title(model: Model) -> str:
     struck = model.struck(located)
     if struck:
         how = f"before `{race.first.name}` ({race.first.actor}) finished"
+    elif located.first in model.slices and model.slices[located.first].category == "captured":
+        how = (f"unordered after `{race.first.name}` ({race.first.actor}) inside a CUDA graph: "
+               "any launch may strike")
     else:
         how = f"unordered after `{race.first.name}` ({race.first.actor}); it did not strike in this run"
     more = f"  (+{len(model.races) - 1} more)" if len(model.races) > 1 else ""

@@ -383,3 +383,56 @@ def test_injected_gpu_delays_become_slices_before_the_delayed_work():
     assert delay["ts"] + delay["dur"] == matmul_slice["ts"] and delay["dur"] == 2000.0
     # The sim's delays hold work back without taking time: nothing to draw.
     assert build_model(dict(parts, clock="steps")).delays == ()
+
+
+def captured_missing_join(policy="random", seed=1, launches=3):
+    """fill on A, use on main, captured into one graph whose join comes after `use`."""
+    dev = Device("sim", policy=policy, seed=seed)
+    y = dev.alloc((4,), "float32", name="Y", fill=0.0)
+    out = dev.alloc((4,), "float32", name="out", fill=0.0)
+    a, main = dev.stream("A"), dev.stream("main")
+    main.begin_capture()
+    a.wait_event(main.record(dev.event("fork")))
+    dev.launch(lambda v: v.fill(1.0), (y,), stream=a, writes=[y], name="fill")
+    filled = a.record(dev.event("filled"))
+    dev.launch(lambda v, o: o.__setitem__(..., v), (y, out), stream=main, reads=[y], writes=[out], name="use")
+    main.wait_event(filled)
+    graph = main.end_capture()
+    for _ in range(launches):
+        graph.launch(main)
+    main.synchronize()
+    return dev
+
+
+def test_graph_export_draws_captured_work_on_graph_lanes_at_a_launch_that_struck():
+    # Some launch under some seed runs `use` before `fill`; the export shows that launch.
+    for seed in range(20):
+        dev = captured_missing_join(seed=seed)
+        model = build_model(dev)
+        (located,) = model.races
+        if model.struck(located):
+            break
+    else:
+        pytest.fail("no seed ran `use` before `fill` in any launch")
+    data = to_chrome_trace(dev)
+    events = data["traceEvents"]
+    assert trace_event_errors(data) == []
+    lanes = thread_names(events)
+    assert {"graph 1 on stream A (non_blocking)", "graph 1 on stream main (non_blocking)"} <= set(lanes.values())
+    launches = named(events, "launch graph 1")
+    assert len(launches) == 3 and {lanes[e["tid"]] for e in launches} == {"stream main (non_blocking)"}
+    (fill,) = named(events, RACE_PREFIX + "fill [graph 1]")
+    (use,) = named(events, RACE_PREFIX + "use [graph 1]")
+    assert fill["cat"] == use["cat"] == "captured,race"
+    # Drawn where one launch ran them, and inside that launch.
+    (launch,) = [e for e in launches if e["ts"] <= use["ts"] < e["ts"] + e["dur"]]
+    assert launch["ts"] <= fill["ts"] < launch["ts"] + launch["dur"]
+    assert use["ts"] < fill["ts"] + fill["dur"]  # it struck: use started before fill ended
+
+
+def test_captured_work_without_times_does_not_claim_to_have_struck():
+    dev = captured_missing_join()
+    model = build_model({"trace": dev.trace, "races": dev.races, "backend": "cupy"})
+    (located,) = model.races
+    assert model.struck(located) is None
+    assert model.slices[located.first].category == "captured"
