@@ -14,10 +14,10 @@ step() {  # step NAME LIMIT_S COMMAND...: run with a time limit, log to $OUT/NAM
   timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
   echo "=== $name: exit $?"; tail -n 25 "$OUT/$name.log"
 }
-step pytest_gpu 240 python3 -m pytest -m gpu -q -p no:cacheprovider -o addopts="" tests/
+step pytest_gpu 200 python3 -m pytest -m gpu -q -p no:cacheprovider -o addopts="" tests/
 if [ "${WITH_NORM_PROJ:-0}" = 1 ]; then
   step bench_norm_proj 100 python3 benchmarks/bench_norm_proj.py --repeats 15
 fi
-step bench_sim 60 python3 benchmarks/bench_sim.py --ops 50000 --repeats 7 --policy random
-step bench_instrument 80 python3 benchmarks/bench_instrument_overhead.py --repeats 7
-step repro_gpu 100 python3 -m streamcheck.cli repro implicit-join --backend cupy --tokens 200 --timeline "$OUT/repro_gpu.png"
+step bench_sim 45 python3 benchmarks/bench_sim.py --ops 50000 --repeats 5 --policy random
+step bench_instrument 70 python3 benchmarks/bench_instrument_overhead.py --repeats 7
+step repro_gpu 70 python3 -m streamcheck.cli repro implicit-join --backend cupy --tokens 200 --timeline "$OUT/repro_gpu.png"
