@@ -57,6 +57,15 @@ def flashnorm_step(p: CaptureProg, join_mm: bool, join_back: bool = True) -> dic
     return sites
 
 
+def capture_unjoined_fork(p: CaptureProg, graph: int = 1) -> None:
+    """main forks A, A runs `matmul`, main ends the capture without joining A back."""
+    p.begin("main", graph=graph)
+    p.record("fork", "main")
+    p.wait("A", "fork")
+    p.launch("A", "matmul", writes=["Y"])
+    p.end("main", graph=graph)
+
+
 def setup(kind: str = "non_blocking") -> CaptureProg:
     p = CaptureProg()
     for name in ("main", "A", "B", "L"):
@@ -173,11 +182,7 @@ def codes(p: CaptureProg) -> list:
 
 def test_unjoined_fork_names_the_stream_and_its_last_kernel():
     p = setup()
-    p.begin("main")
-    p.record("fork", "main")
-    p.wait("A", "fork")
-    p.launch("A", "matmul", writes=["Y"])
-    p.end("main")
+    capture_unjoined_fork(p)
     (error,) = p.checker().capture_errors
     assert error.code == "cudaErrorStreamCaptureUnjoined"
     assert "stream A after `matmul`" in str(error) and "wait on it before end_capture" in str(error)
@@ -297,11 +302,7 @@ def test_an_event_recorded_in_an_ended_capture_is_refused_until_recorded_again()
 
 def test_the_checker_recovers_after_a_refused_capture():
     p = setup()
-    p.begin("main", graph=1)
-    p.record("fork", "main")
-    p.wait("A", "fork")
-    p.launch("A", "matmul", writes=["Y"])
-    p.end("main", graph=1)  # unjoined: no graph
+    capture_unjoined_fork(p, graph=1)  # refused: no graph
     flashnorm_step_graph = 2
     p.begin("main", graph=flashnorm_step_graph)
     p.launch("main", "work", writes=["Y"])
@@ -316,11 +317,7 @@ def test_the_checker_recovers_after_a_refused_capture():
 def test_tracker_raises_where_the_checker_collects():
     tracker = CaptureTracker()
     p = setup()
-    p.begin("main")
-    p.record("fork", "main")
-    p.wait("A", "fork")
-    p.launch("A", "matmul", writes=["Y"])
-    p.end("main")
+    capture_unjoined_fork(p)
     begin, record, wait, launch, end = p.ops[-5:]
     for sid in (1, 2):
         tracker.stream_created(sid, "non_blocking", f"s{sid}")
