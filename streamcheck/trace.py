@@ -22,6 +22,17 @@ _INTERNAL = tuple(os.path.join(_PACKAGE_DIR, name) for name in (
     "trace.py", "hb.py", "device.py", "schedule.py", "instrument.py", "backends" + os.sep))
 
 
+def _parse_choice(cls, value, what: str):
+    """A member of the str enum `cls` from itself or its value ("non-blocking" works too)."""
+    if isinstance(value, cls):
+        return value
+    try:
+        return cls(str(value).replace("-", "_"))
+    except ValueError:
+        choices = ", ".join(member.value for member in cls)
+        raise ValueError(f"unknown {what} {value!r}; choose one of: {choices}") from None
+
+
 class StreamKind(str, enum.Enum):
     """How a stream synchronizes with the legacy default stream (CUDA programming guide)."""
 
@@ -37,13 +48,7 @@ class StreamKind(str, enum.Enum):
 
     @classmethod
     def parse(cls, value: Union[str, "StreamKind"]) -> "StreamKind":
-        if isinstance(value, StreamKind):
-            return value
-        try:
-            return cls(str(value).replace("-", "_"))
-        except ValueError:
-            choices = ", ".join(k.value for k in cls)
-            raise ValueError(f"unknown stream kind {value!r}; choose one of: {choices}") from None
+        return _parse_choice(cls, value, "stream kind")
 
 
 @dataclass(frozen=True)
@@ -247,13 +252,7 @@ class CaptureMode(str, enum.Enum):
 
     @classmethod
     def parse(cls, value: Union[str, "CaptureMode"]) -> "CaptureMode":
-        if isinstance(value, CaptureMode):
-            return value
-        try:
-            return cls(str(value).replace("-", "_"))
-        except ValueError:
-            choices = ", ".join(m.value for m in cls)
-            raise ValueError(f"unknown capture mode {value!r}; choose one of: {choices}") from None
+        return _parse_choice(cls, value, "capture mode")
 
 
 @dataclass(frozen=True)

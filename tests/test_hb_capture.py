@@ -303,11 +303,10 @@ def test_an_event_recorded_in_an_ended_capture_is_refused_until_recorded_again()
 def test_the_checker_recovers_after_a_refused_capture():
     p = setup()
     capture_unjoined_fork(p, graph=1)  # refused: no graph
-    flashnorm_step_graph = 2
-    p.begin("main", graph=flashnorm_step_graph)
+    p.begin("main", graph=2)
     p.launch("main", "work", writes=["Y"])
-    p.end("main", graph=flashnorm_step_graph)
-    p.graph_launch("main", graph=flashnorm_step_graph)
+    p.end("main", graph=2)
+    p.graph_launch("main", graph=2)
     p.launch("main", "after", reads=["Y"])
     checker = p.checker()
     assert [e.code for e in checker.capture_errors] == ["cudaErrorStreamCaptureUnjoined"]
