@@ -190,6 +190,7 @@ class Event:
         self.name = name
         self.destroyed = False
         self.handle: Any = None
+        self._recorded_outside = False  # whether its last record executed (made outside any capture)
 
     def record(self, stream: Optional[Stream] = None) -> "Event":
         """Capture the work issued to `stream` (the legacy stream if None) so far."""
@@ -235,15 +236,6 @@ class Graph:
         origin = self.device._stream_names.get(self.captured.origin, f"stream{self.captured.origin}")
         return (f"Graph({self.id}, {len(self.nodes)} nodes, captured on {origin!r} "
                 f"at {self.captured.begin_site}..{self.captured.end_site})")
-
-
-def _stream_label(kind: StreamKind, name: str, id: int, thread: int) -> str:
-    """How the checker names a stream (hb.Checker), so capture errors read the same from both."""
-    if kind is StreamKind.LEGACY:
-        return name or "legacy default stream"
-    if kind is StreamKind.PER_THREAD:
-        return name or f"per-thread default stream of thread {thread}"
-    return f"stream {name}" if name else f"stream{id}"
 
 
 class Device:
@@ -352,7 +344,7 @@ class Device:
             stream = Stream(self, id, kind, label or name or f"stream{id}", priority)
             tid = self._thread_id()
             self._record(T.StreamCreate(tid, site, stream=id, kind=kind, name=name))
-            self.capture_tracker.stream_created(id, kind, _stream_label(kind, name, id, tid))
+            self.capture_tracker.stream_created(id, kind, T.stream_label(kind, name, id, tid))
             self._stream_names[id] = stream.name
             self.backend.new_stream(stream)
             return stream
@@ -391,7 +383,6 @@ class Device:
             id = self._next["event"]
             self._next["event"] += 1
             event = Event(self, id, name or f"event{id}")
-            event._recorded_outside = False  # its last record executes (made outside any capture)
             self._record(T.EventCreate(self._thread_id(), site, event=id, name=event.name))
             self.backend.new_event(event)
             return event

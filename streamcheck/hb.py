@@ -56,6 +56,7 @@ from .trace import (
     ThreadJoin,
     ThreadStart,
     Trace,
+    stream_label,
 )
 
 
@@ -371,15 +372,10 @@ class Checker:
             kind = StreamKind.parse(op.kind)
         except ValueError as exc:
             raise TraceError(f"StreamCreate at {op.site}: {exc}") from None
-        if kind is StreamKind.LEGACY:
-            if self._legacy is not None:
-                raise TraceError(f"StreamCreate at {op.site}: there is only one legacy default stream "
-                                 f"(stream {self._legacy.id}); reuse it")
-            label = op.name or "legacy default stream"
-        elif kind is StreamKind.PER_THREAD:
-            label = op.name or f"per-thread default stream of thread {op.thread}"
-        else:
-            label = f"stream {op.name}" if op.name else f"stream{op.stream}"
+        if kind is StreamKind.LEGACY and self._legacy is not None:
+            raise TraceError(f"StreamCreate at {op.site}: there is only one legacy default stream "
+                             f"(stream {self._legacy.id}); reuse it")
+        label = stream_label(kind, op.name, op.stream, op.thread)
         stream = _Stream(op.stream, kind, label, owner=len(self._owners))
         self._owners.append(stream)
         self._streams[op.stream] = stream

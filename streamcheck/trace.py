@@ -51,6 +51,15 @@ class StreamKind(str, enum.Enum):
         return _parse_choice(cls, value, "stream kind")
 
 
+def stream_label(kind: StreamKind, name: str, stream: int, thread: int) -> str:
+    """How reports name a stream: "stream A", the legacy default stream, or a thread's own."""
+    if kind is StreamKind.LEGACY:
+        return name or "legacy default stream"
+    if kind is StreamKind.PER_THREAD:
+        return name or f"per-thread default stream of thread {thread}"
+    return f"stream {name}" if name else f"stream{stream}"
+
+
 @dataclass(frozen=True)
 class CallSite:
     file: str
