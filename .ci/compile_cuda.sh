@@ -7,7 +7,13 @@ NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 mapfile -t sources < <(git ls-files '*.cu'; git ls-files --others --exclude-standard '*.cu')
-if [ ${#sources[@]} -eq 0 ]; then echo "compile_cuda: no .cu sources"; exit 0; fi
+# Kernels embedded in Python strings (cupy.RawKernel sources of the GPU test programs and
+# benchmarks) are CUDA sources too.
+mkdir -p "$out/embedded"
+mapfile -t pyfiles < <(git ls-files '*.py'; git ls-files --others --exclude-standard '*.py')
+mapfile -t embedded < <(python3 .ci/extract_cuda.py "$out/embedded" "${pyfiles[@]}" | cut -f1)
+sources+=("${embedded[@]}")
+if [ ${#sources[@]} -eq 0 ]; then echo "compile_cuda: no CUDA sources"; exit 0; fi
 for src in "${sources[@]}"; do
   "$NVCC" -arch=sm_90 -std=c++17 --cubin -o "$out/$(basename "$src" .cu).cubin" "$src"
   echo "compile_cuda: ok $src"
