@@ -75,3 +75,14 @@ def postscale(y: np.ndarray, r: np.ndarray, *outs: np.ndarray, columns, bf16: bo
     scale = r.astype(np.float32, copy=False)[:, None]
     for out, (start, stop) in zip(outs, columns):
         _store(out, y32[:, start:stop] * scale, bf16)
+
+
+def postscale_mixed(y: np.ndarray, r, ones: np.ndarray, *outs: np.ndarray, columns, unscaled,
+                    bf16: bool = False) -> None:
+    """As `postscale`, except that outputs whose index is in `unscaled` (FlashNorm Prop 3: a
+    later norm re-normalises them) are scaled by `ones`, a buffer of 1.0 per row, as the CUDA
+    path does with the same kernel. y·1 is exact and the store rounds a value already on the
+    storage grid, so those outputs are Y's columns as stored, bit for bit. `r` is not read
+    when every output is unscaled (the pipeline then passes None: no RMS was computed)."""
+    for i, (out, column) in enumerate(zip(outs, columns)):
+        postscale(y, ones if i in unscaled else r, out, columns=(column,), bf16=bf16)

@@ -139,3 +139,12 @@ def _torch_matmul_bf16(x, w, y) -> None:
     stream = cupy.cuda.get_current_stream()
     with torch.cuda.stream(_torch_stream(stream.ptr, cupy.cuda.Device().id)):
         torch.matmul(as_torch_bf16(x), as_torch_bf16(w).t(), out=as_torch_bf16(y))
+
+
+def postscale_mixed(y, r, ones, *outs, columns, unscaled, dtype: str) -> None:
+    """As `postscale`, except that outputs whose index is in `unscaled` (FlashNorm Prop 3) get
+    `ones` (a persistent float32 buffer of 1.0 per row) as their scale: the same kernel, and
+    y·1 rounded once is y, so they are Y's columns as stored, bit for bit. `r` is not read
+    when every output is unscaled (pass None)."""
+    for i, (out, column) in enumerate(zip(outs, columns)):
+        postscale(y, ones if i in unscaled else r, out, columns=(column,), dtype=dtype)

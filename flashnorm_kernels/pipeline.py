@@ -22,6 +22,11 @@ Projections that share one norm (q/k/v, gate/up) share one RMS: the weights are
 concatenated into one [sum(out_i), in] matrix, one GEMM per step writes Y, and the
 post-scale splits Y's columns into one output buffer per projection.
 
+FlashNorm Prop 3 (cancel.py): projections whose output a later norm re-normalises
+(Qwen3 / Gemma 3 q_norm, k_norm) may skip the 1/RMS scale. `unscaled=` names them; the
+post-scale hands them Y's columns as stored, and when every projection is unscaled the
+RMS reduction is not launched at all.
+
 The same code runs on both backends of the device API: numpy kernels on `sim`
 (kernels_cpu.py), CUDA kernels + cuBLAS on `cupy` (kernels_cuda.py). See `Storage`
 for how each backend holds bf16.
@@ -147,15 +152,43 @@ def _host_weight(w, index: int, what: str) -> np.ndarray:
     return w
 
 
+def _check_unscaled(unscaled, count: int, what: str) -> tuple:
+    """`unscaled` as a sorted tuple of distinct indices in [0, count), or a ValueError naming it."""
+    if isinstance(unscaled, (str, bytes)) or not isinstance(unscaled, (list, tuple, range, set, frozenset)):
+        raise ValueError(f"{what}: unscaled must be a list or tuple of projection indices (into weights), got "
+                         f"{unscaled!r}")
+    seen = []
+    for value in unscaled:
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise ValueError(f"{what}: unscaled holds {value!r}; it takes indices into weights (ints), e.g. "
+                             "unscaled=(0, 1) for q and k of [q, k, v]")
+        if not 0 <= value < count:
+            raise ValueError(f"{what}: unscaled index {value} is out of range: weights has {count} projection"
+                             f"{'s' if count != 1 else ''} (indices 0..{count - 1})")
+        if int(value) in seen:
+            raise ValueError(f"{what}: unscaled names projection {int(value)} twice; list each index once")
+        seen.append(int(value))
+    return tuple(sorted(seen))
+
+
 class DeferredNormProjection:
     """RMSNorm (gain folded into `weights`) + one or more projections, dual-stream.
 
     DeferredNormProjection(device, weights, eps=1e-6, plan=SyncPlan.correct(), dtype="float32",
-                           max_tokens=64, name="norm_proj")
+                           max_tokens=64, name="norm_proj", unscaled=())
 
     - weights: list of folded [out_i, in] matrices (numpy or torch), cast to `dtype`.
     - plan: which edges to issue, where post-scale runs, stream kinds (plan.py).
     - max_tokens: rows of the persistent Y / r / output buffers; a step takes 1..max_tokens rows.
+    - unscaled: indices into `weights` of projections whose outputs skip the 1/RMS scale
+      (FlashNorm Prop 3: a later norm re-normalises them, cancel.cancellable_projections
+      says which). Their outputs are Y's columns as stored, bit for bit: the post-scale
+      gives them a persistent buffer of ones as their scale (`module.ones`), so the CUDA
+      path reuses its one post-scale kernel and the checker still sees the post-scale
+      read Y. If *every* projection is unscaled (full cancellation), the RMS kernel is not
+      launched at all: saving that reduction, and stream B's share of every step, is the
+      point of Prop 3. Stream B then carries only the plan's events (fork_b, join_rms,
+      war), so the plan's edges and the races a missing one causes stay as they are.
 
     `module(x, caller)` issues one step for the M rows of `x` (a device Region/Buffer
     [M, in] of `module.storage.alloc_dtype`, e.g. from `module.alloc_input`) from the
@@ -164,7 +197,7 @@ class DeferredNormProjection:
     """
 
     def __init__(self, device: Device, weights: Sequence, eps: float = 1e-6, plan: Optional[SyncPlan] = None,
-                 dtype: str = "float32", max_tokens: int = 64, name: str = "norm_proj"):
+                 dtype: str = "float32", max_tokens: int = 64, name: str = "norm_proj", unscaled: Sequence = ()):
         what = f"DeferredNormProjection({name!r})"
         if not isinstance(device, Device):
             raise ValueError(f"{what}: device must be a streamcheck Device, got {type(device).__name__}")
@@ -190,8 +223,11 @@ class DeferredNormProjection:
             raise ValueError(f"{what}: the weights disagree on the input size ({shapes}); projections sharing one "
                              "norm all take the norm's hidden size as `in`")
 
+        unscaled = _check_unscaled(unscaled, len(host), what)
+
         self.device = device
         self.name = name
+        self.unscaled = unscaled  # sorted tuple of indices into weights / outputs
         self.plan = plan
         self.eps = float(eps)
         self.max_tokens = int(max_tokens)
@@ -215,6 +251,10 @@ class DeferredNormProjection:
         self.r = device.alloc((self.max_tokens,), "float32", name=f"{name}.r")
         self.outputs = [device.alloc((self.max_tokens, n), alloc, name=f"{name}.out{i}")
                         for i, n in enumerate(self.out_features)]
+        # The scale of unscaled outputs. Filled at allocation (synchronously, before any stream
+        # can touch it) and never written again, so it needs no edge.
+        self.ones = (device.alloc((self.max_tokens,), "float32", name=f"{name}.ones", fill=1.0)
+                     if unscaled else None)
         # Kept alive: the upload is asynchronous and reads this host array when it runs.
         self._host_weight = self.storage.encode(np.concatenate(host, axis=0).astype(np.float32))
         device.upload(self.weight, self._host_weight, stream=self.stream_a)  # stream order: before every matmul
@@ -224,16 +264,21 @@ class DeferredNormProjection:
     # --- kernels --------------------------------------------------------------------------
     def _kernels(self):
         if self.storage.backend == "sim":
-            bf16 = self.storage.emulated_bf16
-            return (functools.partial(kernels_cpu.matmul, bf16=bf16),
-                    functools.partial(kernels_cpu.rms, eps=self.eps, bf16=bf16),
-                    functools.partial(kernels_cpu.postscale, columns=self.columns, bf16=bf16))
-        from . import kernels_cuda  # cupy is imported only when a cupy device is used
+            kernels, kw = kernels_cpu, {"bf16": self.storage.emulated_bf16}
+        else:
+            from . import kernels_cuda  # cupy is imported only when a cupy device is used
 
-        dtype = self.dtype
-        return (functools.partial(kernels_cuda.matmul, dtype=dtype),
-                functools.partial(kernels_cuda.rms, eps=self.eps, dtype=dtype),
-                functools.partial(kernels_cuda.postscale, columns=self.columns, dtype=dtype))
+            kernels, kw = kernels_cuda, {"dtype": self.dtype}
+        if self.unscaled:
+            post = functools.partial(kernels.postscale_mixed, columns=self.columns, unscaled=self.unscaled, **kw)
+        else:
+            post = functools.partial(kernels.postscale, columns=self.columns, **kw)
+        return (functools.partial(kernels.matmul, **kw), functools.partial(kernels.rms, eps=self.eps, **kw), post)
+
+    @property
+    def computes_rms(self) -> bool:
+        """False under full cancellation (every output unscaled): no step launches the RMS."""
+        return len(self.unscaled) < len(self.out_features)
 
     # --- helpers for callers --------------------------------------------------------------
     def alloc_input(self, rows: Optional[int] = None, name: str = "") -> Buffer:
@@ -340,10 +385,20 @@ class DeferredNormProjection:
         self._edge("fork_a", caller, a)
         self._edge("fork_b", caller, b)
         dev.launch(self._matmul, (x, self.weight, y), stream=a, reads=[x, self.weight], writes=[y], name="matmul")
-        dev.launch(self._rms, (x, r), stream=b, reads=[x], writes=[r], name="rms")
+        if self.computes_rms:
+            dev.launch(self._rms, (x, r), stream=b, reads=[x], writes=[r], name="rms")
         self._edge("join_mm", a, post)
         self._edge("join_rms", b, post)
-        dev.launch(self._postscale, (y, r, *outs), stream=post, reads=[y, r], writes=outs, name="postscale")
+        if not self.unscaled:
+            dev.launch(self._postscale, (y, r, *outs), stream=post, reads=[y, r], writes=outs, name="postscale")
+        elif self.computes_rms:
+            ones = self.ones[:m]
+            dev.launch(self._postscale, (y, r, ones, *outs), stream=post, reads=[y, r, ones], writes=outs,
+                       name="postscale")
+        else:  # full cancellation: r was never computed, and is neither passed nor read
+            ones = self.ones[:m]
+            dev.launch(self._postscale, (y, None, ones, *outs), stream=post, reads=[y, ones], writes=outs,
+                       name="postscale")
         self._edge("join_back", post, caller)
         if "war" in plan.edges:
             self._events["war"].record(post)
@@ -351,8 +406,10 @@ class DeferredNormProjection:
         return outs
 
     def __repr__(self) -> str:
+        unscaled = f", unscaled={list(self.unscaled)}" if self.unscaled else ""
         return (f"DeferredNormProjection({self.name!r}, in={self.in_features}, out={list(self.out_features)}, "
-                f"{self.dtype} on {self.storage.backend}, max_tokens={self.max_tokens}, {self.plan.describe()})")
+                f"{self.dtype} on {self.storage.backend}, max_tokens={self.max_tokens}{unscaled}, "
+                f"{self.plan.describe()})")
 
 
 def reference_norm_proj(x, weights: Sequence, eps: float) -> list:

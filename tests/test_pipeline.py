@@ -9,7 +9,7 @@ from flashnorm_kernels import kernels_cpu
 from flashnorm_kernels.pipeline import DeferredNormProjection, normalize_dtype, reference_norm_proj
 from flashnorm_kernels.plan import SyncPlan
 from streamcheck.device import Device
-from streamcheck.trace import Launch
+from streamcheck.trace import EventRecord, Launch, StreamWait
 
 D = 64
 OUTS = (32, 16, 16)  # q, k, v sharing one norm
@@ -33,14 +33,15 @@ def _caller(dev, plan):
 
 
 def _run(plan=None, policy="eager", seed=0, steps=3, rows=4, dtype="float32", weights=None, xs=None,
-         sync="caller", **policy_params):
+         sync="caller", unscaled=(), **policy_params):
     """Run `steps` decode steps; each step's input goes to its own rows of one input buffer,
     uploaded on the caller's stream. Returns (device, module, xs, outputs per step)."""
     plan = SyncPlan.correct() if plan is None else plan
     dev = Device("sim", policy=policy, seed=seed, **policy_params)
     weights = _weights() if weights is None else weights
     xs = _inputs(steps, rows) if xs is None else xs
-    mod = DeferredNormProjection(dev, weights, eps=EPS, plan=plan, dtype=dtype, max_tokens=8, name="qkv")
+    mod = DeferredNormProjection(dev, weights, eps=EPS, plan=plan, dtype=dtype, max_tokens=8, name="qkv",
+                                 unscaled=unscaled)
     caller = _caller(dev, plan)
     xbuf = mod.alloc_input(steps * rows, name="x")
     results = []
@@ -364,3 +365,152 @@ def test_bad_step_input_is_a_clear_value_error():
     with pytest.raises(ValueError, match="x .*strided.* is not C-contiguous"):
         mod(strided)
     assert dev.races == []
+
+
+# --- Prop 3: unscaled outputs ---------------------------------------------------------------
+
+def _step_with_y(mod, dev, x_values):
+    """One step from the legacy stream; returns (outputs, Y as stored after the step)."""
+    x = mod.alloc_input(len(x_values), name="x1")
+    dev.upload(x, mod.encode(x_values), stream=dev.legacy)
+    outs = mod(x, dev.legacy)
+    got = mod.read([*outs, mod.y[:len(x_values)]], dev.legacy)
+    return got[:-1], got[-1]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("unscaled", [(0, 1), (2,), (0, 1, 2)], ids=["q-k", "v", "all"])
+@pytest.mark.parametrize("rows", [1, 8], ids=["decode1", "prefill8"])
+def test_unscaled_outputs_are_y_as_stored_and_the_rest_are_unchanged(dtype, unscaled, rows):
+    weights = _weights()
+    xs = _inputs(1, rows, seed=4)[0]
+    dev = Device("sim", policy="random", seed=3)
+    mod = DeferredNormProjection(dev, weights, eps=EPS, dtype=dtype, max_tokens=8, name="qkv", unscaled=unscaled)
+    got, y = _step_with_y(mod, dev, xs)
+    plain_dev = Device("sim")
+    plain = DeferredNormProjection(plain_dev, weights, eps=EPS, dtype=dtype, max_tokens=8, name="qkv")
+    want, plain_y = _step_with_y(plain, plain_dev, xs)
+    np.testing.assert_array_equal(y, plain_y)  # same matmul either way
+    qx = _quantized(xs, dtype)
+    ref = reference_norm_proj(qx, [_quantized(w, dtype) for w in weights], EPS)
+    rms = np.sqrt(np.mean(qx.astype(np.float64) ** 2, axis=1, keepdims=True) + EPS)
+    for i, (start, stop) in enumerate(mod.columns):
+        if i in unscaled:
+            np.testing.assert_array_equal(got[i], y[:, start:stop], err_msg=f"output {i}")  # bit for bit
+            # ... which is the projection of the unnormalised x: the reference times rms(x).
+            err = np.abs(got[i] - ref[i] * rms).max() / np.abs(ref[i] * rms).max()
+            assert err < TOL[dtype], f"{dtype} unscaled output {i}: relative error {err:.2e}"
+            assert np.abs(got[i] - ref[i]).max() > 0.1 * np.abs(ref[i]).max()  # really not scaled
+        else:
+            np.testing.assert_array_equal(got[i], want[i], err_msg=f"output {i}")  # as without `unscaled`
+            err = np.abs(got[i] - ref[i]).max() / np.abs(ref[i]).max()
+            assert err < TOL[dtype], f"{dtype} output {i}: relative error {err:.2e}"
+    assert dev.races == []
+
+
+def test_unscaled_launches_read_ones_and_full_cancellation_launches_no_rms():
+    dev, mod, _, results = _run(steps=2, rows=3, unscaled=(0, 1))
+    launches = [op for op in dev.trace if isinstance(op, Launch)]
+    assert [op.name for op in launches] == ["matmul", "rms", "postscale"] * 2
+    post = launches[2]
+    assert set(post.reads) == {mod.y[:3].byte_range(), mod.r[:3].byte_range(), mod.ones[:3].byte_range()}
+    assert set(post.writes) == {o[:3].byte_range() for o in mod.outputs}
+
+    dev, mod, xs, results = _run(steps=3, rows=3, unscaled=(2, 0, 1), policy="random", seed=2)
+    assert mod.unscaled == (0, 1, 2) and not mod.computes_rms
+    launches = [op for op in dev.trace if isinstance(op, Launch)]
+    assert [op.name for op in launches] == ["matmul", "postscale"] * 3  # no `rms` at all
+    assert not [op for op in launches if op.stream == mod.stream_b.id]
+    post = launches[1]
+    assert set(post.reads) == {mod.y[:3].byte_range(), mod.ones[:3].byte_range()}  # r is neither computed nor read
+    assert np.isnan(dev.host_read(mod.r)).all()  # never written: the sim's garbage
+    w = np.concatenate(_weights())
+    for t in range(3):
+        y = np.empty((3, w.shape[0]), np.float32)
+        kernels_cpu.matmul(xs[t], w, y)
+        for i, (start, stop) in enumerate(mod.columns):
+            np.testing.assert_array_equal(results[t][i], y[:, start:stop], err_msg=f"step {t} output {i}")
+    assert dev.races == []
+
+
+@pytest.mark.parametrize("unscaled", [(0, 1), (0, 1, 2)], ids=["partial", "full"])
+@pytest.mark.parametrize("plan", [PLANS["caller-legacy"], PLANS["post-B-blocking"]], ids=["caller", "post-B"])
+def test_correct_plan_with_unscaled_outputs_is_bitwise_sequential(plan, unscaled):
+    xs = _inputs(3, 3, seed=12)
+    _, _, _, want = _run(plan, policy="sequential", steps=3, rows=3, xs=xs, unscaled=unscaled)
+    for policy in ("random", "pct", "delay"):
+        for seed in range(3):
+            dev, _, _, got = _run(plan, policy=policy, seed=seed, steps=3, rows=3, xs=xs, unscaled=unscaled)
+            assert dev.races == [], dev.report()
+            for t in range(3):
+                for g, w in zip(got[t], want[t]):
+                    np.testing.assert_array_equal(g, w, err_msg=f"{policy} seed={seed} step {t}")
+
+
+@pytest.mark.parametrize("unscaled", [(0, 1), (0, 1, 2)], ids=["partial", "full"])
+def test_implicit_join_with_unscaled_outputs_still_races_and_reads_the_previous_y(unscaled):
+    # The post-scale of unscaled outputs is still a read of Y: the talk's bug stays visible.
+    dev, _, _, _ = _run(SyncPlan.implicit_join(), policy="eager", unscaled=unscaled)
+    assert [(r.kind, r.buffer, r.first.name, r.second.name, r.count) for r in dev.races] == [
+        ("RAW", "qkv.Y", "matmul", "postscale", 3)], dev.report()
+
+    steps, rows = 4, 3
+    xs = _inputs(steps, rows, seed=7)
+    weights = _weights()
+    dev, mod, _, got = _run(SyncPlan.implicit_join(), policy="delay", steps=steps, rows=rows, xs=xs,
+                            weights=weights, sync="device", unscaled=unscaled, streams=("qkv.A",))
+    assert [r.buffer for r in dev.races] == ["qkv.Y"]
+    w = np.concatenate(weights)
+    for t in range(1, steps):
+        prev = np.empty((rows, w.shape[0]), np.float32)
+        kernels_cpu.matmul(xs[t - 1], w, prev)
+        r = np.empty(rows, np.float32)
+        kernels_cpu.rms(xs[t], r, eps=EPS)
+        for i, (start, stop) in enumerate(mod.columns):
+            stale = prev[:, start:stop].copy()
+            if i not in unscaled:
+                kernels_cpu.postscale(prev, r, stale, columns=[(start, stop)])
+            np.testing.assert_array_equal(got[t][i], stale, err_msg=f"step {t} output {i}")
+
+
+def test_full_cancellation_keeps_the_plans_edges_but_needs_no_join_rms():
+    # Stream B computes nothing, so only its events remain: the same waits are issued...
+    def syncs(dev):
+        return [(type(op).__name__, op.stream, op.event) for op in dev.trace
+                if isinstance(op, (EventRecord, StreamWait))]
+
+    full, _, _, _ = _run(unscaled=(0, 1, 2))
+    plain, _, _, _ = _run()
+    # Per step: fork_a, fork_b, join_mm, join_rms (a record and a wait each), the war record;
+    # from step 2 on, the war waits of A and B.
+    assert len(syncs(plain)) == 3 * 9 + 2 * 2
+    assert syncs(full) == syncs(plain)
+    # ... and without join_rms there is nothing on B for the post-scale to race with.
+    dev, _, _, _ = _run(SyncPlan.correct().without("join_rms"), unscaled=(0, 1, 2))
+    assert dev.races == []
+    dev, _, _, _ = _run(SyncPlan.correct().without("join_rms"), unscaled=(0, 1))
+    assert [(r.kind, r.buffer, r.first.name) for r in dev.races] == [("RAW", "qkv.r", "rms")]
+
+
+@pytest.mark.parametrize("unscaled, match", [
+    ((3,), r"unscaled index 3 is out of range: weights has 3 projections \(indices 0\.\.2\)"),
+    ((-1,), "unscaled index -1 is out of range"),
+    ((0, 1, 0), "unscaled names projection 0 twice"),
+    (("q",), "unscaled holds 'q'; it takes indices into weights"),
+    ((True,), "unscaled holds True"),
+    ((1.0,), "unscaled holds 1.0"),
+    (1, "unscaled must be a list or tuple"),
+    ("01", "unscaled must be a list or tuple"),
+    (None, "unscaled must be a list or tuple"),
+])
+def test_bad_unscaled_is_a_clear_value_error(unscaled, match):
+    with pytest.raises(ValueError, match=match):
+        _module(unscaled=unscaled)
+
+
+def test_good_unscaled_forms():
+    assert _module(unscaled=[np.int64(1), 0]).unscaled == (0, 1)
+    assert _module(unscaled=range(3)).unscaled == (0, 1, 2)
+    mod = _module()
+    assert mod.unscaled == () and mod.ones is None and mod.computes_rms
+    assert "unscaled=[1]" in repr(_module(unscaled=(1,)))
