@@ -8,6 +8,12 @@ post-scale after the plan's joins. Each group keeps persistent device buffers, a
 inference engines preallocate them, so a post-scale that reads Y too early gets
 the previous step's projection: the one-step lag of the FlashNorm talk.
 
+With `cancel=True` (FlashNorm Prop 3, cancel.py) the projections whose output a later
+norm re-normalises (q_proj and k_proj of QK-norm models such as Qwen3) skip the input
+norm's 1/RMS scale: their group runs with `unscaled=` those indices, so they get W*·x
+and q_norm / k_norm do the normalising. Exact without ε; with ε the relative change per
+head is bounded by `cancel.cancellation_error_bound`.
+
 The model's own parameters are not touched (W* is computed from them); `detach()`
 puts the original modules back, so the model is bit-for-bit what it was.
 Activations cross to the device and back through host copies: this is a test
@@ -22,7 +28,8 @@ import torch
 
 from streamcheck.device import Device
 
-from .fold import layout_for, norm_gain, norm_groups
+from .cancel import CancellationPlan, cancellable_projections
+from .fold import FlashNormError, layout_for, norm_gain, norm_groups
 from .pipeline import DeferredNormProjection
 from .plan import SyncPlan
 
@@ -46,14 +53,15 @@ class _Group:
     produce them bit for bit, or LockstepMismatch names the step and the schedule."""
 
     def __init__(self, name: str, norm, linears, gain_style: str, devices, plan: SyncPlan,
-                 callers, max_tokens: int, dtype: str):
+                 callers, max_tokens: int, dtype: str, unscaled: tuple = ()):
         with torch.no_grad():  # W* = W·g, as flashify folds it, without touching the model
             gain = norm_gain(norm, gain_style).double()
             weights = [(lin.weight.detach().double() * gain[None, :]).float().numpy() for lin in linears]
         self.name = name
         self.biases = [lin.bias.detach().clone() if lin.bias is not None else None for lin in linears]
         self.modules = [DeferredNormProjection(device, weights, eps=_norm_eps(norm), plan=plan, dtype=dtype,
-                                               max_tokens=max_tokens, name=name) for device in devices]
+                                               max_tokens=max_tokens, name=name, unscaled=unscaled)
+                        for device in devices]
         self.inputs = [module.alloc_input(name=f"{name}.x") for module in self.modules]
         self.callers = callers
         self.steps = 0
@@ -129,10 +137,11 @@ def _set(root, path: str, module) -> None:
 class Attachment:
     """What `attach` changed; `detach()` (or leaving the `with` block) undoes it."""
 
-    def __init__(self, model, devices, groups, originals):
+    def __init__(self, model, devices, groups, originals, cancellation: Optional[CancellationPlan] = None):
         self.model = model
         self.devices = devices
         self.groups = groups
+        self.cancellation = cancellation  # the Prop 3 plan applied (attach(cancel=True)), else None
         self._originals = originals  # path -> original module
 
     @property
@@ -155,25 +164,54 @@ class Attachment:
         self.detach()
 
 
+def _unscaled(norm_path: str, proj_paths, linears, cancellation: Optional[CancellationPlan]) -> tuple:
+    """Indices of the projections of this group that skip the 1/RMS scale (Prop 3)."""
+    if cancellation is None or norm_path.rpartition(".")[2] != "input_layernorm":
+        return ()
+    names = [p.rpartition(".")[2] for p in proj_paths]
+    missing = [p for p in cancellation.skip_prescale if p not in names]
+    if missing:
+        raise FlashNormError(f"flashnorm attach(cancel=True): {norm_path} feeds {', '.join(names)} but the "
+                             f"{cancellation.model_type} cancellation plan names {', '.join(missing)}; the fold "
+                             "layout and cancel.FOLLOWING_NORMS disagree for this model")
+    indices = tuple(i for i, n in enumerate(names) if n in cancellation.skip_prescale)
+    for i in indices:
+        if linears[i].bias is not None:  # N(c·Wx + b) ≠ N(Wx + b)
+            raise FlashNormError(f"flashnorm attach(cancel=True): {proj_paths[i]} has a bias, so it cannot skip "
+                                 "the 1/RMS scale; attach without cancel=True")
+    return indices
+
+
 def attach(model, devices, plan: Optional[SyncPlan] = None, *, max_tokens: int = 256,
-           dtype: str = "float32") -> Attachment:
+           dtype: str = "float32", cancel: bool = False) -> Attachment:
     """Route every norm → projection group of `model` through the dual-stream pipeline.
 
     `devices`: one Device, or several run in lockstep (the first feeds the model; the
-    others must compute the same values bit for bit at every step)."""
+    others must compute the same values bit for bit at every step).
+    `cancel=True`: FlashNorm Prop 3. `cancel.cancellable_projections(model)` decides which
+    of the projections fed by each `input_layernorm` skip its 1/RMS scale (q_proj, k_proj
+    of QK-norm models); a model that does not qualify raises cancel.NotCancellableError
+    before anything is attached."""
+    if not isinstance(cancel, bool):
+        raise ValueError(f"flashnorm attach: cancel must be True or False, got {cancel!r}")
+    cancellation = cancellable_projections(model) if cancel else None  # raises before anything changes
     devices = [devices] if isinstance(devices, Device) else list(devices)
     if not devices or not all(isinstance(d, Device) for d in devices):
         raise ValueError("flashnorm attach: devices must be a streamcheck Device or a non-empty list of them")
     plan = SyncPlan.correct() if plan is None else plan
+    gain_style = layout_for(getattr(model.config, "model_type", None)).gain
     callers = [d.legacy if plan.caller_kind == "legacy" else d.stream("caller", kind=plan.caller_kind)
                for d in devices]
-    gain_style = layout_for(getattr(model.config, "model_type", None)).gain
-    groups, originals = [], {}
+    # Every group's cancellation decided (and refused) before the model is changed.
+    found = []
     for norm_path, proj_paths in norm_groups(model):
-        norm = model.get_submodule(norm_path)
         linears = [model.get_submodule(p) for p in proj_paths]
+        found.append((norm_path, proj_paths, linears, _unscaled(norm_path, proj_paths, linears, cancellation)))
+    groups, originals = [], {}
+    for norm_path, proj_paths, linears, unscaled in found:
+        norm = model.get_submodule(norm_path)
         name = norm_path.split(".", 1)[1] if "." in norm_path else norm_path  # "layers.0.input_layernorm"
-        group = _Group(name, norm, linears, gain_style, devices, plan, callers, max_tokens, dtype)
+        group = _Group(name, norm, linears, gain_style, devices, plan, callers, max_tokens, dtype, unscaled)
         groups.append(group)
         originals[norm_path] = norm
         _set(model, norm_path, _Identity())
@@ -182,4 +220,4 @@ def attach(model, devices, plan: Optional[SyncPlan] = None, *, max_tokens: int =
             _set(model, path, _RoutedProjection(group, index))
     for device in devices:
         device.synchronize()  # weight uploads done before the first step
-    return Attachment(model, devices, groups, originals)
+    return Attachment(model, devices, groups, originals, cancellation)
