@@ -20,6 +20,7 @@ from flashnorm_kernels import kernels_cpu  # noqa: E402
 from flashnorm_kernels.pipeline import DeferredNormProjection, reference_norm_proj  # noqa: E402
 from flashnorm_kernels.plan import SyncPlan  # noqa: E402
 from streamcheck.device import Device  # noqa: E402
+from streamcheck.trace import Launch  # noqa: E402
 
 EPS = 1e-5
 DTYPES = ["bfloat16", "float16", "float32"]
@@ -63,11 +64,12 @@ def _device(policy="eager", seed=0, **params):
     return dev
 
 
-def _run(dev, plan, weights, xs, dtype, warmup_steps=0):
+def _run(dev, plan, weights, xs, dtype, warmup_steps=0, unscaled=()):
     """Steps over xs (one input per step, each in its own rows, uploaded on the caller's
     stream); after each step synchronize the device and read Y, r and the outputs."""
     steps, rows, d = xs.shape
-    mod = DeferredNormProjection(dev, weights, eps=EPS, plan=plan, dtype=dtype, max_tokens=rows, name="qkv")
+    mod = DeferredNormProjection(dev, weights, eps=EPS, plan=plan, dtype=dtype, max_tokens=rows, name="qkv",
+                                 unscaled=unscaled)
     caller = dev.legacy if plan.caller_kind == "legacy" else dev.stream("caller", kind=plan.caller_kind)
     xbuf = mod.alloc_input(steps * rows, name="x")
     outs, ys, rs = [], [], []
@@ -170,3 +172,51 @@ def test_blocking_side_streams_with_legacy_caller_are_safe_without_join():
     for t in range(4):
         for g, ref in zip(got[t], reference_norm_proj(xs[t], weights, EPS)):
             assert np.abs(g - ref).max() / np.abs(ref).max() < TOL["float32"]
+
+
+# --- Prop 3: unscaled outputs (the same post-scale kernel, a buffer of ones as the scale) ---
+
+def _postscaled(y, r, start, stop, dtype):
+    """What the post-scale kernel writes for Y's columns [start, stop) and scale r (its rounding)."""
+    out = np.empty((y.shape[0], stop - start), np.float32)
+    kernels_cpu.postscale(y, r, out, columns=[(start, stop)], bf16=dtype == "bfloat16")
+    return out.astype(np.float16).astype(np.float32) if dtype == "float16" else out
+
+
+@pytest.mark.parametrize("shape", ["decode1", "prefill512"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_unscaled_outputs_match_the_sim_twin(dtype, shape):
+    _need_dtype(dtype)
+    rows, d, outs = SHAPES[shape]
+    weights = _weights(outs, d)
+    xs = _inputs(2, rows, d, seed=13)
+    dev = _device("random", seed=1)
+    mod, got, ys, rs = _run(dev, SyncPlan.correct(), weights, xs, dtype, unscaled=(0, 1))
+    assert dev.races == []
+    assert [op.name for op in dev.trace if isinstance(op, Launch)] == ["matmul", "rms", "postscale"] * 2
+    _, twin, _, _ = _run(Device("sim"), SyncPlan.correct(), weights, xs, dtype, unscaled=(0, 1))
+    for t in range(2):
+        for i, (start, stop) in enumerate(mod.columns):
+            if i in (0, 1):  # bit for bit the GPU's own Y: y·1 rounded once is y
+                np.testing.assert_array_equal(got[t][i], ys[t][:, start:stop], err_msg=f"step {t} output {i}")
+            else:  # the scaled output, exactly as without unscaled=
+                np.testing.assert_array_equal(got[t][i], _postscaled(ys[t], rs[t], start, stop, dtype),
+                                              err_msg=f"step {t} output {i}")
+            # cuBLAS and numpy round Y differently: the sim twin agrees to the dtype's tolerance.
+            err = np.abs(got[t][i] - twin[t][i]).max() / np.abs(twin[t][i]).max()
+            assert err < TOL[dtype], f"{dtype} {shape} step {t} output {i}: {err:.2e} from the sim twin"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_full_cancellation_launches_no_rms(dtype):
+    _need_dtype(dtype)
+    rows, d, outs = SHAPES["decode16"]
+    weights = _weights(outs, d)
+    xs = _inputs(3, rows, d, seed=17)
+    dev = _device("delay", kernels=("matmul",), delay_us=2000)  # stream B carries only events now
+    mod, got, ys, _ = _run(dev, SyncPlan.correct(), weights, xs, dtype, unscaled=(0, 1, 2))
+    assert dev.races == []
+    assert [op.name for op in dev.trace if isinstance(op, Launch)] == ["matmul", "postscale"] * 3
+    for t in range(3):
+        for i, (start, stop) in enumerate(mod.columns):
+            np.testing.assert_array_equal(got[t][i], ys[t][:, start:stop], err_msg=f"step {t} output {i}")
