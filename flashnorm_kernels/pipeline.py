@@ -304,7 +304,7 @@ class DeferredNormProjection:
         post-scale has completed (a device or caller synchronize). Needed around a CUDA
         graph capture: inside one, waiting on an event recorded outside it crosses the
         capture boundary (cudaErrorStreamCaptureIsolation), and after one, waiting on an
-        event last recorded inside it is refused (cudaErrorCapturedEvent)."""
+        event last recorded inside it is refused (cudaErrorInvalidValue, measured on an H200)."""
         self._war_stream = None
 
     # --- one step -------------------------------------------------------------------------

@@ -6,19 +6,22 @@ simulated device (backends/sim.py), so both agree on what a capture contains. Th
 (CUDA programming guide, "Stream Capture"; DESIGN.md):
 - work issued to a capturing stream is recorded as graph nodes, not executed;
 - a stream joins a capture by waiting on an event recorded inside it (a fork); every
-  forked stream must be joined back into the origin stream before end_capture
-  (cudaErrorStreamCaptureUnjoined);
+  forked stream that captured work must be joined back into the origin stream before
+  end_capture (cudaErrorStreamCaptureUnjoined; a fork with no work needs no join);
 - only in-stream order crosses the capture boundary: a capturing stream may not wait on
   an event recorded outside the capture (cudaErrorStreamCaptureIsolation), nor on one
-  recorded in another capture (cudaErrorStreamCaptureMerge);
+  recorded in another capture (cudaErrorStreamCaptureMerge, which invalidates both);
 - synchronizing a capturing stream or the device is illegal
   (cudaErrorStreamCaptureUnsupported); an event last recorded inside a capture records
-  nothing on the device, and CUDA refuses to synchronize it or, once the capture has
-  ended, to wait on it (cudaErrorCapturedEvent) until it is recorded again;
+  nothing on the device: CUDA refuses to synchronize it during the capture
+  (cudaErrorCapturedEvent) and, once the capture has ended, to synchronize or wait on it
+  (cudaErrorInvalidValue) until it is recorded again;
 - the legacy default stream cannot be captured, and using it while a blocking stream
   captures would create an implicit dependency (cudaErrorStreamCaptureImplicit);
 - a capture not begun in relaxed mode must end on the thread that began it
-  (cudaErrorStreamCaptureWrongThread).
+  (cudaErrorStreamCaptureWrongThread), and on the stream that began it
+  (cudaErrorStreamCaptureUnmatched);
+- tests/test_capture_rules_gpu.py holds these error codes against CUDA's on a GPU.
 An error invalidates the capture, as in CUDA: its end_capture then fails too.
 
 Inside a capture, graph order is tracked with per-capture vector clocks over member
@@ -125,10 +128,12 @@ class CaptureTracker:
         self._kinds[stream] = StreamKind.parse(kind)
         self._labels[stream] = label
 
-    def _fail(self, capture: Optional[_Capture], code: str, message: str) -> None:
+    def _fail(self, capture: Optional[_Capture], code: str, message: str, *others: _Capture) -> None:
+        """Raise CUDA's error; it invalidates `capture` (and `others`), as CUDA does."""
         error = CaptureError(code, message)
-        if capture is not None and capture.error is None:
-            capture.error = error
+        for invalid in (capture, *others):
+            if invalid is not None and invalid.error is None:
+                invalid.error = error
         raise error
 
     def check_legacy(self, op: Op, stream: int) -> None:
@@ -211,20 +216,17 @@ class CaptureTracker:
             return mine is not None  # a never-recorded event: a no-op either way
         capture, state = source
         if self._active.get(capture.graph) is not capture:
-            # The capture ended; its records executed nothing, and CUDA refuses to use
-            # such an event until it is recorded again outside a capture.
-            if mine is not None:
-                self._fail(mine, "cudaErrorStreamCaptureIsolation",
-                           f"{label} waits at {op.site} on an event last recorded inside graph "
-                           f"{capture.graph}, whose capture has ended; record the event again first")
-            self._fail(None, "cudaErrorCapturedEvent",
+            # The capture ended; its records executed nothing, and CUDA (measured on an H200)
+            # refuses such an event as an invalid value until it is recorded again.
+            self._fail(mine, "cudaErrorInvalidValue",
                        f"{label} waits at {op.site} on an event last recorded inside graph {capture.graph} "
-                       f"(captured at {capture.site}); such an event records nothing on the device. "
-                       "Record it again outside the capture before waiting on it")
+                       f"(captured at {capture.site}), whose capture has ended; such an event records "
+                       "nothing on the device. Record it again outside the capture before waiting on it")
         if mine is not None and mine is not capture:
             self._fail(mine, "cudaErrorStreamCaptureMerge",
                        f"{label} (capturing graph {mine.graph}) waits at {op.site} on an event recorded "
-                       f"in graph {capture.graph}; two captures cannot be merged")
+                       f"in graph {capture.graph}; two captures cannot be merged, and both are now invalid",
+                       capture)
         clock = capture.clocks.get(op.stream)
         if clock is None and self._kinds[op.stream] is StreamKind.LEGACY:
             self._fail(capture, "cudaErrorStreamCaptureImplicit",
@@ -249,12 +251,18 @@ class CaptureTracker:
 
     def sync_event(self, op: Op, event: int, name: str) -> None:
         source = self.captured_events.get(event)
-        if source is not None:
-            capture = source[0] if self._active.get(source[0].graph) is source[0] else None
+        if source is None:
+            return
+        capture = source[0]
+        hint = ("such an event records nothing on the device. Synchronize the stream the graph is launched "
+                "on, or an event recorded there after the launch")
+        if self._active.get(capture.graph) is capture:
             self._fail(capture, "cudaErrorCapturedEvent",
-                       f"synchronize at {op.site} on event `{name}`, last recorded inside graph "
-                       f"{source[0].graph}; such an event records nothing on the device. Synchronize the "
-                       "stream the graph is launched on, or an event recorded there after the launch")
+                       f"synchronize at {op.site} on event `{name}`, recorded inside graph {capture.graph} "
+                       f"while it is being captured; {hint}")
+        self._fail(None, "cudaErrorInvalidValue",  # what CUDA says once the capture has ended (H200)
+                   f"synchronize at {op.site} on event `{name}`, last recorded inside graph {capture.graph}, "
+                   f"whose capture has ended; {hint}")
 
     def sync_device(self, op: Op) -> None:
         for capture in self._active.values():
@@ -270,9 +278,10 @@ class CaptureTracker:
                                f"end_capture on {label} at {op.site}: it is not capturing; "
                                "call begin_capture on it first")
         if capture.origin != op.stream:
-            raise CaptureError("cudaErrorIllegalState",
-                               f"end_capture on {label} at {op.site}: graph {capture.graph} was begun on "
-                               f"{self._labels[capture.origin]} (at {capture.site}); end it there")
+            self._fail(capture, "cudaErrorStreamCaptureUnmatched",
+                       f"end_capture on {label} at {op.site}: it was forked into graph {capture.graph}, which "
+                       f"was begun on {self._labels[capture.origin]} (at {capture.site}); end it there. The "
+                       "capture is now invalid")
         if capture.mode is not CaptureMode.RELAXED and op.thread != capture.thread:
             raise CaptureError("cudaErrorStreamCaptureWrongThread",
                                f"end_capture at {op.site} on host thread {op.thread}, but graph "
