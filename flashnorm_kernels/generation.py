@@ -33,8 +33,10 @@ class GenerationRun:
         return self.device.report()
 
 
-def _generate(model, prompt_ids, max_new_tokens: int, plan: SyncPlan, devices: list) -> GenerationRun:
-    """Greedy `model.generate` (KV cache on) with the model's norm → projection groups on `devices`."""
+def _generate(model, prompt_ids, max_new_tokens: int, plan: SyncPlan, devices: list,
+              cancel: bool = False) -> GenerationRun:
+    """Greedy `model.generate` (KV cache on) with the model's norm → projection groups on `devices`;
+    `cancel`: apply pre-norm cancellation (Prop 3, hf.attach's cancel=)."""
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
     for device in devices:
@@ -42,7 +44,7 @@ def _generate(model, prompt_ids, max_new_tokens: int, plan: SyncPlan, devices: l
         if warm_up is not None:
             warm_up()  # first cuBLAS call, module loading, pool growth: implicit syncs that hide races
     ids = torch.as_tensor(prompt_ids, dtype=torch.long).reshape(1, -1)
-    with attach(model, devices, plan, max_tokens=max(ids.shape[1], 1)):
+    with attach(model, devices, plan, max_tokens=max(ids.shape[1], 1), cancel=cancel):
         with torch.no_grad():
             out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, use_cache=True,
                                  max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens)
@@ -50,14 +52,15 @@ def _generate(model, prompt_ids, max_new_tokens: int, plan: SyncPlan, devices: l
 
 
 def run_generation(model, prompt_ids, max_new_tokens: int, plan: SyncPlan, *, backend: str = "sim",
-                   policy="sequential", seed: int = 0, check: bool = True, **policy_params) -> GenerationRun:
+                   policy="sequential", seed: int = 0, check: bool = True, cancel: bool = False,
+                   **policy_params) -> GenerationRun:
     """One (plan, policy, seed) generation on one Device."""
     device = Device(backend, check=check, policy=policy, seed=seed, **policy_params)
-    return _generate(model, prompt_ids, max_new_tokens, plan, [device])
+    return _generate(model, prompt_ids, max_new_tokens, plan, [device], cancel)
 
 
 def run_lockstep(model, prompt_ids, max_new_tokens: int, plan: SyncPlan, schedules, *, backend: str = "sim",
-                 check: bool = False) -> GenerationRun:
+                 check: bool = False, cancel: bool = False) -> GenerationRun:
     """One generation, many schedules: the sequential reference device feeds the model and
     every (policy, seed, params) device in `schedules` must compute the same values bit
     for bit at every step (else hf.LockstepMismatch). Equal values at every step from the
@@ -65,7 +68,7 @@ def run_lockstep(model, prompt_ids, max_new_tokens: int, plan: SyncPlan, schedul
     at the cost of one model forward per token instead of one per schedule."""
     devices = [Device(backend, check=check, policy="sequential")]
     devices += [Device(backend, check=check, policy=policy, seed=seed, **params) for policy, seed, params in schedules]
-    return _generate(model, prompt_ids, max_new_tokens, plan, devices)
+    return _generate(model, prompt_ids, max_new_tokens, plan, devices, cancel)
 
 
 @dataclass
@@ -80,11 +83,12 @@ class GenerationCheck:
 
 def check_generation(model, prompt_ids, max_new_tokens: int, plan: SyncPlan, *, backend: str = "sim",
                      policy="delay", seed: int = 0, reference: Optional[GenerationRun] = None,
-                     **policy_params) -> GenerationCheck:
-    """The candidate (plan, policy, seed) against the sequential reference with every edge."""
+                     cancel: bool = False, **policy_params) -> GenerationCheck:
+    """The candidate (plan, policy, seed) against the sequential reference with every edge;
+    with `cancel`, both apply pre-norm cancellation, so only the schedule differs."""
     if reference is None:
         reference = run_generation(model, prompt_ids, max_new_tokens, SyncPlan.correct(), backend=backend,
-                                   policy="sequential")
+                                   policy="sequential", cancel=cancel)
     candidate = run_generation(model, prompt_ids, max_new_tokens, plan, backend=backend, policy=policy, seed=seed,
-                               **policy_params)
+                               cancel=cancel, **policy_params)
     return GenerationCheck(reference, candidate, compare_tokens(reference.tokens, candidate.tokens))

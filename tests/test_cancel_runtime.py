@@ -218,3 +218,16 @@ def test_llama_with_cancel_is_refused_before_anything_is_attached():
     assert dict(model.named_modules()) == modules
     with pytest.raises(ValueError, match="cancel must be True or False"):
         attach(model, Device("sim"), cancel="yes")
+
+
+def test_check_generation_with_cancellation_still_catches_the_talks_bug(qwen3):
+    # Both runs cancel q and k; the talk's plan under delay must still diverge and be reported.
+    from flashnorm_kernels.generation import check_generation
+    from flashnorm_kernels.plan import SyncPlan
+
+    check = check_generation(qwen3, PROMPT_IDS, 48, SyncPlan.implicit_join(), policy="delay",
+                             kernels=("matmul",), steps=40, cancel=True)
+    for run in (check.reference, check.candidate):
+        assert any(op.name.endswith(".ones") for op in run.device.trace if type(op).__name__ == "Alloc")
+    assert check.reference.tokens != check.candidate.tokens
+    assert ("RAW", "matmul", "postscale") in {(r.kind, r.first.name, r.second.name) for r in check.candidate.races}
