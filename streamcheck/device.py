@@ -253,7 +253,6 @@ class Device:
         # Always on, even with check=False: the sim backend asks it what a capture holds,
         # and CUDA's capture errors must be raised whether or not races are checked.
         self.capture_tracker = CaptureTracker()
-        self._capture_buffers: dict = {}  # active graph id -> {buffer id: Buffer} its nodes touch
         self._stream_names: dict = {}  # stream id -> name, for Graph's repr
         self._buffers = weakref.WeakValueDictionary()  # buffer id -> Buffer, for what a graph touches
         self.backend = make_backend(backend, device=self, policy=policy, seed=int(seed), **policy_params)
@@ -477,10 +476,8 @@ class Device:
         reads = tuple([r.byte_range() for r in reads])
         writes = tuple([w.byte_range() for w in writes])
         with self._lock:
-            op = T.Launch(self._thread_id(), site, stream=stream.id, name=name, reads=reads, writes=writes)
-            self._record(op)
-            if self.capture_tracker.active:  # the one check the hot path pays while nothing captures
-                self._capture_node(op, stream, reads, writes)
+            self._record_work(T.Launch(self._thread_id(), site, stream=stream.id, name=name, reads=reads,
+                                       writes=writes), stream)
             self.backend.launch(stream, kernel, tuple(args), name, site)
             self.backend.tick()
 
@@ -498,10 +495,8 @@ class Device:
             raise DeviceError(f"copy at {site}: {src} and {dst} overlap; cudaMemcpy on overlapping memory is "
                               "undefined, copy through a temporary buffer")
         with self._lock:
-            op = T.Copy(self._thread_id(), site, stream=stream.id, kind=T.CopyKind.D2D, src=s, dst=d)
-            self._record(op)
-            if self.capture_tracker.active:
-                self._capture_node(op, stream, (s,), (d,))
+            self._record_work(T.Copy(self._thread_id(), site, stream=stream.id, kind=T.CopyKind.D2D, src=s, dst=d),
+                              stream)
             self.backend.copy(stream, dst, src, site)
             self.backend.tick()
 
@@ -520,11 +515,9 @@ class Device:
             raise DeviceError(f"upload to {dst} at {site}: {host_array.size} host elements for {expected} "
                               "device elements; the sizes must match")
         with self._lock:
-            op = T.Copy(self._thread_id(), site, stream=stream.id, kind=T.CopyKind.H2D, src=None, dst=dst.byte_range())
-            self._record(op)
-            if self.capture_tracker.active:
-                # Captured: the graph reads the host array at every launch (keep it alive and current).
-                self._capture_node(op, stream, (), (op.dst,))
+            # Captured, the graph reads the host array at every launch (keep it alive and current).
+            self._record_work(T.Copy(self._thread_id(), site, stream=stream.id, kind=T.CopyKind.H2D, src=None,
+                                     dst=dst.byte_range()), stream)
             self.backend.upload(stream, dst, host_array, site)
             self.backend.tick()
 
@@ -537,10 +530,9 @@ class Device:
                                   "(CUDA: cudaErrorStreamCaptureUnsupported); download after launching the graph "
                                   "(graph.launch(stream), then download on that stream and synchronize it)")
         with self._lock:
-            op = T.Copy(self._thread_id(), site, stream=stream.id, kind=T.CopyKind.D2H, src=src.byte_range(), dst=None)
-            self._record(op)
-            if self.capture_tracker.active:
-                self._capture_node(op, stream, (op.src,), ())  # the legacy stream's implicit join
+            # Never captured (refused above), but the legacy stream's implicit join may be refused.
+            self._record_work(T.Copy(self._thread_id(), site, stream=stream.id, kind=T.CopyKind.D2H,
+                                     src=src.byte_range(), dst=None), stream)
             out = self.backend.download(stream, src, site)
             self.backend.tick()
             return out
@@ -668,17 +660,13 @@ class Device:
             raise DeviceError(f"{what} at {site}: {stream.name} is capturing graph {graph}, so nothing issued to "
                               f"it runs until the graph is launched; {do}")
 
-    def _capture_node(self, op, stream: Stream, reads, writes) -> None:
-        """A kernel or copy while some stream captures: a graph node if `stream` captures.
-        Raises CaptureError (the op is already in the trace) for what CUDA refuses."""
-        node = self.capture_tracker.node(op, stream.id)
-        if node is not None:
-            graph = self.capture_tracker.capturing(stream.id)
-            touched = self._capture_buffers.setdefault(graph, {})
-            for rng in reads + writes:
-                buf = self._buffers.get(rng.buffer)
-                if buf is not None:
-                    touched[rng.buffer] = buf
+    def _record_work(self, op, stream: Stream) -> None:
+        """Record a kernel or copy; while some stream captures, it becomes a graph node if
+        `stream` captures. Raises CaptureError (the op is already in the trace) for what CUDA
+        refuses. The hot path pays one attribute test while nothing captures."""
+        self._record(op)
+        if self.capture_tracker.active:
+            self.capture_tracker.node(op, stream.id)
 
     def _begin_capture(self, stream: Stream, mode, site: CallSite) -> None:
         what = f"{stream.name}.begin_capture(mode={mode!r})"
@@ -693,7 +681,6 @@ class Device:
             op = T.CaptureBegin(self._thread_id(), site, stream=stream.id, graph=graph, mode=mode)
             self._record(op)
             self.capture_tracker.begin(op)
-            self._capture_buffers[graph] = {}
             begin(stream, graph, mode)
 
     def _end_capture(self, stream: Stream, site: CallSite) -> Graph:
@@ -708,13 +695,13 @@ class Device:
             except CaptureError:
                 if graph is not None and not tracker.is_active(graph):
                     # Refused, yet over (unjoined, invalidated): the backend may still hold it open.
-                    self._capture_buffers.pop(graph, None)
                     abort = getattr(self.backend, "abort_capture", None)
                     if abort is not None:
                         abort(stream)
                 raise
-            touched = self._capture_buffers.pop(captured.id, {})
-            buffers = tuple(touched[b] for b in sorted(touched))
+            # What the nodes touch: a launch after any of it was freed is refused.
+            touched = sorted({rng.buffer for node in captured.nodes for rng in node.op.reads + node.op.writes})
+            buffers = tuple(buf for buf in map(self._buffers.get, touched) if buf is not None)
             return Graph(self, captured, end(stream, captured), buffers)
 
     def launch_graph(self, graph: Graph, stream: Optional[Stream] = None) -> None:

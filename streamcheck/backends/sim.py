@@ -252,18 +252,19 @@ class SimBackend:
 
     # Operations are (bound method, arguments) rather than closures: a launch is the hot path.
     def launch(self, stream, kernel, args, name, site) -> None:
-        args = (kernel, args, name, site, stream)
-        if self._tracker.active and self._hold_node(stream, self._run_kernel, args, name, "launch"):
-            return
-        self._enqueue(stream, self._run_kernel, args, name, "launch")
+        self._issue_work(stream, self._run_kernel, (kernel, args, name, site, stream), name, "launch")
 
-    def _hold_node(self, stream, run, args: tuple, name: str, kind: str) -> bool:
-        """Keep an operation on a capturing stream as a graph node instead of issuing it."""
-        graph = self._tracker.capturing(stream.id)
+    def _capturing(self, stream) -> Optional[int]:
+        """The graph `stream` captures into, or None (one attribute test while nothing captures)."""
+        return self._tracker.capturing(stream.id) if self._tracker.active else None
+
+    def _issue_work(self, stream, run, args: tuple, name: str, kind: str) -> None:
+        """Enqueue a kernel or copy; on a capturing stream, hold it as a graph node instead."""
+        graph = self._tracker.capturing(stream.id) if self._tracker.active else None
         if graph is None:
-            return False
-        self._held.setdefault(graph, []).append((run, args, name, kind))
-        return True
+            self._enqueue(stream, run, args, name, kind)
+        else:
+            self._held.setdefault(graph, []).append((run, args, name, kind))
 
     def _run_kernel(self, kernel, args, name, site, stream) -> None:
         # Buffers/Regions become arrays when the kernel runs, not when it is issued.
@@ -281,27 +282,21 @@ class SimBackend:
             raise err from exc
 
     def copy(self, stream, dst, src, site) -> None:
-        if self._tracker.active and self._hold_node(stream, _copy_bytes, (dst, src), "copy D2D", "copy"):
-            return
-        self._enqueue(stream, _copy_bytes, (dst, src), "copy D2D", "copy")
+        self._issue_work(stream, _copy_bytes, (dst, src), "copy D2D", "copy")
 
     def upload(self, stream, dst, host_array, site) -> None:
         # The host memory is read when the copy executes (it must stay unchanged until then);
         # captured, at every launch of the graph.
-        if self._tracker.active and self._hold_node(stream, _copy_from_host, (dst, host_array), "copy H2D", "copy"):
-            return
-        self._enqueue(stream, _copy_from_host, (dst, host_array), "copy H2D", "copy")
+        self._issue_work(stream, _copy_from_host, (dst, host_array), "copy H2D", "copy")
 
     def download(self, stream, src, site) -> np.ndarray:
-        if self._tracker.active and self._tracker.capturing(stream.id) is not None:
-            raise self._DeviceError(f"download of {src} at {site}: {stream.name} is capturing; the device API "
-                                    "refuses this before it reaches the backend (please report)")
+        # Never on a capturing stream: the device API refuses that before it gets here.
         out = np.full(src.array().shape, np.nan if src.buffer.dtype.kind == "f" else 0, dtype=src.buffer.dtype)
         self._enqueue(stream, _copy_to_host, (out, src), "copy D2H", "copy")
         return out
 
     def record(self, event, stream) -> None:
-        if self._tracker.active and self._tracker.capturing(stream.id) is not None:
+        if self._capturing(stream) is not None:
             # A point in a graph (the tracker keeps it); on the device it records nothing,
             # so an ordinary wait on it later waits for nothing.
             self._events[event.id] = None
@@ -310,7 +305,7 @@ class SimBackend:
         self._events[event.id] = self._enqueue(stream, None, (), f"record {event.name}", "record")
 
     def wait(self, stream, event) -> None:
-        if self._tracker.active and self._tracker.capturing(stream.id) is not None:
+        if self._capturing(stream) is not None:
             return  # a fork into or a join within the graph: an edge the tracker's clocks hold
         captured = self._events[event.id]  # the state *now*; later records do not matter
         deps = (captured,) if captured is not None else ()  # never recorded: a no-op
