@@ -28,6 +28,8 @@ race is reported.
 from __future__ import annotations
 
 import json
+import os
+import textwrap
 from dataclasses import asdict, dataclass, replace
 from typing import Optional
 
@@ -95,9 +97,10 @@ class Race:
     def key(self) -> tuple:
         return (self.kind, self.first.site, self.second.site)
 
-    def format(self) -> str:
+    def format(self, width: Optional[int] = None) -> str:
+        """The report; with `width`, lines longer than that are wrapped (see wrap_lines)."""
         times = f" (seen {self.count}x)" if self.count > 1 else ""
-        return (
+        text = (
             f"{self.kind} race on `{self.buffer}` bytes [{self.start}, {self.stop}) "
             f"(allocated at {self.buffer_site}){times}\n"
             f"  first:  {self.first.describe()}\n"
@@ -105,17 +108,58 @@ class Race:
             f"  missing edge: {self.missing_edge}\n"
             f"  fix: {self.hint}"
         )
+        return wrap_lines(text, width)
 
-    def to_dict(self) -> dict:
+    def to_dict(self, root: Optional[str] = None) -> dict:
+        """The report as JSON-ready data; call sites as `path:line` (see site_path)."""
         d = asdict(self)
-        d["buffer_site"] = str(self.buffer_site)
-        d["first"]["site"] = str(self.first.site)
-        d["second"]["site"] = str(self.second.site)
+        d["buffer_site"] = site_path(self.buffer_site, root)
+        d["first"]["site"] = site_path(self.first.site, root)
+        d["second"]["site"] = site_path(self.second.site, root)
         return d
 
 
-def reports_to_json(races) -> str:
-    return json.dumps([r.to_dict() for r in races], indent=2)
+def site_path(site: CallSite, root: Optional[str] = None) -> str:
+    """`path:line` with the path relative to `root` (default: the working directory) when the
+    file lies under it, else absolute: a basename alone is ambiguous in a repository with two
+    files of that name, and a relative path is what editors and CI annotations resolve."""
+    if site.file.startswith("<"):  # <string>, <stdin>, <unknown>: no file to point at
+        return f"{site.file}:{site.line}"
+    root = os.path.abspath(root if root is not None else os.getcwd())
+    path = os.path.abspath(site.file)
+    if os.path.commonpath([root, path]) == root:
+        path = os.path.relpath(path, root)
+    return f"{path}:{site.line}"
+
+
+def reports_to_json(races, root: Optional[str] = None) -> str:
+    """The reports as a JSON list; call sites relative to `root` (default: the working directory)."""
+    return json.dumps([r.to_dict(root) for r in races], indent=2)
+
+
+# How far wrapped lines are indented past their first line, so a reader sees where a
+# report line continues.
+CONTINUATION_INDENT = "    "
+MIN_WRAP_WIDTH = 40  # narrower than this, wrapping makes a report harder to read, not easier
+
+
+def wrap_lines(text: str, width: Optional[int]) -> str:
+    """Wrap each line of `text` longer than `width` at spaces, continuation lines indented past
+    the line's own indent. Words are never split: a file:line or a kernel name stays whole
+    (a word longer than the width keeps its own line). `width=None` leaves `text` as it is."""
+    if width is None:
+        return text
+    width = max(width, MIN_WRAP_WIDTH)
+    out = []
+    for line in text.split("\n"):
+        if len(line) <= width:
+            out.append(line)
+            continue
+        body = line.lstrip(" ")
+        indent = line[:len(line) - len(body)]
+        out.extend(textwrap.wrap(body, width, initial_indent=indent, subsequent_indent=indent + CONTINUATION_INDENT,
+                                 break_long_words=False, break_on_hyphens=False))
+    return "\n".join(out)
 
 
 def _join(clock: dict, other: dict) -> None:
@@ -695,8 +739,10 @@ def check(trace: Trace) -> list[Race]:
     return checker.races
 
 
-def format_report(races) -> str:
+def format_report(races, width: Optional[int] = None) -> str:
+    """All reports, for a person. `width` (a terminal's columns) wraps long lines; None, the
+    default, keeps each line whole, for files, logs and callers that wrap themselves."""
     if not races:
         return "streamcheck: no races found"
     head = f"streamcheck: {len(races)} race{'s' if len(races) != 1 else ''} found"
-    return "\n\n".join([head] + [r.format() for r in races])
+    return "\n\n".join([head] + [r.format(width) for r in races])

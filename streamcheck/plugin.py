@@ -11,10 +11,13 @@ Under xdist the controller draws the base seed and hands it to the workers.
 """
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
 import shlex
+import shutil
+import textwrap
 import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
@@ -27,6 +30,7 @@ CHECK_MODES = ("on", "warn", "off")  # on: races fail the test; warn: only repor
 SEED_MOD = 2**32
 CACHE_KEY = "streamcheck/seed"
 WORKER_KEY = "streamcheck_seed"  # in xdist's workerinput
+WORKER_WIDTH_KEY = "streamcheck_width"  # the controller's terminal width: workers' reports print there
 
 
 @dataclass(frozen=True)
@@ -40,7 +44,7 @@ class Settings:
     delay_us: int
     delay_steps: int
     check: str
-    trace_dir: Optional[str]
+    trace_dir: Optional[str]  # absolute (see _trace_dir)
     replay: Optional[tuple]  # (policy, index): run only that schedule
 
 
@@ -65,6 +69,7 @@ class Findings:
     schedules: int = 0
     wrong: int = 0
     replay: str = ""
+    schedule: str = ""  # the failing schedule with its full decisions (the message may elide them)
     device: Any = None  # the streamcheck_device fixture's device, if used
     spec: Optional[ScheduleSpec] = None  # and the schedule it runs
     check: str = "on"  # the test's check mode (option, or its marker)
@@ -96,7 +101,8 @@ _OPTIONS = (
     ("--streamcheck-check", "streamcheck_check", "on|warn|off",
      "happens-before checking: on (races fail the test), warn (reported only), off.", "on"),
     ("--streamcheck-trace-dir", "streamcheck_trace_dir", "DIR",
-     "write the trace (Perfetto JSON, PNG timeline, report) of each failing test here.", ""),
+     "write the trace (Perfetto JSON, PNG timeline, report) of each failing test here; relative to "
+     "the directory pytest was started in (as --junitxml), in an ini file to the rootdir.", ""),
     ("--streamcheck-replay", "streamcheck_replay", "POLICY:INDEX",
      "run only that schedule of each test (as printed by a failure).", ""),
 )
@@ -174,6 +180,16 @@ def _replay(value: str, source: str) -> Optional[tuple]:
     return policy, int(index)
 
 
+def _trace_dir(config) -> Optional[str]:
+    """Absolute: a relative path on the command line is taken from where pytest was started,
+    as --junitxml's is; one from an ini file from the rootdir, as cache_dir's is."""
+    value, source = _raw(config, "streamcheck_trace_dir")
+    if not value:
+        return None
+    base = config.invocation_params.dir if source.startswith("--") else config.rootpath
+    return os.path.normpath(os.path.join(str(base), os.path.expanduser(value)))
+
+
 def _read_settings(config) -> Settings:
     backend, source = _raw(config, "streamcheck_backend")
     if backend not in BACKENDS:
@@ -182,7 +198,6 @@ def _read_settings(config) -> Settings:
     if check not in CHECK_MODES:
         raise _bad(source, check, ", ".join(CHECK_MODES))
     policies = _policies(*_raw(config, "streamcheck_policy"))
-    trace_dir = _raw(config, "streamcheck_trace_dir")[0] or None
     return Settings(
         seed=_seed(config),
         schedules=_int(config, "streamcheck_schedules", 1, "an integer >= 1"),
@@ -191,7 +206,7 @@ def _read_settings(config) -> Settings:
         delay_us=_int(config, "streamcheck_delay_us", 0, "an integer >= 0 (microseconds)"),
         delay_steps=_int(config, "streamcheck_delay_steps", 0, "an integer >= 0"),
         check=check,
-        trace_dir=trace_dir,
+        trace_dir=_trace_dir(config),
         replay=_replay(*_raw(config, "streamcheck_replay")),
     )
 
@@ -220,7 +235,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[SETTINGS_KEY] = settings
     config.pluginmanager.register(_Summary(config), "streamcheck-summary")
     cache = getattr(config, "cache", None)
-    if cache is not None and not hasattr(config, "workerinput"):
+    # --co runs no test: `last` must still name the last run that did.
+    if cache is not None and not hasattr(config, "workerinput") and not config.option.collectonly:
         cache.set(CACHE_KEY, settings.seed)  # for --streamcheck-seed=last next time
 
 
@@ -242,8 +258,21 @@ def _select_hypothesis_profile(config) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node) -> None:
-    """xdist controller: every worker uses the controller's base seed."""
+    """xdist controller: every worker uses the controller's base seed (and wraps its reports
+    at the controller's terminal width, where they are printed)."""
     node.workerinput[WORKER_KEY] = node.config.stash[SETTINGS_KEY].seed
+    node.workerinput[WORKER_WIDTH_KEY] = terminal_width(node.config)
+
+
+def terminal_width(config) -> int:
+    """Columns of the terminal the reports are printed on: pytest's TerminalWriter's (it follows
+    COLUMNS and the real terminal), the controller's under xdist, else the shell's or 80."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None and WORKER_WIDTH_KEY in workerinput:
+        return int(workerinput[WORKER_WIDTH_KEY])
+    if config.pluginmanager.has_plugin("terminalreporter"):
+        return config.get_terminal_writer().fullwidth
+    return shutil.get_terminal_size((80, 24)).columns
 
 
 def backend_name(config) -> str:
@@ -410,12 +439,30 @@ class ScheduleResult:
     matches: bool
 
 
-def describe_schedule(spec: ScheduleSpec, device) -> str:
-    """`delay:0 = delay(steps=8) seed 123, decisions 1x2.h.2` (decisions replay with replay:<...>)."""
+def describe_schedule(spec: ScheduleSpec, device, elide: bool = False) -> str:
+    """`delay:0 = delay(steps=8) seed 123, decisions 1x2.h.2` (decisions replay with replay:<...>).
+    `elide`: shorten a long decisions string, for a failure message (see _elided)."""
     schedule = device.schedule
     if schedule is None:
         return f"{spec.label} = {spec.policy} seed {spec.seed}"
-    return f"{spec.label} = {schedule.policy} seed {schedule.seed}, decisions {schedule.compact() or '-'}"
+    decisions = schedule.compact() or "-"
+    if elide:
+        decisions = _elided(decisions)
+    return f"{spec.label} = {schedule.policy} seed {schedule.seed}, decisions {decisions}"
+
+
+# Decisions grow with the program (a 200-step decode takes ~10,000 characters): a failure
+# message keeps the head and the tail; report.txt and the junitxml property keep all of it.
+DECISIONS_HEAD, DECISIONS_TAIL = 40, 20
+DECISIONS_ELIDED_OVER = 100
+
+
+def _elided(decisions: str) -> str:
+    if len(decisions) <= DECISIONS_ELIDED_OVER:
+        return decisions
+    # `[...]`: decisions are made of digits, `h`, `x` and dots, so a bare `...` would read as part of them.
+    return (f"{decisions[:DECISIONS_HEAD]}[...]{decisions[-DECISIONS_TAIL:]} ({len(decisions)} characters; "
+            "all of them in report.txt under --streamcheck-trace-dir and in --junitxml)")
 
 
 @dataclass(frozen=True)
@@ -433,6 +480,12 @@ class ScheduleRun:
 
 class ScheduleFailure(AssertionError):
     """A schedule produced values the sequential reference did not, or the checker found races."""
+
+
+# pytest prints each line of an exception's message after `E` and the failing line's indent
+# (`E       ` for a line in a test function), and the first after the exception's name too.
+EXCEPTION_MARGIN = 8
+EXCEPTION_NAME = f"{ScheduleFailure.__module__}.{ScheduleFailure.__name__}: "
 
 
 @pytest.fixture
@@ -461,7 +514,7 @@ def run_schedules(request, streamcheck_seed):
         reference = _call(fn, ref_device, reference_spec, config, item.nodeid)
         found.add_races(ref_device.races)
 
-        results, first_wrong = [], None
+        results, first_wrong, first_device = [], None, None
         for spec in schedule_specs(streamcheck_seed, names, count, settings.replay):
             device = _make_device(config, spec, check_mode)
             got = _call(fn, device, spec, config, item.nodeid)
@@ -469,6 +522,8 @@ def run_schedules(request, streamcheck_seed):
             diff = compare(reference, got, atol=atol, rtol=rtol)
             schedule = describe_schedule(spec, device)
             results.append(ScheduleResult(spec, schedule, diff is None))
+            if first_device is None:
+                first_device = device
             if diff is not None and first_wrong is None:
                 first_wrong = (spec, schedule, diff, device)
         found.schedules += len(results)
@@ -476,23 +531,30 @@ def run_schedules(request, streamcheck_seed):
         found.wrong += wrong
         races = tuple(found.races.values())
         outcome = ScheduleRun(reference, tuple(results), races)
+        width = terminal_width(config) - EXCEPTION_MARGIN
 
         if first_wrong is not None:
             spec, schedule, diff, device = first_wrong
+            found.schedule = schedule
             found.replay = replay_command(config, item.nodeid, spec)
             written = _trace_note(_write_trace(config, item.nodeid, device))
             raise ScheduleFailure(_failure_text(
                 f"schedule {spec.label} gave values that differ from the sequential reference "
                 f"({wrong} of {len(results)} schedules wrong)",
-                spec, schedule, diff, (device.report() if check_mode != "off" else "") + written, found.replay))
+                spec, describe_schedule(spec, device, elide=True), diff,
+                (device.report() if check_mode != "off" else "") + written, found.replay, width,
+                len(EXCEPTION_NAME)))
         if races and check_mode == "on":
-            spec = results[0].spec
+            # The trace files and the schedule line name the same run: the first schedule.
+            spec, found.schedule = results[0].spec, results[0].schedule
             found.replay = replay_command(config, item.nodeid, spec)
-            written = _trace_note(_write_trace(config, item.nodeid, ref_device))
+            written = _trace_note(_write_trace(config, item.nodeid, first_device))
+            matched = "in the 1 schedule" if len(results) == 1 else f"in all {len(results)} schedules"
             raise ScheduleFailure(_failure_text(
                 f"the happens-before checker found {len(races)} race{'s' if len(races) != 1 else ''}; "
-                f"values matched the reference in all {len(results)} schedules (the race has not struck yet)",
-                spec, results[0].schedule, None, _format_races(races) + written, found.replay))
+                f"values matched the reference {matched} (the race has not struck yet)",
+                spec, describe_schedule(spec, first_device, elide=True), None, _format_races(races) + written,
+                found.replay, width, len(EXCEPTION_NAME)))
         return outcome
 
     return run
@@ -508,22 +570,32 @@ def _call(fn, device, spec: ScheduleSpec, config, nodeid: str):
         raise
 
 
-def _format_races(races) -> str:
+def _format_races(races, width: Optional[int] = None) -> str:
     from .hb import format_report
 
-    return format_report(list(races))
+    return format_report(list(races), width)
 
 
 def _failure_text(headline: str, spec: ScheduleSpec, schedule: str, diff: Optional[str], report: str,
-                  replay: str) -> str:
-    lines = [f"streamcheck: {headline}",
-             f"  schedule: {schedule or f'{spec.label} = {spec.policy} seed {spec.seed}'}"]
+                  replay: str, width: Optional[int] = None, first_line_taken: int = 0) -> str:
+    """The failure message. With `width`, lines are wrapped at it, the headline `first_line_taken`
+    columns narrower (pytest prints the exception's name before it); the replay line stays
+    whole, since it is pasted back into a shell."""
+    from .hb import CONTINUATION_INDENT, MIN_WRAP_WIDTH, wrap_lines
+
+    first = f"streamcheck: {headline}"
+    if width is not None:
+        # Wrapped as if the exception's name were part of it, which is then cut off again.
+        taken = " " * first_line_taken
+        first = "\n".join(textwrap.wrap(first, max(width, MIN_WRAP_WIDTH), initial_indent=taken,
+                                        subsequent_indent=CONTINUATION_INDENT, break_long_words=False,
+                                        break_on_hyphens=False))[len(taken):]
+    lines = [f"  schedule: {schedule or f'{spec.label} = {spec.policy} seed {spec.seed}'}"]
     if diff:
         lines.append(f"  mismatch: {diff}")
     if report:
         lines.append(report)
-    lines.append(f"  replay: {replay}")
-    return "\n".join(lines)
+    return "\n".join([first, wrap_lines("\n".join(lines), width), f"  replay: {replay}"])
 
 
 # --- comparing results --------------------------------------------------------------------
@@ -596,7 +668,7 @@ def _write_trace(config, nodeid: str, device) -> Optional[str]:
     trace_dir = config.stash[SETTINGS_KEY].trace_dir
     if not trace_dir or device is None:
         return None
-    out = os.path.join(str(config.rootpath), trace_dir, _safe_name(nodeid))
+    out = os.path.join(trace_dir, _safe_name(nodeid))
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "trace.json"), "w") as fh:
         fh.write(device.trace.to_json())
@@ -634,30 +706,46 @@ def pytest_runtest_makereport(item, call):
     found = item.stash.get(FINDINGS_KEY, None)
     if found is None or call.when != "call":
         return report
+    config = item.config
     device = found.device
     if device is not None:
         found.add_races(device.races)
+        found.schedule = found.schedule or describe_schedule(found.spec, device)
     races = list(found.races.values())
     check = found.check
+    width = terminal_width(config)
     ours = call.excinfo is not None and call.excinfo.errisinstance(ScheduleFailure)
-    if races and not ours and not (device is not None and check == "on" and report.passed):
-        # Races beside some other outcome (warn mode, or the test failed for its own reason).
-        report.sections.append(("streamcheck races", _format_races(races)))
     if device is not None and races and check == "on" and report.passed:
         # The race did not strike on this schedule, but nothing orders the accesses.
         report.outcome = "failed"
         report.longrepr = _failure_text(
             f"the happens-before checker found {len(races)} race{'s' if len(races) != 1 else ''} "
             "(streamcheck_device: values are the test's to check)",
-            found.spec, describe_schedule(found.spec, device), None, _format_races(races), found.replay)
+            found.spec, describe_schedule(found.spec, device, elide=True), None, _format_races(races),
+            found.replay, width)
+    elif races and not ours:
+        # Races beside some other outcome (warn mode, or the test failed for its own reason).
+        text = _format_races(races, width)
+        if report.failed and hasattr(report.longrepr, "addsection"):
+            report.longrepr.addsection("streamcheck races", text)  # in the failure: --junitxml keeps it
+        else:
+            report.sections.append(("streamcheck races", text))
     if device is not None and report.failed:
-        written = _write_trace(item.config, item.nodeid, device)
+        written = _write_trace(config, item.nodeid, device)
         if written:
             report.sections.append(("streamcheck trace", _trace_note(written).strip()))
-    report.user_properties.append(("streamcheck", {
-        "races": len(races), "schedules": found.schedules, "wrong": found.wrong,
-        "kinds": sorted({f"{r.kind} on {r.buffer}" for r in races}),
-        "replay": found.replay if (races or found.wrong) else ""}))
+    found_something = bool(races or found.wrong)
+    # JSON, not a dict: --junitxml writes each property with str(), and JSON is what a CI
+    # reads back. Call sites are relative to the rootdir, as pytest's node ids are.
+    entry = ("streamcheck", json.dumps({
+        "races": [race.to_dict(str(config.rootpath)) for race in races],
+        "schedules": found.schedules, "wrong": found.wrong,
+        "schedule": found.schedule if found_something else "",
+        "replay": found.replay if found_something else ""}))
+    report.user_properties.append(entry)  # for the summary (on the xdist controller too)
+    # and on the item, as record_property does: --junitxml reads the teardown report's
+    # properties, which pytest copies from the item after this.
+    item.user_properties.append(entry)
     return report
 
 
@@ -673,27 +761,32 @@ class _Summary:
         if report.when != "call":
             return
         for name, value in report.user_properties:
-            if name == "streamcheck" and isinstance(value, dict):
-                self.rows.append((report.nodeid, report.outcome, value))
+            if name == "streamcheck" and isinstance(value, str):
+                self.rows.append((report.nodeid, report.outcome, json.loads(value)))
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
+        from .hb import wrap_lines
+
         if not self.rows:
             return
         settings = self.config.stash[SETTINGS_KEY]
+        width = terminal_width(self.config)
         found = [row for row in self.rows if row[2]["races"] or row[2]["wrong"]]
         terminalreporter.section("streamcheck")
         for nodeid, outcome, value in found:
             parts = []
-            if value["races"]:
-                parts.append(f"{value['races']} race{'s' if value['races'] != 1 else ''} "
-                             f"({', '.join(value['kinds'])})")
+            races = value["races"]
+            if races:
+                kinds = sorted({f"{race['kind']} on {race['buffer']}" for race in races})
+                parts.append(f"{len(races)} race{'s' if len(races) != 1 else ''} ({', '.join(kinds)})")
             if value["wrong"]:
                 parts.append(f"{value['wrong']} of {value['schedules']} schedules gave wrong values")
-            terminalreporter.line(f"{outcome.upper()} {nodeid}: {'; '.join(parts)}")
+            terminalreporter.line(wrap_lines(f"{outcome.upper()} {nodeid}: {'; '.join(parts)}", width))
             if value["replay"]:
-                terminalreporter.line(f"    replay: {value['replay']}")
+                terminalreporter.line(f"    replay: {value['replay']}")  # whole: it is pasted back
         racy = sum(1 for row in found if row[2]["races"])
         schedules = sum(row[2]["schedules"] for row in self.rows)
-        terminalreporter.line(
-            f"streamcheck: {len(self.rows)} tests, {schedules} schedules, races found in {racy} "
-            f"test{'s' if racy != 1 else ''}; --streamcheck-seed={settings.seed}")
+        tests = len(self.rows)
+        terminalreporter.line(wrap_lines(
+            f"streamcheck: {tests} test{'s' if tests != 1 else ''}, {schedules} schedule{'s' if schedules != 1 else ''}, "
+            f"races found in {racy} test{'s' if racy != 1 else ''}; --streamcheck-seed={settings.seed}", width))

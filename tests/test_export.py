@@ -9,6 +9,7 @@ import pytest
 from streamcheck import trace as T
 from streamcheck.device import Device
 from streamcheck.export import RACE_PREFIX, build_model, to_chrome_trace, write_chrome_trace
+from streamcheck.hb import Access, Race, format_report, reports_to_json
 
 
 # --- a Trace Event validator (the format's rules, and what Perfetto needs to bind flows) ------
@@ -436,3 +437,47 @@ def test_captured_work_without_times_does_not_claim_to_have_struck():
     (located,) = model.races
     assert model.struck(located) is None
     assert model.slices[located.first].category == "captured"
+
+
+# --- race reports as JSON and as text -----------------------------------------------------------
+
+
+def _race(first_file: str, second_file: str) -> Race:
+    return Race("RAW", "Y", T.CallSite(first_file, 3, "setup"), 0, 16,
+                Access("stream A", "fill", T.CallSite(first_file, 7, "step"), True),
+                Access("stream B", "use", T.CallSite(second_file, 9, "step"), False),
+                "stream B never waited for an event recorded on stream A", "record, then wait")
+
+
+def test_json_reports_name_files_relative_to_the_root_not_by_basename(tmp_path, monkeypatch):
+    inside_a, inside_b = str(tmp_path / "pkg" / "kernels.py"), str(tmp_path / "tests" / "kernels.py")
+    outside = "/elsewhere/kernels.py"
+    [data] = json.loads(reports_to_json([_race(inside_a, inside_b)], root=str(tmp_path)))
+    # Two files of one name stay two files.
+    assert (data["buffer_site"], data["first"]["site"], data["second"]["site"]) == (
+        "pkg/kernels.py:3", "pkg/kernels.py:7", "tests/kernels.py:9")
+    [data] = json.loads(reports_to_json([_race(inside_a, outside)], root=str(tmp_path / "pkg")))
+    assert (data["first"]["site"], data["second"]["site"]) == ("kernels.py:7", "/elsewhere/kernels.py:9")
+    [data] = json.loads(reports_to_json([_race("<string>", outside)], root=str(tmp_path)))
+    assert data["first"]["site"] == "<string>:7"
+    monkeypatch.chdir(tmp_path)  # the default root is the working directory
+    [data] = json.loads(reports_to_json([_race(inside_a, inside_b)]))
+    assert (data["first"]["site"], data["second"]["site"]) == ("pkg/kernels.py:7", "tests/kernels.py:9")
+
+
+def test_format_report_wraps_at_a_width_and_keeps_lines_whole_without_one():
+    dev = Device("sim")
+    y = dev.alloc((4,), name="a_buffer_with_a_long_name", fill=0.0)
+    a, b = dev.stream("producer_stream_with_a_long_name"), dev.stream("consumer_stream_with_a_long_name")
+    dev.launch(lambda y: None, (y,), stream=a, writes=[y], name="fill")
+    dev.launch(lambda y: None, (y,), stream=b, reads=[y], name="use")
+    whole = format_report(dev.races)
+    assert whole == "\n\n".join(["streamcheck: 1 race found", dev.races[0].format()])
+    assert max(len(line) for line in whole.splitlines()) > 150
+    wrapped = format_report(dev.races, width=60)
+    assert all(len(line) <= 60 for line in wrapped.splitlines()), wrapped
+    assert wrapped.split() == whole.split()  # the same words in the same order
+    lines = wrapped.splitlines()
+    edge = next(i for i, line in enumerate(lines) if line.startswith("  missing edge: "))
+    assert lines[edge + 1].startswith("      ") and not lines[edge + 1][6].isspace()  # 4 past its line's indent
+    assert "`fill`" in wrapped and "test_export.py:" in wrapped  # names and call sites are never split

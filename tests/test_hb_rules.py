@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from streamcheck.hb import Checker, Race, check, format_report, reports_to_json
+from streamcheck.hb import Checker, Race, check, format_report, reports_to_json, site_path
 from streamcheck.trace import (Alloc, CallSite, Copy, CopyKind, DeviceSync, EventCreate, EventRecord, EventSync,
                                Free, HostAccess, ImplicitSync, Launch, Range, StreamCreate, StreamKind, StreamSync,
                                StreamWait, ThreadJoin, ThreadStart, Trace)
@@ -620,8 +620,9 @@ def test_json_round_trips():
     assert data == [r.to_dict() for r in races]
     first = data[0]
     assert first["kind"] == "RAW" and first["buffer"] == "out" and first["count"] == 2
-    assert first["first"] == {"actor": "stream A", "name": "matmul", "site": str(sites["matmul"]), "write": True}
-    assert first["second"]["site"] == str(sites["post_scale"])
+    # Paths relative to the working directory (tests/test_export.py checks site_path itself).
+    assert first["first"] == {"actor": "stream A", "name": "matmul", "site": site_path(sites["matmul"]), "write": True}
+    assert first["second"]["site"] == site_path(sites["post_scale"])
     assert first["missing_edge"] == races[0].missing_edge
     assert data[1]["kind"] == "FREE"
 

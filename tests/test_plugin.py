@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import xml.etree.ElementTree as ET
 import zlib
 
 import numpy as np
@@ -66,6 +67,8 @@ HEADER = re.compile(r"^streamcheck: backend=(\w+) policy=(\S+) schedules=(\d+) c
 def _notes_dir(tmp_path, monkeypatch):
     (tmp_path / "notes").mkdir()
     monkeypatch.setenv("NOTES", str(tmp_path / "notes"))
+    # A terminal wide enough that no report line wraps, unless a test narrows it.
+    monkeypatch.setenv("COLUMNS", "400")
 
 
 def _run(pytester, tmp_path, *args):
@@ -240,6 +243,163 @@ def test_trace_dir_gets_the_failing_runs_trace(pytester, tmp_path):
     assert "not written" not in report, report
     assert "traceEvents" in json.loads((out / "perfetto.json").read_text())
     assert (out / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --- reports: junitxml, terminal width, long decisions, trace dir, `last` ----------------------
+
+JUNIT = PROGRAMS + '''
+def test_racy_run(run_schedules):
+    run_schedules(lambda dev: program(dev, join=False))
+
+@pytest.mark.streamcheck(check="warn")
+def test_warned(streamcheck_device):
+    assert program(streamcheck_device, join=False).tolist() == [2.0, 4.0, 6.0, 8.0]
+
+def test_own_failure(streamcheck_device):
+    program(streamcheck_device, join=False)
+    assert False, "the test's own assertion"
+'''
+PRODUCE_LINE = PROGRAMS.splitlines().index("    dev.launch(produce, (x,), stream=a, writes=[x])") + 1
+
+
+def _junit_cases(path) -> dict:
+    """name -> (failure text or None, {property name: value}) from a junitxml file."""
+    cases = {}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        failure = case.find("failure")
+        properties = {p.get("name"): p.get("value") for p in case.iter("property")}
+        cases[case.get("name")] = (None if failure is None else failure.text, properties)
+    return cases
+
+
+@pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["single", "xdist"])
+def test_junitxml_gets_the_race_reports(pytester, tmp_path, xdist):
+    pytester.makeini("[pytest]\n")
+    (pytester.mkdir("sub") / "test_junit.py").write_text(JUNIT)
+    result = _run(pytester, tmp_path, "--streamcheck-policy=eager", "--streamcheck-seed=7", "--junitxml=out.xml",
+                  *xdist)
+    result.assert_outcomes(failed=2, passed=1)
+    cases = _junit_cases(pytester.path / "out.xml")
+    assert set(cases) == {"test_racy_run", "test_warned", "test_own_failure"}
+    racy_text, _ = cases["test_racy_run"]
+    assert "values matched the reference in all 8 schedules" in racy_text
+    own_text, _ = cases["test_own_failure"]
+    assert "the test's own assertion" in own_text  # the race report beside the test's own failure
+    for text in (racy_text, own_text):
+        assert "RAW race on `x` bytes [0, 16)" in text
+        assert "missing edge: stream B never waited for an event recorded on stream A" in text
+    assert cases["test_warned"][0] is None  # passed: the property alone carries the report
+    for name, (_, properties) in cases.items():
+        found = json.loads(properties["streamcheck"])
+        [race] = found["races"]
+        assert (race["kind"], race["buffer"], race["start"], race["stop"]) == ("RAW", "x", 0, 16), name
+        # Relative to the rootdir, as node ids are; not the bare file name.
+        assert race["first"]["site"] == f"sub/test_junit.py:{PRODUCE_LINE}", name
+        assert race["first"]["name"] == "produce" and race["second"]["name"] == "consume"
+        assert found["replay"].startswith(f"pytest sub/test_junit.py::{name} --streamcheck-seed=7 "), name
+        assert found["schedule"].startswith("eager:0 = eager seed "), name
+    assert json.loads(cases["test_racy_run"][1]["streamcheck"])["schedules"] == 8
+
+
+def test_reports_wrap_at_the_terminal_width_and_replay_lines_stay_whole(pytester, tmp_path, monkeypatch):
+    pytester.makepyfile(test_racy=RACY)
+    wide = _run(pytester, tmp_path, "--streamcheck-seed=7")
+    monkeypatch.setenv("COLUMNS", "72")  # what pytest's TerminalWriter reads when stdout is no terminal
+    narrow = _run(pytester, tmp_path, "--streamcheck-seed=7")
+    wide_block, block = _failure_block(wide), _failure_block(narrow)
+    assert max(len(line) for line in wide_block) > 100  # there was something to wrap
+    assert len(block) > len(wide_block)
+    long = [line for line in block if len(line) > 72]
+    assert len(long) == 1 and "replay: pytest test_racy.py::test_racy" in long[0]  # pasted back whole
+    assert long[0] in wide_block
+    # No word lost or moved: the wrapped text is the unwrapped one.
+    assert " ".join(line[1:] for line in block).split() == " ".join(line[1:] for line in wide_block).split()
+    # Continuation lines are indented four past the line they continue.
+    edge = next(i for i, line in enumerate(block) if "missing edge:" in line)
+    assert block[edge].startswith("E         missing edge: stream B never waited")
+    assert block[edge + 1].startswith("E             ") and not block[edge + 1][14].isspace()
+    # The terminal summary too, but for its replay line.
+    summary = narrow.stdout.str().split("= streamcheck =")[1].splitlines()[1:]
+    assert summary[0].startswith("FAILED test_racy.py::test_racy: 1 race (RAW on x);")
+    assert summary[1].startswith("    ") and "replay:" not in summary[1]
+    assert all(len(line) <= 72 for line in summary if "replay: pytest" not in line)
+
+
+LONG_DECISIONS = PROGRAMS + '''
+def test_long(run_schedules):
+    def steps(dev):
+        a, b = dev.stream("A"), dev.stream("B")
+        x = dev.alloc(4, fill=0.0, name="x")
+        y = dev.alloc(4, fill=0.0, name="y")
+        for _ in range(60):
+            dev.launch(produce, (x,), stream=a, writes=[x])
+            dev.launch(consume, (y, x), stream=b, reads=[x], writes=[y])
+        dev.synchronize()
+        return dev.host_read(y)
+    run_schedules(steps, policies=["random"], schedules=1)
+'''
+
+
+def test_long_decisions_are_elided_in_the_message_and_kept_whole_elsewhere(pytester, tmp_path):
+    pytester.makepyfile(test_long=LONG_DECISIONS)
+    result = _run(pytester, tmp_path, "--streamcheck-seed=7", "--streamcheck-trace-dir=traces", "--junitxml=out.xml")
+    result.assert_outcomes(failed=1)
+    report = (pytester.path / "traces" / "test_long.py_test_long" / "report.txt").read_text()
+    full = re.search(r"^schedule: random\(seed=\d+\) seed \d+, decisions (\S+)$", report, re.M).group(1)
+    assert len(full) > 200
+    shown = re.search(r"schedule: random:0 = random\(seed=\d+\) seed \d+, decisions (.*)$", result.stdout.str(),
+                      re.M).group(1)
+    assert shown == (f"{full[:40]}[...]{full[-20:]} ({len(full)} characters; all of them in report.txt under "
+                     "--streamcheck-trace-dir and in --junitxml)")
+    assert full not in result.stdout.str()
+    _, properties = _junit_cases(pytester.path / "out.xml")["test_long"]
+    assert json.loads(properties["streamcheck"])["schedule"].endswith(f", decisions {full}")
+
+
+def test_one_schedule_is_one_schedule_and_its_trace_is_the_one_named(pytester, tmp_path):
+    pytester.makepyfile(test_one=PROGRAMS + '''
+def test_one(run_schedules):
+    run_schedules(lambda dev: program(dev, join=False), policies=["eager"], schedules=1)
+''')
+    result = _run(pytester, tmp_path, "--streamcheck-seed=5", "--streamcheck-trace-dir=traces")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "values matched the reference in the 1 schedule (the race has not struck yet)" in out
+    assert "streamcheck: 1 test, 1 schedule, races found in 1 test; --streamcheck-seed=5" in out
+    seed = schedule_specs(per_test_seed(5, "test_one.py::test_one"), ("eager",), 1)[0].seed
+    assert f"schedule: eager:0 = eager seed {seed}, decisions" in out
+    # The trace files come from that schedule, not from the sequential reference.
+    report = (pytester.path / "traces" / "test_one.py_test_one" / "report.txt").read_text()
+    assert f"\nschedule: eager seed {seed}, decisions" in report
+
+
+def test_relative_trace_dir_is_taken_from_where_pytest_started(pytester, tmp_path, monkeypatch):
+    pytester.makeini("[pytest]\n")
+    sub = pytester.mkdir("sub")
+    (sub / "test_racy.py").write_text(RACY)
+    monkeypatch.chdir(sub)  # the rootdir stays pytester.path (its pytest.ini)
+    result = _run(pytester, tmp_path, "--streamcheck-seed=7", "--streamcheck-trace-dir=traces", "--junitxml=out.xml")
+    result.assert_outcomes(failed=1)
+    assert (sub / "out.xml").is_file()  # where --junitxml put its file: the trace dir goes beside it
+    traces = sub / "traces" / "sub_test_racy.py_test_racy"
+    assert "RAW race on `x`" in (traces / "report.txt").read_text()
+    assert f"trace files: {traces}/" in result.stdout.str()
+    assert not (pytester.path / "traces").exists()
+    # From an ini file, relative to the rootdir, as cache_dir is.
+    pytester.makeini("[pytest]\nstreamcheck_trace_dir = ini-traces\n")
+    _run(pytester, tmp_path, "--streamcheck-seed=7").assert_outcomes(failed=1)
+    assert (pytester.path / "ini-traces" / "sub_test_racy.py_test_racy" / "report.txt").is_file()
+
+
+def test_last_is_the_last_run_not_a_collect_only(pytester, tmp_path):
+    pytester.makepyfile(test_seeds=SEEDS)
+    ran = _run(pytester, tmp_path, "--streamcheck-seed=1111", "-k", "not fixed")
+    ran.assert_outcomes(passed=4)
+    collected = _run(pytester, tmp_path, "--streamcheck-seed=2222", "--co")
+    assert _header_seed(collected) == 2222 and "5 tests collected" in collected.stdout.str()
+    assert _header_seed(_run(pytester, tmp_path, "--co")) != 1111  # a random one, not stored either
+    last = _run(pytester, tmp_path, "--streamcheck-seed=last", "-k", "not fixed")
+    assert _header_seed(last) == 1111
 
 
 # --- options ----------------------------------------------------------------------------------
