@@ -1,14 +1,25 @@
 """`flashnorm` console script.
 
     flashnorm flashify SRC DST    fold a checkpoint's RMSNorm gains into its projections (Prop 1)
+    flashnorm --version
 
-Exit codes: 0 success, 2 usage or input error (message on stderr).
+Exit codes: 0 success, 2 usage or input error (one line on stderr), 130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import sys
+from importlib import metadata
+
+
+def _version() -> str:
+    try:
+        return metadata.version("streamcheck")  # flashnorm_kernels ships in the streamcheck distribution
+    except metadata.PackageNotFoundError:
+        return "(version unknown: the streamcheck distribution is not installed)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -16,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="flashnorm",
         description="FlashNorm tools: fold RMSNorm gains into projection weights.",
     )
+    parser.add_argument("--version", action="version", version=f"flashnorm {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     fold = commands.add_parser(
         "flashify",
@@ -23,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Load the checkpoint SRC (its dtype kept), fold every RMSNorm gain into the projections it "
             "feeds, and write the folded checkpoint (safetensors, tokenizer, generation config) to DST. "
-            "DST must not exist; it appears only when complete. SRC is never modified."
+            "DST must not exist; it appears only when complete. SRC is never modified. Temporary "
+            "directories that an interrupted run left next to DST are removed first."
         ),
     )
     fold.add_argument("src", metavar="SRC", help="source checkpoint directory (read only)")
@@ -42,12 +55,55 @@ def main(argv: list[str] | None = None) -> int:
     from .fold import FlashNormError
 
     try:
-        dst = flashify_checkpoint(args.src, args.dst)
-    except (FlashNormError, OSError) as e:
+        with _quiet_transformers(), _checkpoint_notes_on_stderr():
+            dst = flashify_checkpoint(args.src, args.dst)
+    except (FlashNormError, OSError) as e:  # OSError: a file-system failure none of our checks foresaw
         print(f"flashnorm flashify: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"flashnorm flashify: interrupted; {args.dst} was not written.", file=sys.stderr)
+        return 130
     print(f"flashnorm flashify: wrote folded checkpoint {dst}")
     return 0
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    """Hide transformers' progress bars ("Loading weights", "Writing model shards") and notices.
+
+    Our own lines say what happened; a load problem transformers would only log is turned into
+    an error by flashify_checkpoint. The previous settings come back afterwards, for callers of main().
+    """
+    from transformers.utils import logging as transformers_logging
+
+    verbosity = transformers_logging.get_verbosity()
+    bars_were_enabled = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.set_verbosity_error()
+    transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        transformers_logging.set_verbosity(verbosity)
+        if bars_were_enabled:
+            transformers_logging.enable_progress_bar()
+
+
+@contextlib.contextmanager
+def _checkpoint_notes_on_stderr():
+    """Print flashify_checkpoint's notes (leftover temporary directories) as one stderr line each."""
+    checkpoint_logger = logging.getLogger("flashnorm_kernels.checkpoint")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("flashnorm flashify: %(message)s"))
+    level, propagate = checkpoint_logger.level, checkpoint_logger.propagate
+    checkpoint_logger.addHandler(handler)
+    checkpoint_logger.setLevel(logging.INFO)
+    checkpoint_logger.propagate = False
+    try:
+        yield
+    finally:
+        checkpoint_logger.removeHandler(handler)
+        checkpoint_logger.setLevel(level)
+        checkpoint_logger.propagate = propagate
 
 
 if __name__ == "__main__":  # pragma: no cover - `python -m flashnorm_kernels.cli`

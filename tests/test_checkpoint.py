@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
+import signal
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +20,14 @@ pytest.importorskip("transformers")
 import transformers  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 
-from flashnorm_kernels.checkpoint import CheckpointPathError, flashify_checkpoint  # noqa: E402
+from safetensors import SafetensorError  # noqa: E402
+
+from flashnorm_kernels.checkpoint import (  # noqa: E402
+    CheckpointLoadError,
+    CheckpointPathError,
+    CheckpointWriteError,
+    flashify_checkpoint,
+)
 from flashnorm_kernels.cli import main  # noqa: E402
 from flashnorm_kernels.fold import AlreadyFoldedError, UnsupportedArchitectureError  # noqa: E402
 
@@ -160,6 +170,12 @@ def _fail_mid_save(self, save_directory, *args, **kwargs):
     raise OSError("disk full (injected)")
 
 
+def _fail_mid_save_in_safetensors(self, save_directory, *args, **kwargs):
+    # What safetensors raises when the disk fills up: a SafetensorError, which is not an OSError.
+    Path(save_directory, "model.safetensors").write_bytes(b"partial")
+    raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28) (injected)")
+
+
 def _fail_copy(*args, **kwargs):
     raise OSError("I/O error (injected)")
 
@@ -172,15 +188,16 @@ def _fail_rename(*args, **kwargs):
     "target, name, failure",
     [
         (transformers.PreTrainedModel, "save_pretrained", _fail_mid_save),
+        (transformers.PreTrainedModel, "save_pretrained", _fail_mid_save_in_safetensors),
         (shutil, "copy2", _fail_copy),
         (os, "rename", _fail_rename),
     ],
-    ids=["save", "copy-extras", "rename"],
+    ids=["save", "save-safetensors-error", "copy-extras", "rename"],
 )
 def test_failure_mid_write_leaves_no_destination(src, tmp_path, monkeypatch, target, name, failure):
     before = _tree_hash(src)
     monkeypatch.setattr(target, name, failure)
-    with pytest.raises(OSError, match="injected"):
+    with pytest.raises(CheckpointWriteError, match=r"writing the folded checkpoint .*dst failed \(.*injected"):
         flashify_checkpoint(src, tmp_path / "dst")
     monkeypatch.undo()
     assert sorted(os.listdir(tmp_path)) == ["src"]  # neither dst nor the temporary directory
@@ -201,6 +218,201 @@ def test_destination_appearing_during_the_fold_is_not_overwritten(src, tmp_path,
     assert sorted(os.listdir(tmp_path)) == ["dst", "src"]
 
 
+# ------------------------------------------------------- damaged or inconsistent source checkpoints
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+
+
+@pytest.fixture
+def zen_copy(tmp_path) -> Path:
+    """A copy of the fixture tiny_llama_zen (fp32, untied) that a test may corrupt."""
+    return Path(shutil.copytree(FIXTURES / "tiny_llama_zen", tmp_path / "src"))
+
+
+def _edit_config(src: Path, **changes) -> None:
+    config = json.loads((src / "config.json").read_text())
+    config.update(changes)
+    (src / "config.json").write_text(json.dumps(config))
+
+
+def _edit_weights(src: Path, edit) -> None:
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(src / "model.safetensors")
+    edit(tensors)
+    save_file(tensors, src / "model.safetensors", metadata={"format": "pt"})
+
+
+def test_truncated_weights_are_refused_naming_the_file(zen_copy, tmp_path):
+    with open(zen_copy / "model.safetensors", "r+b") as f:
+        f.truncate(500_000)  # a download cut short: the header promises more bytes than the file has
+    with pytest.raises(CheckpointLoadError, match=r"model\.safetensors in .*src is not a complete safetensors file .*truncated"):
+        flashify_checkpoint(zen_copy, tmp_path / "dst")
+    assert sorted(os.listdir(tmp_path)) == ["src"]
+
+
+def test_weights_missing_altogether_are_refused(zen_copy, tmp_path):
+    (zen_copy / "model.safetensors").unlink()
+    with pytest.raises(CheckpointLoadError, match=r"transformers cannot load .*src \(OSError: .*no file named model\.safetensors"):
+        flashify_checkpoint(zen_copy, tmp_path / "dst")
+    assert sorted(os.listdir(tmp_path)) == ["src"]
+
+
+@pytest.mark.parametrize(
+    "corrupt, message",
+    [
+        (
+            lambda src: _edit_config(src, intermediate_size=128),
+            r"model\.layers\.0\.mlp\.down_proj\.weight is \[96, 256\] in the weights but \[96, 128\] per config\.json"
+            r".* \(and 3 more\)",
+        ),
+        (
+            lambda src: _edit_weights(src, lambda t: t.pop("model.layers.1.self_attn.v_proj.weight")),
+            r"the weights lack model\.layers\.1\.self_attn\.v_proj\.weight, which config\.json's model needs",
+        ),
+        (
+            lambda src: _edit_config(src, num_hidden_layers=1),
+            r"the weights hold model\.layers\.1\.input_layernorm\.weight, .* \(and 6 more\), which config\.json's model has no place for",
+        ),
+    ],
+    ids=["size-mismatch", "missing-tensor", "extra-layer"],
+)
+def test_config_that_does_not_match_the_weights_is_refused(zen_copy, tmp_path, corrupt, message):
+    # transformers would re-initialise these tensors at random (or drop them) and only log it.
+    corrupt(zen_copy)
+    with pytest.raises(CheckpointLoadError, match=r"config\.json of .*src does not match its weights: " + message):
+        flashify_checkpoint(zen_copy, tmp_path / "dst")
+    assert sorted(os.listdir(tmp_path)) == ["src"]
+
+
+@pytest.mark.parametrize(
+    "config_bytes, message",
+    [
+        (b"\xff\xfe\x00garbage", "is not valid JSON"),
+        (json.dumps({"architectures": ["LlamaForCausalLM"]}).encode(), "has no model_type"),
+    ],
+    ids=["not-text", "no-model-type"],
+)
+def test_unusable_config_json_is_refused(zen_copy, tmp_path, config_bytes, message):
+    (zen_copy / "config.json").write_bytes(config_bytes)
+    with pytest.raises(CheckpointPathError, match=message):
+        flashify_checkpoint(zen_copy, tmp_path / "dst")
+    assert sorted(os.listdir(tmp_path)) == ["src"]
+
+
+# ------------------------------------------------------------- modes and leftover temporary dirs
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027, 0o002], ids=lambda umask: f"umask-{umask:03o}")
+def test_destination_gets_the_modes_of_a_plain_mkdir(src, tmp_path, umask):
+    old = os.umask(umask)
+    try:
+        dst = flashify_checkpoint(src, tmp_path / "dst")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(dst.stat().st_mode) == 0o777 & ~umask  # tempfile.mkdtemp gave 0700
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in dst.iterdir()}
+    assert set(modes) >= {"config.json", "model.safetensors", "tokenizer.json", "generation_config.json"}
+    assert modes == dict.fromkeys(modes, 0o666 & ~umask)  # safetensors alone writes 0600
+
+
+def _temp_dirs(parent: Path) -> list[str]:
+    return sorted(name for name in os.listdir(parent) if ".flashnorm-tmp-" in name)
+
+
+# Runs flashify_checkpoint in a child whose save_pretrained ends with "{after_save}".
+_CHILD = """
+import os, signal, sys
+import transformers
+from flashnorm_kernels.checkpoint import flashify_checkpoint
+
+real_save = transformers.PreTrainedModel.save_pretrained
+
+def save(self, directory, *args, **kwargs):
+    real_save(self, directory, *args, **kwargs)
+    {after_save}
+
+transformers.PreTrainedModel.save_pretrained = save
+flashify_checkpoint(sys.argv[1], sys.argv[2])
+"""
+
+
+def test_leftover_of_a_killed_run_is_removed_by_the_next_run(src, tmp_path, caplog):
+    killed = subprocess.run(
+        [sys.executable, "-c", _CHILD.format(after_save="os.kill(os.getpid(), signal.SIGKILL)"), str(src), str(tmp_path / "dst")],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    [leftover] = _temp_dirs(tmp_path)
+    assert leftover.startswith(".dst.flashnorm-tmp-") and (tmp_path / leftover / "model.safetensors").is_file()
+
+    with caplog.at_level(logging.INFO, logger="flashnorm_kernels.checkpoint"):
+        flashify_checkpoint(src, tmp_path / "dst")
+    assert sorted(os.listdir(tmp_path)) == ["dst", "src"]
+    assert [r.getMessage() for r in caplog.records] == [f"removed {tmp_path / leftover}, left by an interrupted run."]
+
+
+def test_only_our_temp_dirs_for_this_destination_are_removed(src, tmp_path):
+    (tmp_path / ".dst.flashnorm-tmp-abcd_123").mkdir()  # a tempfile.mkdtemp name, as older versions made
+    (tmp_path / ".dst.flashnorm-tmp-0123abcd").mkdir()  # our name today
+    kept = [
+        ".other.flashnorm-tmp-0123abcd",  # another destination's
+        ".dst.flashnorm-tmp-0123abcd-mine",  # not our pattern
+        ".dst.flashnorm-tmp-0123",
+        "dst.flashnorm-tmp-0123abcd",
+    ]
+    for name in kept:
+        (tmp_path / name).mkdir()
+    (tmp_path / ".dst.flashnorm-tmp-ffffffff").write_text("a file, not our directory")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "keep.txt").write_text("kept")
+    (tmp_path / ".dst.flashnorm-tmp-eeeeeeee").symlink_to(tmp_path / "elsewhere")  # never followed
+
+    flashify_checkpoint(src, tmp_path / "dst")
+    assert sorted(os.listdir(tmp_path)) == sorted(
+        [*kept, ".dst.flashnorm-tmp-ffffffff", ".dst.flashnorm-tmp-eeeeeeee", "elsewhere", "dst", "src"]
+    )
+    assert (tmp_path / "elsewhere" / "keep.txt").read_text() == "kept"
+
+
+def test_temp_dir_of_a_running_fold_is_left_alone(src, tmp_path):
+    # The child saves, says so, and waits for a line on stdin before renaming: a fold in progress.
+    running = subprocess.Popen(
+        [sys.executable, "-c", _CHILD.format(after_save="print('saved', flush=True); sys.stdin.readline()"),
+         str(src), str(tmp_path / "dst")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        assert running.stdout.readline() == "saved\n"
+        [in_use] = _temp_dirs(tmp_path)
+
+        flashify_checkpoint(src, tmp_path / "dst")
+        assert (tmp_path / in_use / "model.safetensors").is_file()  # not taken for a leftover
+    finally:
+        _, stderr = running.communicate(input="go\n", timeout=300)
+    assert "appeared while folding" in stderr  # the running fold lost the race and cleaned up after itself
+    assert sorted(os.listdir(tmp_path)) == ["dst", "src"]
+
+
+def test_leftover_that_cannot_be_removed_is_reported(src, tmp_path, monkeypatch, caplog):
+    (tmp_path / ".dst.flashnorm-tmp-0123abcd").mkdir()
+
+    def refuse(path, *args, **kwargs):
+        raise PermissionError(13, "Permission denied (injected)", str(path))
+
+    monkeypatch.setattr(shutil, "rmtree", refuse)
+    with caplog.at_level(logging.INFO, logger="flashnorm_kernels.checkpoint"):
+        dst = flashify_checkpoint(src, tmp_path / "dst")
+    assert dst.is_dir()
+    [record] = caplog.records
+    assert record.levelno == logging.WARNING
+    leftover = tmp_path / ".dst.flashnorm-tmp-0123abcd"
+    assert record.getMessage() == (
+        f"warning: could not remove {leftover}, left by an interrupted run "
+        f"([Errno 13] Permission denied (injected): '{leftover}'); remove it by hand."
+    )
+
+
 # -------------------------------------------------------------------------------------- CLI
 
 
@@ -214,7 +426,7 @@ def test_cli_main_folds_and_returns_zero(src, tmp_path, capsys):
     "make_args, message",
     [
         (lambda src, tmp: [str(src), str(src / "inside")], "inside the source"),
-        (lambda src, tmp: [str(tmp / "nowhere"), str(tmp / "dst")], "is not a directory"),
+        (lambda src, tmp: [str(tmp / "nowhere"), str(tmp / "dst")], "does not exist"),
         (lambda src, tmp: [str(src), str(src.parent)], "already exists"),
     ],
     ids=["dst-inside-src", "missing-src", "dst-exists"],
