@@ -9,12 +9,21 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from importlib import metadata
 
 COMMANDS = ("repro", "run", "fuzz", "demo")
 
 
+def version() -> str:
+    try:
+        return metadata.version("streamcheck")
+    except metadata.PackageNotFoundError:  # a source tree that was never installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="streamcheck", description="Find CUDA stream synchronization bugs.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMANDS:

@@ -62,10 +62,20 @@ def test_bad_error_exitcode_is_a_usage_error(value, script, capsys):
     assert "--error-exitcode" in capsys.readouterr().err
 
 
-def test_script_is_required(capsys):
+def test_script_is_required_and_its_arguments_are_not(capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main(["run"])
     assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: streamcheck run [options] script.py [args ...]\n")
+    assert err.rstrip().endswith("error: the following arguments are required: script.py")  # not `args`
+    assert cli.build_parser().parse_args(["run", "prog.py"]).args == []
+
+
+def test_a_directory_is_not_a_script(tmp_path, capsys):
+    assert cli.main(["run", str(tmp_path)]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert f"streamcheck run: {tmp_path} is a directory, not a Python script" in line
 
 
 def test_missing_script_exits_2_like_python(tmp_path, capsys):

@@ -56,6 +56,8 @@ def run(args) -> int:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("demo", help="record the implicit-join pattern and print the checker's report")
-    p.add_argument("--seed", type=int, default=0)
+    p = subparsers.add_parser("demo", help="record the implicit-join pattern and print the checker's report",
+                              description=__doc__.split("\n\n")[0])
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the sim's delay schedule (default 0); the schedule line shows it for replay")
     p.set_defaults(func=run)

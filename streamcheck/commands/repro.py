@@ -10,20 +10,33 @@ Exit status: 0 reproduced and fixed, 1 not reproduced, 2 bad usage / environment
 """
 from __future__ import annotations
 
+import json
+import os
 import sys
 import time
+from contextlib import contextmanager
+from typing import Optional
 
 FIXTURE = "tiny_llama_zen"
 # The stale read is injected into layer 0's q/k/v projection: its matmul stream is held
 # back at a few decode steps; elsewhere the schedule is eager (the bug hides there).
 TARGET_STREAM = "layers.0.input_layernorm.A"
 STRIKE_EVERY = 97  # decode steps between injected delays
+FIRST_STRIKE, STRIKE_SPREAD = 4, 24  # the first delayed decode step: 4 + seed % 24
+STRIKE_RULE = f"{FIRST_STRIKE} + seed % {STRIKE_SPREAD}"
+PROGRESS_AFTER_S = 5.0  # shorter runs finish before a progress bar would help
+
+
+def first_strike_step(seed: int) -> int:
+    """The first decode step whose matmul is held back, chosen by the seed. Step k is the k-th
+    forward pass (0: the prompt's) and yields token k, so a run needs at least this step plus
+    one tokens for the stale read to strike."""
+    return FIRST_STRIKE + seed % STRIKE_SPREAD
 
 
 def strike_policy(backend: str, seed: int) -> dict:
     """The delay that makes the implicit join strike: which launches, when, how long."""
-    first = 4 + seed % 24  # within the first 32 tokens, chosen by the seed
-    params = dict(streams=[TARGET_STREAM], kernels=["matmul"], after=first, every=STRIKE_EVERY)
+    params = dict(streams=[TARGET_STREAM], kernels=["matmul"], after=first_strike_step(seed), every=STRIKE_EVERY)
     if backend == "cupy":
         params["delay_us"] = 2000.0  # long enough for the post-scale to overtake the matmul
     else:
@@ -43,25 +56,133 @@ def side_by_side_text(left: str, right: str, titles=("reference", "candidate"), 
     return "\n".join(rows)
 
 
-def run(args) -> int:
-    from ..backends import BackendUnavailable, resolve
+def timeline_file(name: str) -> str:
+    """The file `--timeline NAME` writes: matplotlib adds `.png` to a name without a suffix."""
+    return name if os.path.splitext(name)[1] else name + ".png"
 
+
+def _output_problem(option: str, path: str, example: str) -> Optional[str]:
+    """Why `path` cannot be written, found before the runs rather than after them."""
+    if os.path.isdir(path):
+        return f"{option} {path} is a directory; give a file name, e.g. {option} {os.path.join(path, example)}"
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        return f"{option} {path}: the directory {parent} does not exist; create it or choose another place"
+    if not os.access(parent, os.W_OK):
+        return f"{option} {path}: the directory {parent} is not writable; choose another place"
+    return None
+
+
+def _usage_problem(args) -> Optional[str]:
     if args.tokens < 1:
-        print("streamcheck repro: --tokens must be at least 1", file=sys.stderr)
-        return 2
+        return "--tokens must be at least 1"
+    if args.timeline:
+        if os.path.splitext(args.timeline)[1].lower() not in ("", ".png"):
+            return f"--timeline {args.timeline}: the timeline is a PNG; give a name ending in .png"
+        try:
+            import matplotlib.figure  # noqa: F401  (render_timeline draws with it, after minutes of runs)
+        except ImportError:
+            return ("--timeline needs matplotlib, which is not installed here: pip install 'streamcheck[plot]', "
+                    "or leave --timeline out")
+    outputs = (("--timeline", args.timeline, "timeline.png"),
+               ("--timeline", args.timeline and timeline_file(args.timeline), "timeline.png"),
+               ("--trace", args.trace, "race.json"), ("--json", args.json, "repro.json"))
+    for option, path, example in outputs:
+        problem = path and _output_problem(option, path, example)
+        if problem:
+            return problem
+    return None
+
+
+def _write_whole(path: str, write) -> None:
+    """`write(name)` to a temporary sibling, renamed onto `path` once complete: a failed write
+    leaves neither a partial file nor a clobbered old one."""
+    head, base = os.path.split(os.path.abspath(path))
+    stem, suffix = os.path.splitext(base)
+    temporary = os.path.join(head, f".{stem}.{os.getpid()}.tmp{suffix}")  # same suffix: matplotlib reads the format
     try:
-        backend = resolve(args.backend)
-    except ValueError as exc:
-        print(f"streamcheck repro: {exc}", file=sys.stderr)
+        write(temporary)
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+
+
+def _write_text(path: str, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+@contextmanager
+def _quiet_transformers():
+    """transformers' progress bars ("Loading weights") and notices (the max-length reminder) are
+    not about the user's bug and put `\\r` frames into logs; silenced, then restored for the caller."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+@contextmanager
+def _token_progress(model, total: int, first_run: str):
+    """A progress bar on stderr, one tick per forward pass (one token), shown only on a terminal
+    and only once the runs have taken PROGRESS_AFTER_S; cleared when done."""
+    from tqdm import tqdm  # installed with transformers, which the runs need anyway
+
+    bar = tqdm(total=total, desc=first_run, unit="token", file=sys.stderr, disable=not sys.stderr.isatty(),
+               delay=PROGRESS_AFTER_S, leave=False, dynamic_ncols=True)
+
+    def one_token(module, inputs, output) -> None:  # None: a hook's return value would replace the output
+        bar.update(1)
+
+    hook = model.register_forward_hook(one_token)
+    try:
+        yield bar
+    finally:
+        hook.remove()
+        bar.close()
+
+
+def run(args) -> int:
+    from ..backends import BackendUnavailable, gpu_available, resolve
+
+    problem = _usage_problem(args)
+    if problem is None:
+        try:
+            backend = resolve(args.backend)
+        except ValueError as exc:
+            problem = str(exc)
+        else:
+            if backend == "cupy" and not gpu_available():
+                problem = ("--backend cupy needs an NVIDIA GPU and CuPy (pip install 'streamcheck[gpu]'); none found "
+                           "here. Use --backend sim to run on the CPU.")
+    if problem:
+        print(f"streamcheck repro: {problem}", file=sys.stderr)
         return 2
     from ..fixtures import FixtureCorruptError
 
     try:
-        return _repro(backend, args)
+        with _quiet_transformers():
+            return _repro(backend, args)
     except (BackendUnavailable, FixtureCorruptError, FileNotFoundError) as exc:
-        # No GPU for --backend cupy, a missing or damaged fixture: say so, exit 2.
+        # A missing or damaged fixture, a GPU that went away: say so, exit 2.
         print(f"streamcheck repro: {exc}", file=sys.stderr)
         return 2
+
+
+def _run_record(check, races_json: str) -> dict:
+    """One checked run as --json gives it: the comparison with the reference and its race reports."""
+    comparison = check.comparison
+    return {"tokens_match": comparison.matches, "diagnosis": comparison.summary(),
+            "first_divergence": comparison.first_divergence, "divergent": comparison.divergent,
+            "lag1": comparison.lag1, "races": json.loads(races_json)}
 
 
 def _repro(backend: str, args) -> int:
@@ -69,21 +190,34 @@ def _repro(backend: str, args) -> int:
     from flashnorm_kernels.plan import SyncPlan
 
     from ..fixtures import PROMPT, decode, encode, load_fixture_model
+    from ..hb import reports_to_json
 
     model = load_fixture_model(FIXTURE, root=args.fixtures)  # clear errors (exit 2) if missing or corrupt
     prompt = encode(PROMPT)
     strike = strike_policy(backend, args.seed)
+    first = strike["after"]
+    strikes = args.tokens > first
+    replay = f"streamcheck repro implicit-join --backend {backend} --tokens {args.tokens} --seed {args.seed}"
     print(f"streamcheck repro implicit-join: backend={backend} tokens={args.tokens} seed={args.seed}")
     print(f"model: fixtures/{FIXTURE} (byte-level Llama reciting the Zen of Python); prompt {PROMPT!r}")
-    print(f"delay: matmul on {TARGET_STREAM} held back at decode step {strike['after']} and every "
-          f"{STRIKE_EVERY} after; everything else eager\n")
+    print(f"delay: matmul on {TARGET_STREAM} held back at decode step {first} and every "
+          f"{STRIKE_EVERY} after; everything else eager")
+    if not strikes:
+        print(f"note: the first delay strikes at decode step {first} ({STRIKE_RULE}; step 0 is the prompt's forward\n"
+              f"      pass, step k yields token k), so --tokens {args.tokens} ends before it: the race is still reported\n"
+              f"      from the trace, but the text cannot change. Use --tokens {first + 1} or more.")
+    print()
 
     t0 = time.perf_counter()
-    reference = run_generation(model, prompt, args.tokens, SyncPlan.correct(), backend=backend, policy="sequential")
-    buggy = check_generation(model, prompt, args.tokens, SyncPlan.implicit_join(), backend=backend, policy="delay",
-                             seed=args.seed, reference=reference, **strike)
-    fixed = check_generation(model, prompt, args.tokens, SyncPlan.correct(), backend=backend, policy="delay",
-                             seed=args.seed, reference=reference, **strike)
+    with _token_progress(model, 3 * args.tokens, "sequential reference") as progress:
+        reference = run_generation(model, prompt, args.tokens, SyncPlan.correct(), backend=backend,
+                                   policy="sequential")
+        progress.set_description_str("implicit join under delay", refresh=False)
+        buggy = check_generation(model, prompt, args.tokens, SyncPlan.implicit_join(), backend=backend,
+                                 policy="delay", seed=args.seed, reference=reference, **strike)
+        progress.set_description_str("SyncPlan.correct() under delay", refresh=False)
+        fixed = check_generation(model, prompt, args.tokens, SyncPlan.correct(), backend=backend, policy="delay",
+                                 seed=args.seed, reference=reference, **strike)
     seconds = time.perf_counter() - t0
 
     ref_text, bug_text = decode(reference.tokens), decode(buggy.candidate.tokens)
@@ -101,33 +235,65 @@ def _repro(backend: str, args) -> int:
         print("race report: none (unexpected: the implicit join should always be flagged)")
     print(f"\n2. SyncPlan.correct() under the same delay: {fixed.comparison.summary()}; "
           f"{len(fixed.candidate.races)} races")
-    if args.timeline:
-        from ..timeline import render_timeline
-        render_timeline(buggy.candidate.device, args.timeline)
-        print(f"timeline: {args.timeline}")
-    if args.trace:
-        from ..export import write_chrome_trace
-        write_chrome_trace(buggy.candidate.device, args.trace)
-        print(f"Perfetto trace: {args.trace} (open in https://ui.perfetto.dev)")
-    print(f"\n{3 * args.tokens} tokens generated in {seconds:.1f} s. Replay: streamcheck repro implicit-join "
-          f"--backend {backend} --tokens {args.tokens} --seed {args.seed}")
+
     reproduced = not buggy.comparison.matches and bool(races)
     fixed_ok = fixed.comparison.matches and not fixed.candidate.races
     if reproduced and fixed_ok:
-        print("result: reproduced (stale reads, race reported) and fixed (every edge: tokens match, no race)")
-        return 0
-    print(f"result: {'reproduced' if reproduced else 'NOT reproduced'}; fix {'ok' if fixed_ok else 'FAILED'}")
-    return 1
+        result = "reproduced (stale reads, race reported) and fixed (every edge: tokens match, no race)"
+    else:
+        why = "" if reproduced or strikes else f" (--tokens {args.tokens} ends before the first delay, at step {first})"
+        result = f"{'reproduced' if reproduced else 'NOT reproduced'}{why}; fix {'ok' if fixed_ok else 'FAILED'}"
+
+    try:
+        if args.timeline:
+            from ..timeline import render_timeline
+
+            path = timeline_file(args.timeline)
+            _write_whole(path, lambda name: render_timeline(buggy.candidate.device, name))
+            print(f"timeline of the implicit-join run: {path}")
+        if args.trace:
+            from ..export import write_chrome_trace
+
+            _write_whole(args.trace, lambda name: write_chrome_trace(buggy.candidate.device, name))
+            print(f"Perfetto trace of the implicit-join run: {args.trace} (open in https://ui.perfetto.dev)")
+        if args.json:
+            report = {"bug": "implicit-join", "backend": backend, "tokens": args.tokens, "seed": args.seed,
+                      "replay": replay, "delay": strike, "reproduced": reproduced, "fixed": fixed_ok,
+                      "result": result, "reference_text": ref_text, "implicit_join_text": bug_text,
+                      "implicit_join": _run_record(buggy, reports_to_json(races)),
+                      "correct": _run_record(fixed, reports_to_json(fixed.candidate.races))}
+            _write_whole(args.json, lambda name: _write_text(name, json.dumps(report, indent=2) + "\n"))
+            print(f"JSON report: {args.json}")
+        if (args.timeline or args.trace) and buggy.comparison.matches:
+            # Still the run named above, not the fixed one: its race is marked even though it did not strike.
+            print("  (the delay did not change the implicit-join run's text; its race is marked all the same)")
+    except OSError as exc:
+        print(f"streamcheck repro: could not write {exc.filename or 'an output file'}: {exc.strerror or exc}; "
+              "check the path and free space", file=sys.stderr)
+        return 2
+    print(f"\n{3 * args.tokens} tokens generated in {seconds:.1f} s. Replay: {replay}")
+    print(f"result: {result}")
+    return 0 if reproduced and fixed_ok else 1
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("repro", help="reproduce a stream bug on purpose (implicit-join: the FlashNorm talk's)",
-                              description=__doc__.split("\n\n")[0])
+                              description=__doc__.split("\n\n")[0],
+                              epilog="Exit status: 0 reproduced and fixed, 1 not reproduced, 2 bad usage or "
+                                     "environment.")
     p.add_argument("bug", choices=["implicit-join"], help="which bug to reproduce")
     p.add_argument("--backend", default="auto", help="auto (cupy with a GPU, else sim), sim or cupy")
-    p.add_argument("--tokens", type=int, default=300, help="tokens to generate per run (default 300)")
-    p.add_argument("--seed", type=int, default=0, help="picks the first decode step that is delayed")
+    p.add_argument("--tokens", type=int, default=300,
+                   help=f"tokens to generate per run (default 300); the first delay strikes at decode step "
+                        f"{STRIKE_RULE.replace('%', '%%')} (step k yields token k), so more tokens than that are needed")
+    p.add_argument("--seed", type=int, default=0,
+                   help=f"picks the first decode step that is delayed: {STRIKE_RULE.replace('%', '%%')}")
     p.add_argument("--fixtures", metavar="DIR", help="where the fixture models live (default: the repository's)")
-    p.add_argument("--timeline", metavar="PNG", help="also draw the racing operations' timeline")
-    p.add_argument("--trace", metavar="JSON", help="also write a Perfetto (Chrome trace) JSON of the buggy run")
+    p.add_argument("--timeline", metavar="PNG",
+                   help="also draw the implicit-join run's timeline to PNG (.png is added to a name without one; "
+                        "needs matplotlib)")
+    p.add_argument("--trace", metavar="FILE",
+                   help="also write a Perfetto (Chrome trace) JSON of the implicit-join run to FILE")
+    p.add_argument("--json", metavar="FILE",
+                   help="also write the outcome as JSON to FILE: reproduced/fixed, the diagnosis, the race reports")
     p.set_defaults(func=run)

@@ -53,6 +53,7 @@ def _exit_code(text: str) -> int:
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "run", help="run an unmodified CuPy script and report its stream races",
+        usage="%(prog)s [options] script.py [args ...]",
         description="Run a CuPy script with every stream operation recorded and checked for races "
                     "(happens-before analysis; optionally with injected delays so that races strike).",
         epilog="Streams are named in creation order: s1, s2, ...; the legacy default stream is 'legacy', "
@@ -72,8 +73,10 @@ def register(subparsers) -> None:
                    help="skip the warm-up (first cuBLAS call, pool growth) before the script")
     p.add_argument("--report-json", metavar="FILE", help="also write the race reports as JSON to FILE")
     p.add_argument("--trace-json", metavar="FILE", help="also write the recorded trace as JSON to FILE")
-    p.add_argument("script", help="the Python script to run")
-    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+    p.add_argument("script", metavar="script.py", help="the Python script to run")
+    script_args = p.add_argument("args", nargs=argparse.REMAINDER,
+                                 help="arguments for the script (optional): everything after it, options included")
+    script_args.required = False  # argparse marks every REMAINDER positional required; a script may take none
     p.set_defaults(func=run)
 
 
@@ -99,9 +102,16 @@ def _print_script_traceback(exc: BaseException, script: str) -> None:
 
 def run(args) -> int:
     script = args.script
-    if not os.path.isfile(script):
-        # What `python script.py` says and returns for a missing file.
-        print(f"streamcheck run: can't open file {os.path.abspath(script)!r}: [Errno 2] No such file or directory",
+    if os.path.isdir(script):
+        print(f"streamcheck run: {script} is a directory, not a Python script; give the script's path, e.g. "
+              f"streamcheck run {os.path.join(script, 'main.py')}", file=sys.stderr)
+        return 2
+    try:
+        with open(script, "rb") as f:
+            source = f.read()
+    except OSError as exc:
+        # What `python script.py` says and returns for a file it cannot open.
+        print(f"streamcheck run: can't open file {os.path.abspath(script)!r}: [Errno {exc.errno}] {exc.strerror}",
               file=sys.stderr)
         return 2
 
@@ -134,8 +144,7 @@ def run(args) -> int:
     status = 0
     failure = None  # keeps the failing frames (and their arrays) alive until recording stopped
     try:
-        with open(script, "rb") as f:
-            code = compile(f.read(), script, "exec", dont_inherit=True)
+        code = compile(source, script, "exec", dont_inherit=True)
         exec(code, main.__dict__)
         # Like interpreter exit: wait for the script's non-daemon threads before the report.
         for thread in set(threading.enumerate()) - before:

@@ -1,0 +1,95 @@
+"""Edges a newcomer hits on the `streamcheck` command line (issue 15): help for every
+subcommand and option, --version, and commands that stay quiet and check their input first.
+
+The tests that block an import or read what a log file receives run the command in a
+subprocess, so the blocked module and the real stderr are that process's alone.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from importlib import metadata
+
+import pytest
+
+from streamcheck import cli
+from streamcheck.fixtures import fixture_dir
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BLOCK_MATPLOTLIB = "import sys; sys.modules['matplotlib'] = None; "  # `import matplotlib` now raises ImportError
+MAIN = "from streamcheck.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+def streamcheck(*argv, prelude="import sys; ", cwd=ROOT) -> subprocess.CompletedProcess:
+    """`streamcheck ARGV...` in a fresh interpreter; stdout and stderr are pipes, as in a CI log."""
+    return subprocess.run([sys.executable, "-c", prelude + MAIN, *argv], capture_output=True, text=True, cwd=cwd,
+                          timeout=300)
+
+
+def subcommand_parsers():
+    parser = cli.build_parser()
+    (sub,) = [a for a in parser._actions if a.dest == "command"]
+    return parser, sub
+
+
+# --- help and version ---------------------------------------------------------------------
+
+def test_every_subcommand_and_option_has_help():
+    parser, sub = subcommand_parsers()
+    listed = {choice.dest: choice.help for choice in sub._choices_actions}
+    assert set(listed) == set(sub.choices) == {"repro", "run", "fuzz", "demo"}
+    for name, subparser in sub.choices.items():
+        assert listed[name], f"`streamcheck {name}` has no help line in `streamcheck --help`"
+        assert subparser.description, f"`streamcheck {name} --help` has no description"
+        for action in subparser._actions:
+            assert action.help, f"`streamcheck {name}`: {action.option_strings or action.dest} has no help text"
+
+
+def test_demo_help_explains_its_seed(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["demo", "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "implicit-join pattern in ten device calls" in out
+    (seed_line,) = [line for line in out.splitlines() if line.strip().startswith("--seed")]
+    assert "delay schedule" in seed_line
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"streamcheck {metadata.version('streamcheck')}"
+
+
+# --- repro checks what it will need before the runs ---------------------------------------
+
+def test_repro_timeline_without_matplotlib_fails_before_the_run(tmp_path):
+    png = tmp_path / "x.png"
+    proc = streamcheck("repro", "implicit-join", "--backend", "sim", "--tokens", "8", "--timeline", str(png),
+                       prelude=BLOCK_MATPLOTLIB)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stdout == ""  # no header, no run: the check comes first
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--timeline needs matplotlib" in lines[0] and "streamcheck[plot]" in lines[0]
+    assert not png.exists()
+
+
+def test_repro_into_a_log_has_no_progress_frames_or_dependency_notices(tmp_path):
+    # A fixture whose config allows fewer positions than prompt + tokens: transformers would
+    # print its "friendly reminder" about the predefined maximum length.
+    fixtures = tmp_path / "fixtures"
+    model = fixtures / "tiny_llama_zen"
+    shutil.copytree(fixture_dir("tiny_llama_zen"), model)
+    config = json.loads((model / "config.json").read_text())
+    config["max_position_embeddings"] = 36  # the prompt is 34 tokens
+    (model / "config.json").write_text(json.dumps(config))
+
+    proc = streamcheck("repro", "implicit-join", "--backend", "sim", "--tokens", "8", "--fixtures", str(fixtures))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "result: reproduced" in proc.stdout
+    assert proc.stderr == ""  # no "Loading weights" bar, no max-length reminder
+    assert "\r" not in proc.stdout
