@@ -1,4 +1,5 @@
 """Every example and command in the docs runs, and says what the docs claim."""
+import os
 import re
 import subprocess
 import sys
@@ -19,15 +20,59 @@ RULES = ROOT / "docs" / "cuda-rules.md"
 SETUP, *EXAMPLES = blocks(RULES, "python")
 
 
+def run_example(example) -> list:
+    """The races of the setup and `example` run as one file, example.py, as a reader would save them."""
+    namespace = {"__name__": "example"}
+    exec(compile(SETUP + example, "example.py", "exec"), namespace)
+    return namespace["dev"].races
+
+
+# `#   missing edge: ...` under an example quotes its report; `...` marks what the quote leaves
+# out, and a quoted line starting with a field's name starts that report line.
+QUOTE = re.compile(r"^#   (.*)$", re.M)
+FIELD = re.compile(r"^(first|second|missing edge|fix):")
+
+
+def quoted_fragments(example) -> list:
+    text = " ".join(("... " if FIELD.match(line) else "") + line for line in QUOTE.findall(example))
+    return [" ".join(fragment.split()) for fragment in text.split("...") if fragment.strip()]
+
+
 @pytest.mark.parametrize("example", EXAMPLES, ids=[f"example{i}" for i in range(len(EXAMPLES))])
 def test_cuda_rules_examples_report_what_their_comments_say(example, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # examples may write files (a Perfetto trace, a PNG)
-    namespace = {"__name__": "example"}
-    exec(compile(SETUP + example, str(RULES), "exec"), namespace)
+    races = run_example(example)
     said = set(re.findall(r"#.*?\b(RAW|WAR|WAW|FREE) race", example))
-    found = {race.kind for race in namespace["dev"].races}
+    found = {race.kind for race in races}
+    report = "\n\n".join(race.format() for race in races)
     if said or "no race" in example:
-        assert found == said, namespace["dev"].report()
+        assert found == said, report
+    # What the comments quote is in the report, in that order, word for word.
+    printed = " ".join(report.split())
+    at = 0
+    for fragment in quoted_fragments(example):
+        found_at = printed.find(fragment, at)
+        assert found_at >= 0, f"{fragment!r} is not in the report (after what came before):\n{report}"
+        at = found_at + len(fragment)
+
+
+def samples_after_examples(path):
+    """(example, sample) for each unlabelled block right after a python block: what it prints."""
+    example = None
+    for tag, body in FENCE.findall(path.read_text()):
+        if tag == "" and example is not None:
+            yield example, body.rstrip("\n")
+        example = textwrap.dedent(body) if tag == "python" else None
+
+
+CUDA_RULES_SAMPLES = list(samples_after_examples(RULES))
+
+
+@pytest.mark.parametrize("example, sample", CUDA_RULES_SAMPLES,
+                         ids=[f"sample{i}" for i in range(len(CUDA_RULES_SAMPLES))])
+def test_cuda_rules_sample_reports_are_what_the_examples_print(example, sample, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert "\n\n".join(race.format() for race in run_example(example)) == sample
 
 
 def readme_commands():
@@ -65,3 +110,35 @@ def test_readme_example_test_passes_and_its_buggy_twin_fails(pytester):
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--streamcheck-backend=sim", "-q")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*RAW race on `norm_proj.Y`*", "*replay: pytest*"])
+
+
+PLUGIN_DOC = ROOT / "docs" / "plugin.md"
+
+
+def test_plugin_doc_failure_and_header_are_what_pytest_prints(pytester, monkeypatch):
+    example = blocks(PLUGIN_DOC, "python")[0]
+    [failure] = [body for body in blocks(PLUGIN_DOC, "") if body.startswith("E ")]
+    [header] = [body.strip() for body in blocks(PLUGIN_DOC, "") if body.startswith("streamcheck: backend=")]
+    pytester.makepyfile(test_doc=example)
+    monkeypatch.setenv("COLUMNS", "100")  # the terminal width the doc says
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:hypothesispytest",
+                                           "--streamcheck-seed=1", "--streamcheck-backend=sim")
+    result.assert_outcomes(failed=1)
+    # pytest ends the empty `E` line with spaces; the doc cannot show them.
+    printed = [line.rstrip() for line in result.stdout.lines if line.startswith("E ") or line.rstrip() == "E"]
+    assert "\n".join(printed) == failure.rstrip("\n")
+    # The header's seed is random in the doc's run; the rest is fixed.
+    seedless = re.compile(r"--streamcheck-seed=\d+")
+    printed_header = next(line for line in result.stdout.lines if line.startswith("streamcheck: backend="))
+    assert seedless.sub("", printed_header) == seedless.sub("", header)
+
+
+def test_readme_race_report_is_what_the_quickstart_repro_prints():
+    [sample] = [body.rstrip("\n") for body in blocks(ROOT / "README.md", "") if " race on `" in body]
+    # As the quickstart runs it on a machine without a GPU; a wide terminal, so nothing wraps.
+    result = subprocess.run([str(Path(sys.executable).parent / "streamcheck"), "repro", "implicit-join",
+                             "--backend", "sim"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "COLUMNS": "400"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = result.stdout.split("race report (the missing wait):\n", 1)[1]
+    assert report.startswith(sample + "\n"), report
