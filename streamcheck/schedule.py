@@ -45,6 +45,27 @@ def strikes(k: int, after: int, every: int) -> bool:
     return k >= after and (k - after) % every == 0
 
 
+def seed_delays(seed: int, stream_name: str) -> bool:
+    """The one delay-choice rule, for the sim and the GPU alike: with no target named, whether
+    `seed` delays the stream called `stream_name`. An independent fair coin per (seed, stream),
+    stable across runs and machines (str seeds hash with SHA-512, not PYTHONHASHSEED; CRC
+    parities would be correlated between similar names and repeat every two seeds)."""
+    return random.Random(f"delay:{seed}:{stream_name}").random() < 0.5
+
+
+GRAPH_LAUNCH_NAME = "cudaGraphLaunch"  # what `kernels=` names to delay graph launches
+
+
+def graph_delay_name(node_names, kernels) -> str:
+    """The name a graph launch is matched against `kernels=` with: the first captured kernel
+    named there (so naming a kernel also delays the graphs that contain it), else
+    GRAPH_LAUNCH_NAME."""
+    for name in node_names:
+        if name in kernels:
+            return name
+    return GRAPH_LAUNCH_NAME
+
+
 def describe_delay(amount: str, streams, kernels, after: int, every: int) -> str:
     """`delay(steps=8, streams=A, kernels=matmul, after=4, every=97)`, the same on both backends."""
     parts = [amount]
@@ -165,10 +186,7 @@ class Delay(Policy):
             if self.streams or self.kernels:
                 held = stream_name in self.streams
             else:
-                # No target named: an independent fair coin per (seed, stream), stable across
-                # runs (str seeds hash with SHA-512, not PYTHONHASHSEED; CRC parities would
-                # be correlated between similar names).
-                held = random.Random(f"delay:{self.seed}:{stream_name}").random() < 0.5
+                held = seed_delays(self.seed, stream_name)
             self._targeted[stream_name] = held
         return held
 

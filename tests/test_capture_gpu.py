@@ -21,7 +21,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from streamcheck import instrument
+from streamcheck import instrument, recorder
+from streamcheck.adapters import cupy_graphs
 from streamcheck import trace as T
 from streamcheck.backends import cupy_backend, gpu_available
 from streamcheck.backends.cupy_backend import (
@@ -137,15 +138,20 @@ def spins(monkeypatch):
 
 def session_with(monkeypatch, **options):
     session = instrument.Session(**options)
-    monkeypatch.setattr(instrument, "_session", session)  # what start() does, minus the patching
+    monkeypatch.setattr(recorder, "current", session)  # what start() does (activate), minus the patching
     return session
+
+
+def end_capture(stream, cuda_end_capture):
+    """Stream.end_capture as the graphs adapter wraps it: the program gets a recorded graph."""
+    return cupy_graphs.wrap_end_capture(lambda _stream: cuda_end_capture())(stream)
 
 
 def arrays(session, count, n=256):
     out = []
     for i in range(count):
         ptr = 0x10000 * (i + 1)
-        session._on_alloc(ptr, 4 * n)
+        session.alloc(ptr, 4 * n)
         out.append(FakeArray(ptr, n))
     return out
 
@@ -202,7 +208,7 @@ def test_captured_kernel_names_follow_forks_and_stop_at_the_end():
         T.CaptureEnd(0, site, stream=1, graph=1),
         T.Launch(0, site, stream=1, name="after_the_end"),
     ]
-    assert instrument.captured_kernel_names(ops, 1) == ("matmul_like", "post_scale")
+    assert instrument.captured_work(ops, 1)[0] == ("matmul_like", "post_scale")
 
 
 def test_capture_errors_are_formatted_with_cudas_error_name():
@@ -225,7 +231,7 @@ def test_graph_launch_gets_the_graph_id_of_its_capture_and_races_with_an_unwaite
 
     session.capture_begin(launcher, rt.streamCaptureModeGlobal, lambda: rt.capturing.add(launcher.ptr))
     kernel(session, "matmul_like", launcher, reads=(x,), writes=(y,))
-    graph = session.capture_end(launcher, lambda: (rt.capturing.clear(), FakeGraph())[1])
+    graph = end_capture(launcher, lambda: (rt.capturing.clear(), FakeGraph())[1])
     graph.launch(launcher)
     kernel(session, "copy_values", consumer, reads=(y,), writes=(z,))
 
@@ -241,7 +247,7 @@ def test_graph_launch_gets_the_graph_id_of_its_capture_and_races_with_an_unwaite
     assert race.first.actor.startswith("stream s2") and race.second.actor.startswith("stream s3")
     assert session.capture_errors == [] and session.findings == 1
 
-    monkeypatch.setattr(instrument, "_session", None)  # the session stopped: a launch is just a launch
+    session.deactivate()  # the session stopped: a launch is just a launch
     before = len(session.trace)
     graph.launch(consumer)
     assert graph.graph.launched == [launcher, consumer] and len(session.trace) == before
@@ -272,7 +278,7 @@ def test_unjoined_fork_is_recorded_explained_and_counted_while_cudas_error_reach
     assert len(ops_of(session, T.CaptureEnd)) == 1
     # The capture is over for CUDA and for the recording: a later launch on A executes.
     kernel(session, "matmul_like", a, reads=(x,), writes=(y,))
-    assert session.capture_errors == [error] and session._capture_origin == {}
+    assert session.capture_errors == [error] and session.captures == 0
 
 
 def test_a_sync_refused_during_capture_is_recorded_so_the_checker_explains_it(fake_cupy, monkeypatch):
@@ -308,7 +314,7 @@ def test_missing_join_inside_a_graph_is_reported_and_no_spin_goes_into_the_captu
     fork(session, rt, b, origin)  # join_rms
     kernel(session, "post_scale", origin, reads=(y, r), writes=(out,))  # no join_mm
     fork(session, rt, a, origin)  # A joined back after the post-scale
-    graph = session.capture_end(origin, lambda: (rt.capturing.clear(), FakeGraph())[1])
+    graph = end_capture(origin, lambda: (rt.capturing.clear(), FakeGraph())[1])
     assert spins == []  # five launches on capturing streams, none delayed
     kernel(session, "fill_value", origin, writes=(x,))
     graph.launch(origin)

@@ -10,13 +10,13 @@ import os
 import subprocess
 import sys
 import textwrap
-import zlib
 
 import pytest
 
 from streamcheck import cli
 from streamcheck.backends.cupy_backend import MAX_DELAY_US, _Policy
-from streamcheck.instrument import _param_names, kernel_signature
+from streamcheck.schedule import Delay
+from streamcheck.kernel_access import kernel_signature, param_names
 from streamcheck.schedule import ScheduleError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -182,8 +182,8 @@ def test_kernel_signature_ignores_commas_in_templates():
 
 
 def test_elementwise_param_names():
-    assert _param_names("float32 x, raw T y, T z") == ["x", "y", "z"]
-    assert _param_names("") == []
+    assert param_names("float32 x, raw T y, T z") == ["x", "y", "z"]
+    assert param_names("") == []
 
 
 # --- the backend's delay targeting (pure) -------------------------------------------------
@@ -197,11 +197,14 @@ def test_delay_policy_targets_named_streams_and_kernels():
 
 
 def test_delay_policy_without_names_lets_the_seed_choose_like_the_sim():
-    for seed in range(4):
-        policy = _Policy("delay", seed, {})
-        for name in ("A", "B", "legacy"):
-            chosen = (zlib.crc32(name.encode()) + seed) % 2 == 0
-            assert (policy.spin_before(name, "k") > 0) == chosen
+    names = ("legacy", "s1", "s2", "s3", "s4", "s5", "s6", "s7")
+    chosen_sets = []
+    for seed in range(10):
+        policy, held = _Policy("delay", seed, {}), Delay(seed=seed)
+        chosen = {name for name in names if policy.spin_before(name, "k") > 0}
+        assert chosen == {name for name in names if held._stream_targeted(name)}  # the sim's choice, stream by stream
+        chosen_sets.append(frozenset(chosen))
+    assert len(set(chosen_sets)) == 10  # not the two sets a parity rule gives
 
 
 def test_pct_and_random_policies_are_seeded():

@@ -40,121 +40,36 @@ which the checker deliberately does not treat as an edge.
 """
 from __future__ import annotations
 
-import os
 import random
-import zlib
 from typing import Optional
 
 import numpy as np
 
-from ..schedule import Schedule, ScheduleError, check_strike_pattern, describe_delay, strikes
-from ..trace import CaptureMode, StreamKind
+from ..gpu import (  # noqa: F401 (capture_mode_value: re-exported, its home is gpu.py)
+    MAX_DELAY_US,
+    SpinDelay,
+    capture_mode_of,
+    capture_mode_value,
+    external_stream,
+    suppressed as _suppressed,
+    warm_up as _warm_up,
+)
+from ..schedule import (  # noqa: F401 (GRAPH_LAUNCH_NAME: re-exported, its home is schedule.py)
+    GRAPH_LAUNCH_NAME,
+    Schedule,
+    ScheduleError,
+    check_strike_pattern,
+    describe_delay,
+    graph_delay_name,
+    seed_delays,
+    strikes,
+)
+from ..trace import StreamKind
 
 POLICIES = ("sequential", "eager", "delay", "random", "pct")
-SPIN_SOURCE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "cuda", "spin_delay.cu")
-MAX_DELAY_US = 50_000  # the spin kernel's hard cap (STREAMCHECK_SPIN_MAX_NS): nothing can hang
 _DTYPES = {"float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
            "uint64", "bool"}
 _CONTEXT_PARAMS = ("steps", "horizon")  # the sim's units; accepted so one test runs on both backends
-
-
-# cudaStreamCaptureMode values as CuPy's runtime module names them.
-_CAPTURE_MODE_NAMES = {
-    CaptureMode.GLOBAL: "streamCaptureModeGlobal",
-    CaptureMode.THREAD_LOCAL: "streamCaptureModeThreadLocal",
-    CaptureMode.RELAXED: "streamCaptureModeRelaxed",
-}
-GRAPH_LAUNCH_NAME = "cudaGraphLaunch"  # what `kernels=` names to delay graph launches
-
-
-def capture_mode_value(mode, runtime) -> int:
-    """The cudaStreamCaptureMode integer for `mode` (CaptureMode or its name), read from
-    CuPy's runtime module (cupy.cuda.runtime), which Stream.begin_capture(mode=...) takes."""
-    mode = CaptureMode.parse(mode)
-    return int(getattr(runtime, _CAPTURE_MODE_NAMES[mode]))
-
-
-def capture_mode_of(value, runtime) -> CaptureMode:
-    """CuPy's begin_capture(mode=...) argument as a CaptureMode; None is CuPy's default, relaxed
-    (not CUDA's global: CuPy picks relaxed so that pool growth during a capture is allowed)."""
-    if value is None:
-        return CaptureMode.RELAXED
-    for mode, name in _CAPTURE_MODE_NAMES.items():
-        if value == getattr(runtime, name, None):
-            return mode
-    raise ValueError(f"unknown stream capture mode {value!r}; pass cupy.cuda.runtime.streamCaptureModeGlobal, "
-                     "streamCaptureModeThreadLocal or streamCaptureModeRelaxed")
-
-
-def graph_delay_name(node_names, kernels) -> str:
-    """The name a graph launch is matched against `kernels=` with: the first captured kernel
-    named there (so naming a kernel also delays the graphs that contain it), else
-    GRAPH_LAUNCH_NAME."""
-    for name in node_names:
-        if name in kernels:
-            return name
-    return GRAPH_LAUNCH_NAME
-
-
-def _suppressed():
-    """Work the backend issues itself (spins, timing events, fills) is not the program's:
-    keep it out of an active streamcheck.instrument() session."""
-    from .. import instrument
-
-    return instrument.suppressed()
-
-
-class SpinDelay:
-    """The spin kernel, loaded once per process through cupy.RawModule (NVRTC)."""
-
-    _loaded: Optional["SpinDelay"] = None
-
-    def __init__(self):
-        import cupy
-        from cupy._core import raw  # the original class, never an instrumented subclass
-
-        with open(SPIN_SOURCE, encoding="utf-8") as f:
-            code = f.read()
-        self._cupy = cupy
-        self._module = raw.RawModule(code=code)
-        # get_function compiles (NVRTC) and loads the module now, not inside the program's first delay.
-        self._kernel = self._module.get_function("streamcheck_spin")
-        rt = cupy.cuda.runtime
-        try:
-            khz = rt.deviceGetAttribute(rt.cudaDevAttrClockRate, rt.getDevice())
-        except Exception:  # attribute missing in this CUDA/CuPy build: assume a fast clock
-            khz = 2_000_000
-        self.clock_khz = int(khz) or 2_000_000
-        # clock64 cap: twice the cycles the longest allowed spin takes at the rated SM clock,
-        # a backstop only; %globaltimer ends the spin on time.
-        self.max_cycles = np.uint64(2 * MAX_DELAY_US * self.clock_khz // 1000)
-        self._elapsed = cupy.zeros(1, dtype=cupy.uint64)
-
-    @classmethod
-    def get(cls) -> "SpinDelay":
-        if cls._loaded is None:
-            with _suppressed():
-                cls._loaded = cls()
-        return cls._loaded
-
-    def enqueue(self, stream, us: float) -> None:
-        """Spin `us` microseconds (clamped to MAX_DELAY_US) on the CuPy stream `stream`."""
-        ns = int(min(max(us, 0.0), MAX_DELAY_US) * 1000)
-        if ns == 0:
-            return
-        with _suppressed(), stream:
-            self._kernel((1,), (1,), (np.uint64(ns), self.max_cycles, 0))
-
-    def measure(self, us: float) -> float:
-        """Spin once on a private stream and return how long the GPU says it spun (µs)."""
-        cupy = self._cupy
-        with _suppressed():
-            stream = cupy.cuda.Stream(non_blocking=True)
-            with stream:
-                ns = int(min(max(us, 0.0), MAX_DELAY_US) * 1000)
-                self._kernel((1,), (1,), (np.uint64(ns), self.max_cycles, self._elapsed))
-            stream.synchronize()
-            return float(self._elapsed.get(stream=stream)[0]) / 1000.0
 
 
 class _Policy:
@@ -200,8 +115,7 @@ class _Policy:
     def targets(self, stream_name: str) -> bool:
         if self.streams:
             return stream_name in self.streams
-        # No stream named: the seed picks which streams run late (as the sim's delay policy does).
-        return (zlib.crc32(stream_name.encode()) + self.seed) % 2 == 0
+        return seed_delays(self.seed, stream_name)  # no stream named: the sim's rule
 
     def spin_before(self, stream_name: str, op_name: str) -> float:
         """Microseconds to spin on the stream before this launch/copy (0: none)."""
@@ -348,7 +262,7 @@ class CupyBackend:
         ptr = torch.cuda.current_stream().cuda_stream
         if ptr == 0:
             return cupy.cuda.Stream.null
-        return _external_stream(cupy, ptr)
+        return external_stream(cupy, ptr)
 
     def _trace_index(self) -> int:
         return len(self._device.trace) - 1  # the device recorded this operation just before calling us
@@ -559,29 +473,10 @@ class CupyBackend:
 
     # --- warm-up and timing -------------------------------------------------------------
     def warm_up(self, pool_bytes: int = 64 << 20) -> list:
-        """Trigger what synchronizes implicitly the first time (cuBLAS handle creation, the
-        spin module's load, CuPy's fill/copy kernels, memory-pool growth) before the program's
-        first racy step; record each as an implicit sync (never an edge for the checker).
-        Returns the reasons recorded."""
-        cupy = self._cupy
-        reasons = []
-        with _suppressed():
-            a = cupy.ones((8, 8), dtype=cupy.float32)
-            (a @ a).sum()  # cuBLAS handle + workspace, elementwise and reduction kernels
-            a[...] = a.copy()
-            cupy.cuda.runtime.deviceSynchronize()
-        reasons.append("first cuBLAS call (handle creation) and CuPy's first fill/copy/reduction kernels")
-        if self._spin is None:
-            self._spin = SpinDelay.get()
-        reasons.append("lazy module load: streamcheck spin kernel (NVRTC compile + cuModuleLoad)")
-        pool = cupy.get_default_memory_pool()
-        before = pool.total_bytes()
-        if pool.free_bytes() < pool_bytes:
-            with _suppressed():
-                cupy.empty(pool_bytes, dtype=cupy.uint8)  # freed at once: the pool keeps the bytes
-        grown = pool.total_bytes() - before
-        if grown > 0:
-            reasons.append(f"memory pool growth by {grown} bytes (cudaMalloc)")
+        """Get implicit synchronizations out of the way before the program's first racy step
+        (gpu.warm_up) and record each as an implicit sync. Returns the reasons recorded."""
+        reasons = _warm_up(self._cupy, spin=True, pool_bytes=pool_bytes)
+        self._spin = SpinDelay.get()
         for reason in reasons:
             self._device.note_implicit_sync(reason)
         return reasons
@@ -601,21 +496,3 @@ class CupyBackend:
                                          cupy.cuda.get_elapsed_time(self._t0, end) * 1000.0)
         self._pending_times.clear()
         return dict(self._op_times)
-
-
-class _CudaStreamProtocol:
-    """The CUDA stream protocol (`__cuda_stream__`) for a raw stream pointer."""
-
-    def __init__(self, ptr: int):
-        self.ptr = ptr
-
-    def __cuda_stream__(self):
-        return (0, self.ptr)
-
-
-def _external_stream(cupy, ptr: int):
-    """A CuPy stream object for a stream CuPy did not create (e.g. torch's)."""
-    from_external = getattr(cupy.cuda.Stream, "from_external", None)
-    if from_external is not None:
-        return from_external(_CudaStreamProtocol(ptr))
-    return cupy.cuda.ExternalStream(ptr)  # CuPy < 14

@@ -1,0 +1,179 @@
+"""GPU plumbing shared by the cupy backend (streamcheck/backends/cupy_backend.py) and the
+CuPy adapters of instrument() (streamcheck/adapters/): the bounded spin delay, CUDA's
+stream-capture modes, the one warm-up, and the flag that keeps streamcheck's own GPU work
+out of a recording.
+
+A leaf: it imports only the trace vocabulary (and CuPy, inside functions), so neither of
+its users has to import the other.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from typing import Optional
+
+import numpy as np
+
+from .trace import CaptureMode
+
+SPIN_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuda", "spin_delay.cu")
+MAX_DELAY_US = 50_000  # the spin kernel's hard cap (STREAMCHECK_SPIN_MAX_NS): nothing can hang
+
+_tls = threading.local()  # suppress: work streamcheck issues itself, never the program's
+
+
+def gpu_available() -> bool:
+    """True when CuPy imports and sees at least one CUDA device."""
+    try:
+        import cupy
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # no cupy, no driver, no device: all mean "no GPU here"
+        return False
+
+
+@contextlib.contextmanager
+def suppressed():
+    """Record nothing issued by this thread inside the block: the cupy backend's spins, timing
+    events and fills, work a streamcheck Device checks itself, the warm-up."""
+    _tls.suppress = getattr(_tls, "suppress", 0) + 1
+    try:
+        yield
+    finally:
+        _tls.suppress -= 1
+
+
+def is_suppressed() -> bool:
+    return bool(getattr(_tls, "suppress", 0))
+
+
+# --- stream capture -----------------------------------------------------------------------
+
+# cudaStreamCaptureMode values as CuPy's runtime module names them.
+_CAPTURE_MODE_NAMES = {
+    CaptureMode.GLOBAL: "streamCaptureModeGlobal",
+    CaptureMode.THREAD_LOCAL: "streamCaptureModeThreadLocal",
+    CaptureMode.RELAXED: "streamCaptureModeRelaxed",
+}
+
+
+def capture_mode_value(mode, runtime) -> int:
+    """The cudaStreamCaptureMode integer for `mode` (CaptureMode or its name), read from
+    CuPy's runtime module (cupy.cuda.runtime), which Stream.begin_capture(mode=...) takes."""
+    mode = CaptureMode.parse(mode)
+    return int(getattr(runtime, _CAPTURE_MODE_NAMES[mode]))
+
+
+def capture_mode_of(value, runtime) -> CaptureMode:
+    """CuPy's begin_capture(mode=...) argument as a CaptureMode; None is CuPy's default, relaxed
+    (not CUDA's global: CuPy picks relaxed so that pool growth during a capture is allowed)."""
+    if value is None:
+        return CaptureMode.RELAXED
+    for mode, name in _CAPTURE_MODE_NAMES.items():
+        if value == getattr(runtime, name, None):
+            return mode
+    raise ValueError(f"unknown stream capture mode {value!r}; pass cupy.cuda.runtime.streamCaptureModeGlobal, "
+                     "streamCaptureModeThreadLocal or streamCaptureModeRelaxed")
+
+
+# --- streams CuPy did not create ----------------------------------------------------------
+
+class _CudaStreamProtocol:
+    """The CUDA stream protocol (`__cuda_stream__`) for a raw stream pointer."""
+
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+    def __cuda_stream__(self):
+        return (0, self.ptr)
+
+
+def external_stream(cupy, ptr: int):
+    """A CuPy stream object for a stream CuPy did not create (e.g. torch's)."""
+    from_external = getattr(cupy.cuda.Stream, "from_external", None)
+    if from_external is not None:
+        return from_external(_CudaStreamProtocol(ptr))
+    return cupy.cuda.ExternalStream(ptr)  # CuPy < 14
+
+
+# --- the spin delay -----------------------------------------------------------------------
+
+class SpinDelay:
+    """The spin kernel, loaded once per process through cupy.RawModule (NVRTC)."""
+
+    _loaded: Optional["SpinDelay"] = None
+
+    def __init__(self):
+        import cupy
+        from cupy._core import raw  # the original class, never an instrumented subclass
+
+        with open(SPIN_SOURCE, encoding="utf-8") as f:
+            code = f.read()
+        self._cupy = cupy
+        self._module = raw.RawModule(code=code)
+        # get_function compiles (NVRTC) and loads the module now, not inside the program's first delay.
+        self._kernel = self._module.get_function("streamcheck_spin")
+        rt = cupy.cuda.runtime
+        try:
+            khz = rt.deviceGetAttribute(rt.cudaDevAttrClockRate, rt.getDevice())
+        except Exception:  # attribute missing in this CUDA/CuPy build: assume a fast clock
+            khz = 2_000_000
+        self.clock_khz = int(khz) or 2_000_000
+        # clock64 cap: twice the cycles the longest allowed spin takes at the rated SM clock,
+        # a backstop only; %globaltimer ends the spin on time.
+        self.max_cycles = np.uint64(2 * MAX_DELAY_US * self.clock_khz // 1000)
+        self._elapsed = cupy.zeros(1, dtype=cupy.uint64)
+
+    @classmethod
+    def get(cls) -> "SpinDelay":
+        if cls._loaded is None:
+            with suppressed():
+                cls._loaded = cls()
+        return cls._loaded
+
+    def enqueue(self, stream, us: float) -> None:
+        """Spin `us` microseconds (clamped to MAX_DELAY_US) on the CuPy stream `stream`."""
+        ns = int(min(max(us, 0.0), MAX_DELAY_US) * 1000)
+        if ns == 0:
+            return
+        with suppressed(), stream:
+            self._kernel((1,), (1,), (np.uint64(ns), self.max_cycles, 0))
+
+    def measure(self, us: float) -> float:
+        """Spin once on a private stream and return how long the GPU says it spun (µs)."""
+        cupy = self._cupy
+        with suppressed():
+            stream = cupy.cuda.Stream(non_blocking=True)
+            with stream:
+                ns = int(min(max(us, 0.0), MAX_DELAY_US) * 1000)
+                self._kernel((1,), (1,), (np.uint64(ns), self.max_cycles, self._elapsed))
+            stream.synchronize()
+            return float(self._elapsed.get(stream=stream)[0]) / 1000.0
+
+
+# --- warm-up ------------------------------------------------------------------------------
+
+def warm_up(cupy, *, spin: bool, pool_bytes: int = 64 << 20) -> list:
+    """Trigger what synchronizes implicitly the first time, before the program's first racy
+    step: cuBLAS handle creation, CuPy's first fill/copy/reduction kernels, the spin module's
+    load, memory-pool growth (DESIGN: none of these is synchronization the program may rely
+    on, yet each hides races while it happens). Returns the reasons, for the caller to record
+    as implicit syncs (never an edge for the checker)."""
+    reasons = []
+    with suppressed():
+        a = cupy.ones((8, 8), dtype=cupy.float32)
+        (a @ a).sum()
+        a[...] = a.copy()
+        cupy.cuda.runtime.deviceSynchronize()
+        reasons.append("first cuBLAS call (handle creation) and CuPy's first fill/copy/reduction kernels")
+        if spin:
+            SpinDelay.get()
+            reasons.append("lazy module load: streamcheck spin kernel (NVRTC compile + cuModuleLoad)")
+        pool = cupy.get_default_memory_pool()
+        before = pool.total_bytes()
+        if pool.free_bytes() < pool_bytes:
+            cupy.empty(pool_bytes, dtype=cupy.uint8)  # freed at once: the pool keeps the bytes
+        grown = pool.total_bytes() - before
+        if grown > 0:
+            reasons.append(f"memory pool growth by {grown} bytes (cudaMalloc)")
+    return reasons

@@ -1,0 +1,792 @@
+"""The recorder: "this library call touched these bytes on this stream" becomes trace records,
+fed to the happens-before checker as they happen.
+
+One recorder serves every library adapter (streamcheck/adapters/). It owns what the trace
+needs and no library provides: small ids for streams, events, buffers and host threads;
+the allocation table that maps a device pointer to (buffer, byte offset); frees, ordered on
+the stream that allocated the bytes; the user's call site of each operation; delay
+injection at chosen launches. What it needs from the GPU library it asks a `Gpu` (below),
+so the recorder runs and is tested on the CPU with fakes.
+
+Threading: library calls may come from several host threads, and CuPy's finalizers may run
+inside any of them. One re-entrant lock guards the tables and the checker; a free that
+arrives while the lock is held (a finalizer run by the garbage collector mid-update) is
+deferred until the update is done.
+"""
+from __future__ import annotations
+
+import bisect
+import os
+import sys
+import threading
+import weakref
+from typing import Optional, Protocol
+
+from . import kernel_access
+from . import trace as T
+from .hb import Checker, TraceError, format_report
+from .schedule import graph_delay_name, seed_delays
+from .trace import UNKNOWN_SITE, CallSite, CaptureMode, CopyKind, Range, StreamKind
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_tls = threading.local()  # depth: inside a recorded call, whose own library calls are part of it
+
+current: Optional["Recorder"] = None  # the recording adapters feed; set by activate()
+
+
+class Gpu(Protocol):
+    """What the recorder asks of the GPU library beneath the adapters (CuPy today:
+    streamcheck/adapters/cupy_device.py). Streams and arrays are the library's own objects."""
+
+    library_dirs: tuple  # frames in these directories are the library's, never the user's call site
+
+    def current_stream(self): ...
+
+    def stream_ptr(self, stream) -> int: ...  # cudaStream_t of a stream object (raises TypeError if none)
+
+    def stream_kind(self, ptr: int) -> StreamKind: ...  # from cudaStreamGetFlags; NON_BLOCKING if unknown
+
+    def is_capturing(self, stream) -> bool: ...  # True also when CUDA cannot tell (invalidated capture)
+
+    def spin(self, stream, us: float) -> None: ...  # a bounded spin kernel on `stream`, now
+
+    def is_array(self, obj) -> bool: ...  # a device array whose bytes can be named
+
+    def array_span(self, obj) -> Optional[tuple]: ...  # (start, stop) device addresses; None if empty
+
+    def driver_range(self, ptr: int) -> Optional[tuple]: ...  # (base, size) of the cudaMalloc holding ptr
+
+    def capture_mode(self, value) -> CaptureMode: ...  # the library's capture-mode argument; ValueError if unknown
+
+
+def depth() -> int:
+    return getattr(_tls, "depth", 0)
+
+
+def inside(call, *args, **kwargs):
+    """Run a library call on the program's behalf: what it calls in turn is part of it, not
+    recorded again."""
+    tls = _tls
+    tls.depth = getattr(tls, "depth", 0) + 1
+    try:
+        return call(*args, **kwargs)
+    finally:
+        tls.depth -= 1
+
+
+def format_capture_errors(errors) -> str:
+    """The stream-capture errors the checker collected (capture.CaptureError: CUDA's error
+    name and streamcheck's explanation), as printed after the race reports."""
+    if not errors:
+        return ""
+    head = (f"streamcheck: {len(errors)} stream-capture error{'s' if len(errors) != 1 else ''} "
+            "(calls CUDA refuses during graph capture; the program got CUDA's own error from the library)")
+    blocks = [head]
+    for error in errors:
+        text, prefix = str(error), f"{error.code}: "
+        blocks.append(f"capture error {error.code}\n  {text[len(prefix):] if text.startswith(prefix) else text}")
+    return "\n\n".join(blocks)
+
+
+def captured_work(ops, origin: int) -> tuple:
+    """(kernel names, buffer ids) of what a capture begun on stream `origin` holds, from the
+    trace slice that starts at its CaptureBegin: the origin and every stream that waited on an
+    event recorded by a member are members. Names are for delay targeting (`--delay-kernel
+    NAME` delays the launches of graphs holding NAME), buffers for their lifetime (memory a
+    graph's nodes use lives as long as the graph); the checker keeps its own account."""
+    members, marked, names, buffers = {origin}, set(), {}, set()
+    for op in ops:
+        kind = type(op)
+        if kind is T.EventRecord:
+            if op.stream in members:
+                marked.add(op.event)
+            else:
+                marked.discard(op.event)
+        elif kind is T.StreamWait:
+            if op.event in marked:
+                members.add(op.stream)
+        elif kind is T.CaptureEnd and op.stream == origin:
+            break
+        elif kind is T.Launch and op.stream in members:
+            names[op.name] = None
+            buffers.update(r.buffer for r in op.reads + op.writes)
+        elif kind is T.Copy and op.stream in members:
+            names[op.name] = None
+            buffers.update(r.buffer for r in (op.src, op.dst) if r is not None)
+    return tuple(names), frozenset(buffers)
+
+
+class _Alloc:
+    __slots__ = ("id", "start", "size", "stop", "stream", "serial", "thread", "external", "ranges", "name")
+
+    def __init__(self, id, start, size, stream, serial, thread, external, name):
+        self.id = id
+        self.start = start
+        self.size = size
+        self.stop = start + size
+        self.stream = stream
+        self.serial = serial
+        self.thread = thread
+        self.external = external
+        self.ranges: dict = {}  # (start, stop) -> Range, reused across calls
+        self.name = name
+
+
+class Recorder:
+    """One recording: the trace, the checker, and the maps from library objects to trace ids.
+
+    delay_us > 0 spins that long before each launch, copy and graph launch on the targeted
+    streams: those named in `delay_streams` ("all" for every one), else those `seed` picks
+    (schedule.seed_delays, the sim's rule); `delay_kernels` narrows it to those launches."""
+
+    def __init__(self, gpu: Gpu, *, delay_us: float = 0.0, delay_streams=(), delay_kernels=(), seed: int = 0,
+                 check: bool = True):
+        self.gpu = gpu
+        self.trace = T.Trace()
+        self.checker: Optional[Checker] = Checker() if check else None
+        self.errors: list = []  # internal problems while recording (never raised into the program)
+        self.unpatched: list = []  # entry points an adapter could not wrap in this library version
+        self.notices: list = []  # what is not checked and why, said once
+        self.delay_us = float(delay_us)
+        self.delay_streams = frozenset(delay_streams)
+        self.delay_kernels = frozenset(delay_kernels)
+        self.seed = seed
+        self.delays = 0  # spins injected
+        self._lock = threading.RLock()
+        self._threads: dict = {threading.get_ident(): 0}
+        self._next_thread = 1
+        self._streams: dict = {}  # key (ptr, or (2, thread) for per-thread) -> stream id
+        self._stream_names: dict = {}  # stream id -> short name (delay targeting)
+        self._delayed: dict = {}  # stream id -> targeted by the delay (cache)
+        self._next_stream = 1
+        self._named_streams = 0
+        self._events = weakref.WeakKeyDictionary()
+        self._next_event = 1
+        self._starts: list = []  # sorted allocation starts
+        self._allocs: list = []  # _Alloc in the same order
+        self._next_buffer = 1
+        self._alloc_serial = 0
+        self._deferred: list = []  # frees that arrived while the lock was held: (alloc, thread, site)
+        self._unmapped: Optional[int] = None  # pseudo-buffer of absolute addresses (last resort)
+        self._graph_held: dict = {}  # buffer id -> graphs alive whose nodes use it
+        self._freed_while_held: dict = {}  # buffer id -> (alloc, thread, site) of a free a graph defers
+        self._skip: dict = {}  # file name -> frame belongs to streamcheck or the library
+        self._sites: dict = {}
+        self._signatures: dict = {}
+        self._skip_dirs = tuple(d + os.sep for d in (_PACKAGE_DIR,) + tuple(gpu.library_dirs))
+        self._next_graph = 1
+        self._capture_origin: dict = {}  # stream id -> (graph id, trace index of its CaptureBegin)
+        self.captures = 0  # captures CUDA holds open: the only time spins and failed calls need a look
+        self._append = self.trace.ops.append
+        self._feed = self.checker.feed if self.checker is not None else None
+        self.record(T.StreamCreate(0, self.site(), stream=0, kind=StreamKind.LEGACY, name="legacy default stream"))
+        self._streams[0] = 0
+        self._stream_names[0] = "legacy"
+
+    # --- activation ---------------------------------------------------------------------
+    def activate(self) -> None:
+        """Make this the recording the adapters feed (one at a time)."""
+        global current
+        current = self
+
+    def deactivate(self) -> None:
+        global current
+        if current is self:
+            current = None
+
+    # --- results ------------------------------------------------------------------------
+    @property
+    def races(self) -> list:
+        return self.checker.races if self.checker is not None else []
+
+    @property
+    def capture_errors(self) -> list:
+        """What CUDA refuses during stream capture (capture.CaptureError), as the checker saw it."""
+        return list(self.checker.capture_errors) if self.checker is not None else []
+
+    @property
+    def findings(self) -> int:
+        """Races plus capture errors: what `streamcheck run --error-exitcode` counts."""
+        return len(self.races) + len(self.capture_errors)
+
+    @property
+    def streams(self) -> dict:
+        """stream id -> short name ("legacy", "s1", ..., "ptds<thread>", "torch")."""
+        return dict(self._stream_names)
+
+    def report(self) -> str:
+        lines = [format_report(self.races)]
+        if self.capture_errors:
+            lines.append(format_capture_errors(self.capture_errors))
+        if self.errors:
+            lines.append(f"streamcheck: {len(self.errors)} internal error(s) while recording (the program was "
+                         f"not affected); first: {self.errors[0]}")
+        return "\n".join(lines)
+
+    def summary(self) -> str:
+        delay = (f"delay {self.delay_us:g} µs on "
+                 f"{'+'.join(sorted(self.delay_streams)) or 'seed-chosen streams'} ({self.delays} spins)"
+                 if self.delay_us else "no injected delay")
+        return (f"streamcheck: recorded {len(self.trace)} operations on {len(self._stream_names)} stream(s), "
+                f"{self._next_thread} host thread(s); {delay}; seed {self.seed}")
+
+    def notice(self, text: str) -> None:
+        """Say once what is not checked and why (a library version, an object not understood)."""
+        if text not in self.notices:
+            self.notices.append(text)
+
+    # --- recording core -----------------------------------------------------------------
+    def record(self, op) -> None:
+        with self._lock:
+            self._append(op)
+            if self._feed is not None:
+                try:
+                    self._feed(op)
+                except TraceError as exc:  # a trace we built wrong: keep the program running
+                    self.errors.append(str(exc))
+        if self._deferred and not self._lock._is_owned():
+            self._drain_frees()
+
+    def _drain_frees(self) -> None:
+        while self._deferred:
+            try:
+                alloc, tid, site = self._deferred.pop(0)
+            except IndexError:  # another thread drained it
+                return
+            self.free(alloc, tid, site)
+
+    def site(self) -> CallSite:
+        """The first frame outside streamcheck and the library: the user's line. (Caches are
+        keyed by file name, whose hash Python caches, not by code object, whose hash it
+        recomputes.)"""
+        frame = sys._getframe(1)
+        skip = self._skip
+        while frame is not None:
+            filename = frame.f_code.co_filename
+            skipped = skip.get(filename)
+            if skipped is None:
+                path = filename if filename.startswith("<") else os.path.abspath(filename)
+                skipped = skip[filename] = path.startswith(self._skip_dirs)
+            if not skipped:
+                key = (filename, frame.f_lineno)
+                site = self._sites.get(key)
+                if site is None:
+                    site = self._sites[key] = CallSite(filename, frame.f_lineno, frame.f_code.co_name)
+                return site
+            frame = frame.f_back
+        return UNKNOWN_SITE
+
+    def tid(self) -> int:
+        ident = threading.get_ident()
+        tid = self._threads.get(ident)
+        if tid is None:
+            with self._lock:
+                tid = self._next_thread
+                self._next_thread += 1
+                self._threads[ident] = tid
+            # A thread we did not see start: unordered with everything (conservative).
+            self.record(T.ThreadStart(tid, self.site(), parent=None))
+        return tid
+
+    def implicit(self, reason: str) -> None:
+        """An implicit synchronization (lazy loading, pool growth): noted, never an edge."""
+        self.record(T.ImplicitSync(self.tid(), self.site(), reason=reason))
+
+    # --- streams and events -------------------------------------------------------------
+    def stream_key(self, ptr: int):
+        if ptr in (0, 1):  # null stream / cudaStreamLegacy
+            return 0
+        if ptr == 2:  # cudaStreamPerThread: one per host thread
+            return (2, self.tid())
+        return ptr
+
+    def knows_stream(self, ptr: int) -> bool:
+        return self.stream_key(ptr) in self._streams
+
+    def register_stream(self, ptr: int, site: CallSite, fresh: bool = False, short: str = "") -> int:
+        """The stream id of cudaStream_t `ptr`; `fresh`: a stream just created (its pointer may
+        be one a destroyed stream had), `short`: the name delays target it by."""
+        key = self.stream_key(ptr)
+        with self._lock:
+            if not fresh and key in self._streams:
+                return self._streams[key]
+            sid = self._next_stream
+            self._next_stream += 1
+            if ptr == 2:
+                kind, short = StreamKind.PER_THREAD, f"ptds{key[1]}"
+                label = f"per-thread default stream of thread {key[1]}"
+            else:
+                kind = self.gpu.stream_kind(ptr)
+                if not short:
+                    self._named_streams += 1
+                    short = f"s{self._named_streams}"
+                label = f"{short} (created at {site})" if site is not UNKNOWN_SITE else f"{short} (0x{ptr:x})"
+            self._streams[key] = sid
+            self._stream_names[sid] = short
+        self.record(T.StreamCreate(self.tid(), site, stream=sid, kind=kind, name=label))
+        return sid
+
+    def sid(self, stream) -> int:
+        """Trace id of a stream object, a raw pointer, or None (the library's current stream)."""
+        if stream is None:
+            stream = self.gpu.current_stream()
+        ptr = stream if isinstance(stream, int) else self.gpu.stream_ptr(stream)
+        if ptr > 2:  # hot path: a stream the program created
+            sid = self._streams.get(ptr)
+            if sid is not None:
+                return sid
+        sid = self._streams.get(self.stream_key(ptr))
+        if sid is None:
+            sid = self.register_stream(ptr, UNKNOWN_SITE)
+        return sid
+
+    def eid(self, event) -> int:
+        # Kept on the event object itself where it has a __dict__ (CuPy's Event does): cheaper
+        # than a weak dictionary, and a new Event with a reused handle still gets a new id.
+        tag = getattr(event, "_streamcheck_event", None)
+        if tag is not None and tag[0] is self:
+            return tag[1]
+        with self._lock:
+            eid = self._next_event
+            self._next_event += 1
+        try:
+            event._streamcheck_event = (self, eid)
+        except AttributeError:  # an event type without a __dict__: look it up by identity
+            tag = self._events.get(event)
+            if tag is not None:
+                return tag
+            self._events[event] = eid
+        self.record(T.EventCreate(self.tid(), self.site(), event=eid, name=f"event{eid}"))
+        return eid
+
+    # --- memory -------------------------------------------------------------------------
+    def _add_alloc(self, start: int, size: int, stream: Optional[int], external: bool, name: str) -> _Alloc:
+        tid = self.tid()
+        site = self.site()
+        with self._lock:  # a finalizer running in here defers its free (see free)
+            bid = self._next_buffer
+            self._next_buffer += 1
+            self._alloc_serial += 1
+            alloc = _Alloc(bid, start, size, stream, self._alloc_serial, tid, external, name)
+            i = bisect.bisect_left(self._starts, start)
+            self._starts.insert(i, start)
+            self._allocs.insert(i, alloc)
+        self.record(T.Alloc(tid, site, buffer=bid, nbytes=size, name=name.format(id=bid)))
+        return alloc
+
+    def alloc(self, ptr: int, size: int, stream=None, what: str = "array"):
+        """A pool allocation of `size` bytes at `ptr`, filed (as CuPy's and torch's pools do)
+        under `stream` (None: the current stream), where the pool reuses the bytes after a free.
+        Returns the handle `free` takes."""
+        sid = self.sid(stream)
+        return self._add_alloc(ptr, size, sid, False, what + " #{id}" + f" ({size} bytes)")
+
+    def free(self, alloc: _Alloc, tid: Optional[int] = None, site: Optional[CallSite] = None) -> None:
+        """The pool got the bytes of `alloc` back: a Free ordered on its allocating stream.
+        Safe to call from a finalizer."""
+        tid = self.tid() if tid is None else tid
+        site = self.site() if site is None else site
+        if self._lock._is_owned():
+            # A finalizer (GC) ran while this thread was updating the table or the checker:
+            # record the free as soon as that is done, with the thread and site it had.
+            self._deferred.append((alloc, tid, site))
+            return
+        with self._lock:
+            if alloc.id in self._graph_held:
+                # CUDA rule: memory a graph's nodes use lives as long as the graph; the free
+                # takes effect when the last such graph is gone (release_graph).
+                self._freed_while_held[alloc.id] = (alloc, tid, site)
+                return
+            i = bisect.bisect_left(self._starts, alloc.start)
+            while i < len(self._allocs) and self._allocs[i] is not alloc and self._starts[i] == alloc.start:
+                i += 1
+            if i >= len(self._allocs) or self._allocs[i] is not alloc:
+                return
+            del self._starts[i]
+            del self._allocs[i]
+        try:
+            self.record(T.Free(tid, site, buffer=alloc.id, stream=alloc.stream))
+        except Exception as exc:  # never raise from a finalizer
+            self.errors.append(f"free of {alloc.name}: {exc}")
+
+    def _find(self, start: int, stop: int) -> Optional[_Alloc]:
+        with self._lock:  # other threads (and finalizers) change the table
+            i = bisect.bisect_right(self._starts, start) - 1
+            while i >= 0:
+                alloc = self._allocs[i]
+                if alloc.start <= start and stop <= alloc.stop:
+                    return alloc
+                if alloc.stop <= start and not alloc.external:
+                    return None
+                i -= 1  # an external (driver) allocation may contain later pool chunks
+            return None
+
+    def _external(self, start: int, stop: int) -> Optional[_Alloc]:
+        """The allocation holding memory no recorded allocator handed out (torch, another
+        library, a thread-local allocator): the driver's cudaMalloc range, registered once."""
+        found = self.gpu.driver_range(start)
+        if found is not None and found[0] <= start and stop <= found[0] + found[1]:
+            base, size = found
+            return self._add_alloc(base, size, None, True, f"external memory 0x{base:x} ({size} bytes)")
+        if self._unmapped is None:
+            with self._lock:
+                self._unmapped = self._next_buffer
+                self._next_buffer += 1
+            self.record(T.Alloc(self.tid(), self.site(), buffer=self._unmapped, nbytes=1 << 64,
+                                name="unmapped device memory (offsets are addresses)"))
+        return None
+
+    def range_of(self, obj) -> Optional[Range]:
+        """Bytes an array spans, as a Range of its allocation (None for an empty array)."""
+        span = self.gpu.array_span(obj)
+        if span is None:
+            return None
+        start, stop = span
+        alloc = self._find(start, stop)
+        if alloc is None:
+            alloc = self._external(start, stop)
+            if alloc is None:
+                return Range(self._unmapped, start, stop)
+        key = (start, stop)
+        rng = alloc.ranges.get(key)
+        if rng is None:
+            rng = alloc.ranges[key] = Range(alloc.id, start - alloc.start, stop - alloc.start)
+        return rng
+
+    def ranges(self, objs) -> tuple:
+        out = []
+        for obj in objs:
+            rng = self.range_of(obj)
+            # range_of hands out one Range object per (allocation, bytes): identity is equality here.
+            if rng is not None and all(rng is not seen for seen in out):
+                out.append(rng)
+        return tuple(out)
+
+    def arrays(self, values) -> list:
+        """Arrays among values (one level into lists/tuples, for concatenate & co.)."""
+        is_array = self.gpu.is_array
+        out = []
+        for v in values:
+            if v is None:
+                continue
+            if is_array(v):
+                out.append(v)
+            elif isinstance(v, (list, tuple)):
+                out.extend(x for x in v if is_array(x))
+        return out
+
+    def is_new(self, obj, serial0: int, tid: int) -> bool:
+        """Whether array `obj` lives in an allocation this thread made after `serial0`."""
+        span = self.gpu.array_span(obj) if self.gpu.is_array(obj) else None
+        if span is None:
+            return False
+        alloc = self._find(span[0], span[0] + 1)
+        return alloc is not None and alloc.serial > serial0 and alloc.thread == tid and not alloc.external
+
+    # --- delay injection ----------------------------------------------------------------
+    def _targets(self, sid: int, name: str) -> bool:
+        if self.delay_kernels and name not in self.delay_kernels:
+            return False
+        if self.delay_streams:
+            return "all" in self.delay_streams or self._stream_names.get(sid, "") in self.delay_streams
+        if self.delay_kernels:
+            return True
+        delayed = self._delayed.get(sid)
+        if delayed is None:
+            delayed = self._delayed[sid] = seed_delays(self.seed, self._stream_names.get(sid, ""))
+        return delayed
+
+    def maybe_spin(self, stream, sid: int, name: str) -> None:
+        """Spin before the operation `name` on `stream` if the delay targets it."""
+        if not self._targets(sid, name):
+            return
+        if stream is None or isinstance(stream, int):
+            stream = self.gpu.current_stream()
+        if self.captures and self.gpu.is_capturing(stream):
+            # Captured work does not run now, so a spin would delay nothing; it would be baked
+            # into the graph and replayed at every launch. Graph launches are delayed instead.
+            return
+        self.gpu.spin(stream, self.delay_us)
+        self.delays += 1
+
+    # --- what the adapters call ---------------------------------------------------------
+    def launch(self, name: str, call, stream=None, reads=(), writes=(), site=None):
+        """Record a launch of `name` on `stream` (None: current) reading the arrays `reads` and
+        writing `writes`, and run `call()` after any spin."""
+        site = site or self.site()
+        tid = self.tid()
+        sid = self.sid(stream)
+        if self.delay_us:
+            self.maybe_spin(stream, sid, name)
+        try:
+            result = inside(call)
+        except BaseException:
+            if self.captures:  # refused during a capture (e.g. the legacy stream): the checker says why
+                self.record(T.Launch(tid, site, stream=sid, name=name, reads=self.ranges(reads),
+                                     writes=self.ranges(writes)))
+            raise
+        self.record(T.Launch(tid, site, stream=sid, name=name, reads=self.ranges(reads), writes=self.ranges(writes)))
+        return result
+
+    def compute(self, name: str, fn, args, kwargs, inplace=(), h2d: bool = False, inputs=None, stream=None):
+        """An operation that launches on `stream` (None: current) iff it allocates its result,
+        writes `out=`, or works in place: record it that way. Reads: `inputs`, by default every
+        array among the arguments."""
+        site = self.site()
+        tid = self.tid()
+        sid = self.sid(stream)
+        serial0 = self._alloc_serial
+        if self.delay_us:
+            self.maybe_spin(stream, sid, name)
+        result = inside(fn, *args, **kwargs)
+        out = kwargs.get("out")
+        written = list(inplace) + self.arrays(out if isinstance(out, (tuple, list)) else (out,))
+        results = result if isinstance(result, (tuple, list)) else (result,)
+        written += [r for r in results if self.is_new(r, serial0, tid)]
+        if not written:
+            return result  # a view, or nothing new: no kernel ran
+        if inputs is None:
+            inputs = self.arrays(args) + self.arrays(v for k, v in kwargs.items() if k != "out")
+        writes = self.ranges(written)
+        if h2d and not inputs:
+            for rng in writes:
+                self.record(T.Copy(tid, site, stream=sid, kind=CopyKind.H2D, src=None, dst=rng))
+            return result
+        # A range both read and written (in place) is recorded as a write: that conflicts with any
+        # unordered access already, and one report per racing pair is enough.
+        reads = tuple(r for r in self.ranges(inputs) if all(r is not w for w in writes))
+        self.record(T.Launch(tid, site, stream=sid, name=name, reads=reads, writes=writes))
+        return result
+
+    def host_read(self, name: str, array, stream, blocking: bool, call):
+        """A D2H copy of `array` on `stream` (None: current), then (blocking) a sync of that stream."""
+        site = self.site()
+        tid = self.tid()
+        sid = self.sid(stream)
+        if self.delay_us:
+            self.maybe_spin(stream, sid, name)
+        result = inside(call)
+        rng = self.range_of(array)
+        if rng is not None:
+            self.record(T.Copy(tid, site, stream=sid, kind=CopyKind.D2H, src=rng, dst=None))
+        if blocking:
+            self.record(T.StreamSync(tid, site, stream=sid))
+        return result
+
+    def host_write(self, array, stream, call):
+        """An H2D copy into `array` on `stream` (None: current)."""
+        site = self.site()
+        tid = self.tid()
+        sid = self.sid(stream)
+        if self.delay_us:
+            self.maybe_spin(stream, sid, "copy H2D")
+        result = inside(call)
+        rng = self.range_of(array)
+        if rng is not None:
+            self.record(T.Copy(tid, site, stream=sid, kind=CopyKind.H2D, src=None, dst=rng))
+        return result
+
+    def kernel_access(self, name: str, code: Optional[str], args) -> tuple:
+        """(reads, writes) of a kernel launch by source, from declare_kernel or its signature."""
+        spec = kernel_access.declared(name)
+        if spec is None:
+            key = (name, code)
+            spec = self._signatures.get(key)
+            if spec is None:
+                spec = self._signatures[key] = kernel_access.access_spec(name, code)
+        reads, writes = [], []
+        is_array = self.gpu.is_array
+        for i, arg in enumerate(args):
+            if not is_array(arg):
+                continue
+            kind = spec.get(i, "w")
+            if kind == "r":
+                reads.append(arg)
+            elif kind != "-":
+                writes.append(arg)
+        return reads, writes
+
+    def source_launch(self, name: str, code: Optional[str], args, stream, call):
+        """A launch of a kernel compiled from `code`, its accesses from the signature."""
+        reads, writes = self.kernel_access(name, code, args)
+        return self.launch(name, call, stream=stream, reads=reads, writes=writes)
+
+    def _call(self, call, op):
+        """Run the real library call. If CUDA refuses it while a capture is open (a sync of a
+        capturing stream, a wait across the capture boundary, ...), record `op` anyway so the
+        checker collects its own capture error naming this call, then re-raise CUDA's error."""
+        try:
+            return inside(call)
+        except BaseException:
+            if self.captures and op is not None:
+                self.record(op)
+            raise
+
+    def event_record(self, event, stream, call):
+        """event.record(stream); `event` None: the call creates it and returns it."""
+        site = self.site()
+        tid = self.tid()
+        sid = self.sid(stream)
+        op = T.EventRecord(tid, site, event=self.eid(event), stream=sid) if event is not None else None
+        result = self._call(call, op)
+        if op is None:
+            op = T.EventRecord(tid, site, event=self.eid(result), stream=sid)
+        self.record(op)
+        return result
+
+    def stream_wait(self, stream, event, call):
+        site = self.site()
+        op = T.StreamWait(self.tid(), site, stream=self.sid(stream), event=self.eid(event))
+        result = self._call(call, op)
+        self.record(op)
+        return result
+
+    def stream_sync(self, stream, call, only_if_true: bool = False):
+        """stream.synchronize(); `only_if_true`: a query (done) that orders only when it says so."""
+        op = T.StreamSync(self.tid(), self.site(), stream=self.sid(stream))
+        result = self._call(call, op)
+        if not only_if_true or result:
+            self.record(op)
+        return result
+
+    def event_sync(self, event, call, only_if_true: bool = False):
+        op = T.EventSync(self.tid(), self.site(), event=self.eid(event))
+        result = self._call(call, op)
+        if not only_if_true or result:
+            self.record(op)
+        return result
+
+    def device_sync(self, call):
+        op = T.DeviceSync(self.tid(), self.site())
+        result = self._call(call, op)
+        self.record(op)
+        return result
+
+    def declare(self, reads=(), writes=(), stream=None, name: str = "declared access") -> None:
+        """Work the adapters cannot see, as a launch on `stream`."""
+        site = self.site()
+        tid = self.tid()
+        sid = self.sid(stream)
+        self.record(T.Launch(tid, site, stream=sid, name=name, reads=self.ranges(self.arrays(reads)),
+                             writes=self.ranges(self.arrays(writes))))
+
+    # --- stream capture (CUDA graphs) ---------------------------------------------------
+    def _new_graph_id(self) -> int:
+        with self._lock:
+            gid = self._next_graph
+            self._next_graph += 1
+        return gid
+
+    def capture_begin(self, stream, mode, call):
+        """begin_capture: a CaptureBegin with a new graph id, after CUDA began it."""
+        site = self.site()
+        tid = self.tid()
+        sid = self.sid(stream)
+        try:
+            capture_mode = self.gpu.capture_mode(mode)
+        except ValueError as exc:  # CUDA refuses it too (cudaErrorInvalidValue); nothing began
+            result = inside(call)
+            self.errors.append(f"begin_capture at {site}: {exc}; not recorded")
+            return result
+        gid = self._new_graph_id()
+        op = T.CaptureBegin(tid, site, stream=sid, graph=gid, mode=capture_mode)
+        # The refusals the checker knows (the legacy stream, a stream already capturing) are
+        # recorded so its report names the call; anything else CUDA refuses began nothing.
+        known_refusal = sid == 0 or sid in self._capture_origin or bool(self.captures and
+                                                                        self.gpu.is_capturing(stream))
+        try:
+            result = inside(call)
+        except BaseException:
+            if known_refusal:
+                self.record(op)
+            raise
+        with self._lock:
+            self._capture_origin[sid] = (gid, len(self.trace))
+            self.captures += 1
+        self.record(op)
+        return result
+
+    def capture_end(self, stream, call) -> tuple:
+        """end_capture: a CaptureEnd, recorded whether or not CUDA produced a graph (the checker
+        explains a refusal, e.g. an unjoined fork). Returns (graph, graph id, kernel names,
+        buffers its nodes use); the id is None for a capture begun before this recording."""
+        site = self.site()
+        tid = self.tid()
+        sid = self.sid(stream)
+        begun = self._capture_origin.get(sid)
+        try:
+            graph = inside(call)
+        except BaseException:
+            if begun is None:
+                gid = self._new_graph_id()
+            else:
+                gid = begun[0]
+                if not self.gpu.is_capturing(stream):  # CUDA ended the capture (unjoined, invalidated)
+                    self._capture_ended(sid)
+            self.record(T.CaptureEnd(tid, site, stream=sid, graph=gid))
+            raise
+        if begun is None:  # begun before this recording started: nothing to check it against
+            return graph, None, (), frozenset()
+        gid, begin_index = begun
+        self._capture_ended(sid)
+        self.record(T.CaptureEnd(tid, site, stream=sid, graph=gid))
+        names, buffers = captured_work(self.trace.ops[begin_index:], sid)
+        return graph, gid, names, buffers
+
+    def _capture_ended(self, sid: int) -> None:
+        with self._lock:
+            if self._capture_origin.pop(sid, None) is not None:
+                self.captures -= 1
+
+    def hold_for_graph(self, buffers) -> None:
+        """A graph whose nodes use `buffers` exists: their frees wait until it is released."""
+        with self._lock:
+            for bid in buffers:
+                self._graph_held[bid] = self._graph_held.get(bid, 0) + 1
+
+    def release_graph(self, buffers) -> None:
+        """That graph is gone: frees it deferred take effect now, on their allocating stream."""
+        due = []
+        with self._lock:
+            for bid in buffers:
+                left = self._graph_held.get(bid, 0) - 1
+                if left > 0:
+                    self._graph_held[bid] = left
+                    continue
+                self._graph_held.pop(bid, None)
+                pending = self._freed_while_held.pop(bid, None)
+                if pending is not None:
+                    due.append(pending)
+        for alloc, tid, site in due:
+            self.free(alloc, tid, site)
+
+    def graph_launch(self, gid: int, names: tuple, stream, call):
+        """A graph launch: one GraphLaunch on the stream (None: current), after any spin there
+        (the name matched against `delay_kernels` is the first of the graph's kernels named)."""
+        site = self.site()
+        tid = self.tid()
+        sid = self.sid(stream)
+        if self.delay_us:
+            self.maybe_spin(stream, sid, graph_delay_name(names, self.delay_kernels))
+        result = inside(call)
+        self.record(T.GraphLaunch(tid, site, stream=sid, graph=gid))
+        return result
+
+    # --- host threads -------------------------------------------------------------------
+    def thread_starting(self) -> int:
+        parent = self.tid()
+        with self._lock:
+            child = self._next_thread
+            self._next_thread += 1
+        self.record(T.ThreadStart(child, self.site(), parent=parent))
+        return child
+
+    def thread_running(self, child: int) -> None:
+        with self._lock:
+            self._threads[threading.get_ident()] = child
+
+    def thread_joined(self, child: int) -> None:
+        self.record(T.ThreadJoin(self.tid(), self.site(), child=child))
+
+
+__all__ = ["Recorder", "Gpu", "current", "inside", "depth", "captured_work", "format_capture_errors"]

@@ -1,0 +1,235 @@
+"""The recorder (streamcheck/recorder.py) and the patching rules (streamcheck/adapters/patching.py)
+on the CPU, with a fake GPU library: ids, byte ranges, frees, graph-held memory, per-thread
+default streams, the delay rule, and what a patch may and may not replace."""
+from __future__ import annotations
+
+import gc
+import sys
+import threading
+import types
+
+import pytest
+
+from streamcheck import recorder as R
+from streamcheck import trace as T
+from streamcheck.adapters import cupy_graphs
+from streamcheck.adapters.patching import Patch, Patcher, transparent_subclass
+from streamcheck.schedule import seed_delays
+from streamcheck.trace import CaptureMode, StreamKind
+
+
+class FakeArray:
+    """A contiguous device array: what __cuda_array_interface__ would say."""
+
+    def __init__(self, ptr: int, nbytes: int):
+        self.ptr, self.nbytes = ptr, nbytes
+
+
+class FakeStream:
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+
+class FakeGraph:
+    def __init__(self):
+        self.launched = []
+
+    def launch(self, stream=None):
+        self.launched.append(stream)
+
+
+class FakeGpu:
+    """recorder.Gpu without a GPU: streams are pointers, arrays are (ptr, nbytes)."""
+
+    library_dirs = ()
+
+    def __init__(self):
+        self.legacy = FakeStream(0)
+        self.current = self.legacy
+        self.capturing: set = set()
+        self.spins: list = []
+
+    def current_stream(self):
+        return self.current
+
+    def stream_ptr(self, stream):
+        return stream.ptr
+
+    def stream_kind(self, ptr):
+        return StreamKind.NON_BLOCKING
+
+    def is_capturing(self, stream):
+        return stream.ptr in self.capturing
+
+    def spin(self, stream, us):
+        self.spins.append((stream.ptr, us))
+
+    def is_array(self, obj):
+        return isinstance(obj, FakeArray)
+
+    def array_span(self, obj):
+        return (obj.ptr, obj.ptr + obj.nbytes) if obj.nbytes else None
+
+    def driver_range(self, ptr):
+        return None
+
+    def capture_mode(self, value):
+        return CaptureMode.RELAXED if value is None else CaptureMode.parse(value)
+
+
+@pytest.fixture
+def rec(monkeypatch):
+    recording = R.Recorder(FakeGpu())
+    monkeypatch.setattr(R, "current", recording)
+    return recording
+
+
+def ops(rec, kind):
+    return [op for op in rec.trace.ops if type(op) is kind]
+
+
+def launch(rec, name, stream, reads=(), writes=()):
+    return rec.launch(name, lambda: None, stream=stream, reads=reads, writes=writes)
+
+
+def test_a_view_is_a_byte_range_of_its_allocation_and_a_free_is_ordered_on_the_allocating_stream(rec):
+    s1 = FakeStream(0x10)
+    rec.gpu.current = s1
+    alloc = rec.alloc(0x1000, 256)
+    whole, tail = FakeArray(0x1000, 256), FakeArray(0x1080, 128)
+    (rng,) = rec.ranges([tail])
+    assert (rng.buffer, rng.start, rng.stop) == (alloc.id, 0x80, 0x100)
+    assert rec.ranges([whole, whole]) == (rec.range_of(whole),)  # one Range per (allocation, bytes)
+    rec.free(alloc)
+    (free,) = ops(rec, T.Free)
+    assert free.buffer == alloc.id and free.stream == rec.sid(s1)
+
+
+def test_memory_a_graph_uses_stays_alive_while_the_graph_lives(rec):
+    gpu = rec.gpu
+    origin, other = FakeStream(0x10), FakeStream(0x20)
+    x = rec.alloc(0x1000, 64, stream=origin)
+    y = rec.alloc(0x2000, 64, stream=origin)
+    rec.capture_begin(origin, None, lambda: gpu.capturing.add(origin.ptr))
+    launch(rec, "fill", origin, writes=(FakeArray(0x1000, 64),))
+    graph = cupy_graphs.wrap_end_capture(lambda _s: (gpu.capturing.clear(), FakeGraph())[1])(origin)
+    assert graph.kernel_names == ("fill",)
+
+    rec.free(x)  # the program dropped its array; the graph still writes those bytes
+    rec.free(y)  # not used by the graph: freed at once
+    assert [f.buffer for f in ops(rec, T.Free)] == [y.id]
+    graph.launch(other)
+    launch(rec, "read_other", other, reads=(FakeArray(0x1000, 64),))
+    assert rec.errors == [] and rec.races == []  # no "use after free", no race (same stream order)
+
+    del graph
+    gc.collect()
+    assert [f.buffer for f in ops(rec, T.Free)] == [y.id, x.id]  # freed with the graph
+    assert rec.errors == []
+
+
+def test_each_host_thread_has_its_own_per_thread_default_stream(rec):
+    ptds = FakeStream(2)  # cudaStreamPerThread
+    child = rec.thread_starting()
+    seen = {}
+
+    def work():
+        rec.thread_running(child)
+        seen["child"] = rec.sid(ptds)
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    rec.thread_joined(child)
+    mine = rec.sid(ptds)
+    assert mine != seen["child"]
+    kinds = {op.stream: op.kind for op in ops(rec, T.StreamCreate)}
+    assert kinds[mine] is kinds[seen["child"]] is StreamKind.PER_THREAD
+    assert {rec.streams[mine], rec.streams[seen["child"]]} == {"ptds0", f"ptds{child}"}
+
+
+def test_an_unordered_write_on_a_per_thread_stream_races_with_the_other_threads_read(rec):
+    ptds = FakeStream(2)
+    rec.alloc(0x1000, 64)
+    data = FakeArray(0x1000, 64)
+    launch(rec, "write", ptds, writes=(data,))
+    thread = threading.Thread(target=lambda: launch(rec, "read", ptds, reads=(data,)))
+    thread.start()
+    thread.join()
+    (race,) = rec.races
+    assert (race.kind, race.first.name, race.second.name) == ("RAW", "write", "read")
+
+
+def test_seed_chosen_delays_follow_the_one_rule(monkeypatch):
+    rec = R.Recorder(FakeGpu(), delay_us=100.0, seed=5)
+    monkeypatch.setattr(R, "current", rec)
+    streams = [FakeStream(0x10 * i) for i in range(1, 9)]
+    for s in streams:
+        rec.register_stream(s.ptr, T.UNKNOWN_SITE, fresh=True)
+        launch(rec, "k", s)
+    delayed = {ptr for ptr, _ in rec.gpu.spins}
+    expected = {s.ptr for s in streams if seed_delays(5, rec.streams[rec.sid(s)])}
+    assert delayed == expected and rec.delays == len(expected)
+
+
+def test_seeds_choose_every_delay_set_not_two():
+    names = ("legacy", "s1", "s2", "s3")
+    sets = {frozenset(n for n in names if seed_delays(seed, n)) for seed in range(400)}
+    assert len(sets) == 16  # a parity rule (crc32(name) + seed) % 2 gave exactly two
+    for name in names:  # a fair coin per stream
+        assert 150 < sum(seed_delays(seed, name) for seed in range(400)) < 250
+    eight = ("legacy",) + tuple(f"s{i}" for i in range(1, 8))
+    assert len({frozenset(n for n in eight if seed_delays(seed, n)) for seed in range(10)}) == 10
+
+
+# --- patching ---------------------------------------------------------------------------------
+
+@pytest.fixture
+def fake_library(monkeypatch):
+    """`fakelib` (a package) re-exporting `Kernel` from `fakelib.core`, which defines it."""
+    core = types.ModuleType("fakelib.core")
+
+    class Kernel:
+        def run(self):
+            return "ran"
+    Kernel.__module__ = "fakelib.core"
+    core.Kernel = Kernel
+    pkg = types.ModuleType("fakelib")
+    pkg.core, pkg.Kernel = core, Kernel
+    monkeypatch.setitem(sys.modules, "fakelib", pkg)
+    monkeypatch.setitem(sys.modules, "fakelib.core", core)
+    return pkg
+
+
+def test_a_type_is_rebound_where_python_looks_it_up_never_in_its_defining_module(fake_library):
+    unpatched: list = []
+    patcher = Patcher(unpatched)
+    original = fake_library.Kernel
+    sub = lambda K: transparent_subclass(K, {"run": lambda self: "recorded " + K.run(self)})  # noqa: E731
+    assert patcher.apply(Patch("fakelib.Kernel", sub, also=("fakelib.core.Kernel",)))
+    assert fake_library.Kernel is not original and fake_library.core.Kernel is original
+    assert "not replaced in the module that defines it" in unpatched[0]
+    assert fake_library.Kernel().run() == "recorded ran"
+    assert isinstance(original(), fake_library.Kernel)  # objects made before still pass isinstance
+    assert fake_library.Kernel.__name__ == "Kernel" and fake_library.Kernel.__module__ == "fakelib.core"
+    patcher.restore()
+    assert fake_library.Kernel is original
+
+
+def test_undo_keeps_what_the_program_rebound_itself(fake_library):
+    unpatched: list = []
+    patcher = Patcher(unpatched)
+    original_run = fake_library.core.Kernel.run
+    patcher.apply(Patch("fakelib.core.Kernel.run", lambda run: lambda self: "wrapped"))
+
+    def programs_own(self):
+        return "the program's"
+    fake_library.core.Kernel.run = programs_own
+    patcher.restore()
+    assert fake_library.core.Kernel.run is programs_own and fake_library.core.Kernel.run is not original_run
+    assert "rebound by the program" in unpatched[-1]
+
+
+def test_a_missing_entry_point_is_reported_not_raised(fake_library):
+    unpatched: list = []
+    assert not Patcher(unpatched).apply(Patch("fakelib.core.Kernel.launch_async", lambda f: f))
+    assert "fakelib.core.Kernel.launch_async: not in this library version" in unpatched[0]
