@@ -10,6 +10,8 @@ from streamcheck.strategies import load_profile
 
 pytest_plugins = ["pytester"]
 
-# The suite runs the bounded, derandomized `ci` profile unless one is named:
-# STREAMCHECK_HYPOTHESIS_PROFILE=dev (or HYPOTHESIS_PROFILE), or --hypothesis-profile=NAME, which wins.
-load_profile(default="ci")
+# Our own suite (not a user's: the plugin loads no profile) runs the bounded, derandomized
+# `streamcheck-ci` profile unless one is named: STREAMCHECK_HYPOTHESIS_PROFILE=dev or
+# HYPOTHESIS_PROFILE=dev (short names are ours here), or --hypothesis-profile=streamcheck-dev,
+# which wins (hypothesis's plugin loads it later).
+load_profile(default=os.environ.get("HYPOTHESIS_PROFILE", "").strip() or "streamcheck-ci")

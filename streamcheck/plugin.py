@@ -241,10 +241,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _select_hypothesis_profile(config) -> None:
-    """Register our profiles if the command line names one, and load the one the
-    environment names (the command line wins: hypothesis's plugin loads it later)."""
+    """Register our profiles if the command line names one, and load the one
+    STREAMCHECK_HYPOTHESIS_PROFILE names (the command line wins: hypothesis's plugin loads
+    it later). Nothing else: HYPOTHESIS_PROFILE and the loaded profile are the user's."""
     from_cli = config.getoption("hypothesis_profile", None)  # None also when hypothesis's plugin is off
-    env = any(os.environ.get(var) for var in ("STREAMCHECK_HYPOTHESIS_PROFILE", "HYPOTHESIS_PROFILE"))
+    env = os.environ.get("STREAMCHECK_HYPOTHESIS_PROFILE", "").strip()
     if not from_cli and not env:
         return  # nothing asked for: do not import hypothesis
     from . import strategies

@@ -9,11 +9,13 @@ Plans are drawn as the set of edges *missing* from the correct plan, so a failin
 example shrinks towards the fewest missing edges, the post-scale on the caller and
 the default stream kinds: the smallest plan that still fails.
 
-Profiles (chosen with `--hypothesis-profile=NAME` or STREAMCHECK_HYPOTHESIS_PROFILE /
-HYPOTHESIS_PROFILE): `dev` (randomized, moderate), `ci` (derandomized and bounded, so
-CI is fast and a failure reproduces on every run; prints the reproduce blob) and
-`fuzz` (long). They are registered when this module is first imported; a profile the
-user registers later under the same name wins.
+Profiles: `streamcheck-dev` (randomized, moderate), `streamcheck-ci` (derandomized and
+bounded, so CI is fast and a failure reproduces on every run; prints the reproduce blob)
+and `streamcheck-fuzz` (long). Importing this module registers them and loads none:
+the user's hypothesis settings (hypothesis's own `ci` under a CI variable included) stay
+as they were. Choose one with `--hypothesis-profile=streamcheck-ci` or
+STREAMCHECK_HYPOTHESIS_PROFILE=ci (short names work there). A profile the user registers
+later under the same name wins.
 """
 from __future__ import annotations
 
@@ -196,51 +198,60 @@ def schedule_choices(*, policies: Sequence[str] = EXPLORING_POLICIES, max_delay_
     )
 
 
-# --- profiles -----------------------------------------------------------------------------
+# --- profiles -------------------------------------------------------------------------------
 
-PROFILE_ENV = ("STREAMCHECK_HYPOTHESIS_PROFILE", "HYPOTHESIS_PROFILE")
+# Our profiles have names of their own: hypothesis's `default` and `ci` belong to the user
+# (hypothesis loads `ci` itself when a CI variable is set), and re-registering the profile
+# that is loaded would change every hypothesis test in the process.
+PREFIX = "streamcheck-"
+PROFILE_ENV = "STREAMCHECK_HYPOTHESIS_PROFILE"
 
 # Simulated steps take variable time on a loaded machine: per-example deadlines would
-# flake, so every profile turns them off. dev and fuzz say derandomize=False explicitly:
-# under a CI environment variable hypothesis's own defaults are derandomized, and a
-# profile inherits them.
+# flake, so every profile turns them off.
 PROFILES = {
-    "dev": dict(max_examples=60, deadline=None, derandomize=False),
-    "ci": dict(max_examples=15, derandomize=True, deadline=None, print_blob=True, database=None,
-               suppress_health_check=[HealthCheck.too_slow]),
-    "fuzz": dict(max_examples=100_000, deadline=None, derandomize=False, print_blob=True,
-                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]),
+    "streamcheck-dev": dict(max_examples=60, deadline=None, derandomize=False),
+    "streamcheck-ci": dict(max_examples=15, derandomize=True, deadline=None, print_blob=True, database=None,
+                           suppress_health_check=[HealthCheck.too_slow]),
+    "streamcheck-fuzz": dict(max_examples=100_000, deadline=None, derandomize=False, print_blob=True,
+                             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]),
 }
 
 
 def register_profiles() -> None:
-    """Register dev/ci/fuzz. Ours replace hypothesis's built-in `ci` (same spirit, fewer
-    examples); this runs once, when the module is imported, so a profile the user
-    registers afterwards under one of these names wins."""
+    """Register streamcheck-dev/-ci/-fuzz (loading none). Their parent is hypothesis's
+    `default`, not whatever profile is loaded at import time (under CI that is `ci`), so
+    they mean the same everywhere. Runs once, on import: a profile the user registers
+    afterwards under one of these names wins."""
     for name, kwargs in PROFILES.items():
-        settings.register_profile(name, **kwargs)
+        settings.register_profile(name, settings.get_profile("default"), **kwargs)
+
+
+def profile_name(name: str) -> str:
+    """Our full profile name for a short one (`ci` -> `streamcheck-ci`); other names unchanged.
+    Only our own inputs take short names: STREAMCHECK_HYPOTHESIS_PROFILE, load_profile and
+    `streamcheck fuzz --profile`; `--hypothesis-profile` is hypothesis's and takes full names."""
+    return PREFIX + name if PREFIX + name in PROFILES else name
 
 
 def profile_from_env() -> Optional[str]:
-    for var in PROFILE_ENV:
-        value = os.environ.get(var, "").strip()
-        if value:
-            return value
-    return None
+    value = os.environ.get(PROFILE_ENV, "").strip()
+    return value or None
 
 
 def load_profile(name: Optional[str] = None, default: Optional[str] = None) -> Optional[str]:
-    """Load `name`, else the profile named by the environment, else `default`; return the
-    one loaded (None: nothing was chosen, hypothesis keeps its own default)."""
+    """Load `name`, else the profile STREAMCHECK_HYPOTHESIS_PROFILE names, else `default`;
+    return the full name loaded (None: nothing was chosen, hypothesis keeps its own)."""
     chosen = name or profile_from_env() or default
     if chosen is None:
         return None
+    chosen = profile_name(chosen)
     try:
         settings.load_profile(chosen)
     except InvalidArgument:
-        known = ", ".join(sorted(PROFILES))
+        known = ", ".join(PROFILES)
         raise ValueError(f"hypothesis profile {chosen!r} is not registered; streamcheck registers: {known} "
-                         f"(set {PROFILE_ENV[0]} or pass --hypothesis-profile)") from None
+                         f"(short names dev, ci, fuzz work too; set {PROFILE_ENV} or pass "
+                         "--hypothesis-profile)") from None
     return chosen
 
 

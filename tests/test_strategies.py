@@ -96,12 +96,20 @@ def test_schedule_choice_parameters_per_backend():
 
 
 def test_profiles_are_registered_with_their_promises():
-    ci = settings.get_profile("ci")
+    ci = settings.get_profile("streamcheck-ci")
     assert ci.derandomize and ci.print_blob and ci.database is None and ci.max_examples <= 50
     assert ci.deadline is None
-    assert not settings.get_profile("dev").derandomize
-    assert not settings.get_profile("fuzz").derandomize
-    assert settings.get_profile("fuzz").max_examples >= 10_000
+    assert not settings.get_profile("streamcheck-dev").derandomize
+    assert not settings.get_profile("streamcheck-fuzz").derandomize
+    assert settings.get_profile("streamcheck-fuzz").max_examples >= 10_000
+    # hypothesis's own profiles are not ours to change: its `ci` keeps the default count.
+    assert settings.get_profile("ci").max_examples == settings.get_profile("default").max_examples == 100
+
+
+def test_short_names_are_ours_and_other_names_pass_through():
+    assert [sst.profile_name(n) for n in ("dev", "ci", "fuzz")] == list(sst.PROFILES)
+    assert sst.profile_name("streamcheck-ci") == "streamcheck-ci"
+    assert sst.profile_name("default") == "default" and sst.profile_name("nightly") == "nightly"
 
 
 @pytest.fixture
@@ -111,15 +119,64 @@ def restore_profile():
     settings.load_profile(name)
 
 
-@pytest.mark.parametrize("var", sst.PROFILE_ENV)
-def test_load_profile_follows_the_environment(monkeypatch, restore_profile, var):
-    for other in sst.PROFILE_ENV:
-        monkeypatch.delenv(other, raising=False)
-    assert sst.load_profile(default="ci") == "ci"
-    monkeypatch.setenv(var, "dev")
-    assert sst.load_profile(default="ci") == "dev"
-    assert settings.get_current_profile_name() == "dev" and settings.default.max_examples == 60
-    assert sst.load_profile("fuzz") == "fuzz"  # an explicit name wins
-    monkeypatch.setenv(var, "nightly")
-    with pytest.raises(ValueError, match="profile 'nightly' is not registered; .*STREAMCHECK_HYPOTHESIS_PROFILE"):
+def test_load_profile_follows_our_environment_variable(monkeypatch, restore_profile):
+    monkeypatch.delenv(sst.PROFILE_ENV, raising=False)
+    monkeypatch.setenv("HYPOTHESIS_PROFILE", "dev")  # the user's variable: load_profile leaves it alone
+    assert sst.load_profile(default="ci") == "streamcheck-ci"
+    assert settings.get_current_profile_name() == "streamcheck-ci" and settings.default.max_examples == 15
+    monkeypatch.setenv(sst.PROFILE_ENV, "dev")
+    assert sst.load_profile(default="ci") == "streamcheck-dev"
+    assert settings.get_current_profile_name() == "streamcheck-dev" and settings.default.max_examples == 60
+    assert sst.load_profile("fuzz") == "streamcheck-fuzz"  # an explicit name wins
+    monkeypatch.setenv(sst.PROFILE_ENV, "nightly")
+    with pytest.raises(ValueError, match="profile 'nightly' is not registered; streamcheck registers: "
+                                         "streamcheck-dev, .*STREAMCHECK_HYPOTHESIS_PROFILE"):
         sst.load_profile()
+
+
+USER_TEST = """
+import streamcheck.strategies  # noqa: F401  (what a user of our strategies imports)
+from hypothesis import given, settings, strategies as st
+
+calls = []
+
+@given(st.integers())
+def test_numbers(n):
+    calls.append(n)
+
+def test_the_profile_is_the_users():
+    assert settings.get_current_profile_name() == "{name}"
+    assert settings.default.max_examples == {count}
+    assert len(calls) == {count}
+"""
+
+
+@pytest.fixture
+def user_env(monkeypatch):
+    for var in (sst.PROFILE_ENV, "HYPOTHESIS_PROFILE", "CI"):
+        monkeypatch.delenv(var, raising=False)
+    return monkeypatch
+
+
+def test_a_users_ci_profile_survives_our_import_and_plugin(pytester, user_env):
+    # Under CI=true hypothesis loads its `ci` profile (100 examples, derandomized); importing
+    # our strategies with the plugin loaded must not swap in ours (15 examples).
+    user_env.setenv("CI", "true")
+    pytester.makepyfile(test_user=USER_TEST.format(name="ci", count=100))
+    pytester.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=2)
+
+
+def test_the_plugin_leaves_hypothesis_profile_to_the_user(pytester, user_env):
+    # HYPOTHESIS_PROFILE is the user's (many conftests load it themselves, later than our plugin).
+    user_env.setenv("HYPOTHESIS_PROFILE", "nightly")
+    pytester.makepyfile(test_user=USER_TEST.format(name="default", count=100))
+    pytester.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=2)
+
+
+def test_our_profiles_are_chosen_by_our_variable_or_their_full_name(pytester, user_env):
+    pytester.makepyfile(test_user=USER_TEST.format(name="streamcheck-ci", count=15))
+    user_env.setenv(sst.PROFILE_ENV, "ci")
+    pytester.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=2)
+    user_env.delenv(sst.PROFILE_ENV)
+    pytester.runpytest_subprocess("-p", "no:cacheprovider", "--hypothesis-profile=streamcheck-ci") \
+        .assert_outcomes(passed=2)
