@@ -1,8 +1,8 @@
 """`streamcheck fuzz`: hunt for races in the FlashNorm pipeline's sync plans, locally.
 
-    streamcheck fuzz [--budget 60s] [--backend auto|sim|cupy] [--profile fuzz]
-                     [--plans all|safe|unsafe] [--steps 3] [--seed N]
-    streamcheck fuzz --replay 'missing=join_mm,post=caller,...'
+    streamcheck fuzz [--budget 60s | --examples N] [--backend auto|sim|cupy] [--profile fuzz]
+                     [--plans all|safe|unsafe] [--steps 3] [--seed N] [--json FILE]
+    streamcheck fuzz --replay 'missing=join_mm,post=caller,...' [--json FILE]
 
 Hypothesis draws examples: a sync plan x a shape x a schedule (policy, seed,
 parameters). Each runs the decode loop (`run_program`) for a few steps and is a
@@ -14,16 +14,27 @@ Findings are EXPECTED with the default `--plans all`: most plans leave an edge o
 on purpose, and the fuzzer's job is to show that each such plan is caught (exit
 status 1). `--plans safe` draws only plans the oracle calls safe: there, any finding
 is a bug in the pipeline, the backend or the checker. Exit status: 0 nothing found,
-1 findings, 2 bad options.
+1 findings, 2 bad options, 130 interrupted (the table of what was found is printed).
+
+Repeating a run: hypothesis draws the same sequence for the same --seed, so the same
+seed and --examples N give the same table (on the sim; times aside). A --budget cuts
+that sequence wherever the machine's speed puts it, so the summary ends with the
+--examples line that repeats what this run did.
 """
 from __future__ import annotations
 
+import json
+import os
 import re
+import secrets
 import shlex
+import shutil
 import sys
+import textwrap
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
+from pathlib import Path
 from typing import Optional
 
 import numpy as np
@@ -58,26 +69,68 @@ class Example:
 
     @classmethod
     def parse(cls, token: str) -> "Example":
+        """The Example a token describes. Whitespace around fields is ignored, so a token
+        printed over several lines (inside one pair of quotes) pastes back as it is.
+        Every field is checked here, so a bad one is refused before anything runs."""
         from flashnorm_kernels.plan import EDGES, SyncPlan
 
-        from ..strategies import ScheduleChoice, Shape
+        from ..schedule import make_policy
+        from ..strategies import DTYPES, ScheduleChoice, Shape
 
-        fields = dict(part.partition("=")[::2] for part in token.split(",") if part)
-        need = {"missing", "post", "side", "caller", "M", "d", "n", "dtype", "policy", "seed"}
-        if need - set(fields):
-            raise ValueError(f"replay token lacks {', '.join(sorted(need - set(fields)))}; paste the whole "
+        fields = {}
+        for part in (part.strip() for part in token.split(",")):
+            if not part:
+                continue
+            key, equals, value = (piece.strip() for piece in part.partition("="))
+            if not equals or key not in TOKEN_FIELDS:
+                raise ValueError(f"--replay: {part!r} is not a field of a replay token ({', '.join(TOKEN_FIELDS)}); "
+                                 "paste the whole token printed in the summary table")
+            if key in fields:
+                raise ValueError(f"--replay: {key}= appears twice; paste the token exactly as printed")
+            fields[key] = value
+        lacking = [key for key in REQUIRED_FIELDS if key not in fields]
+        if lacking:
+            raise ValueError(f"--replay: the replay token lacks {', '.join(lacking)}; paste the whole "
                              "token printed in the summary table")
+        numbers = {}
+        for key, (minimum, meaning) in INTEGER_FIELDS.items():
+            text = fields.get(key)
+            if text is None:
+                continue
+            if not re.fullmatch(r"[0-9]+", text) or int(text) < minimum:
+                raise ValueError(f"--replay: {key}={text}: {meaning} must be an integer >= {minimum}"
+                                 + (" (two show every hazard)" if key == "steps" else ""))
+            numbers[key] = int(text)
+        if fields["dtype"] not in DTYPES:
+            raise ValueError(f"--replay: dtype={fields['dtype']}: not a pipeline dtype; use one of {', '.join(DTYPES)}")
+        missing = set() if fields["missing"] == "none" else set(fields["missing"].split("+"))
+        if missing - set(EDGES):
+            raise ValueError(f"--replay: missing={fields['missing']}: unknown edges "
+                             f"{', '.join(sorted(missing - set(EDGES)))}; edges are {', '.join(EDGES)} (or none)")
         try:
-            missing = set() if fields["missing"] == "none" else set(fields["missing"].split("+"))
             plan = SyncPlan(frozenset(EDGES) - missing, fields["post"], fields["side"], fields["caller"])
-            if missing - set(EDGES):
-                raise ValueError(f"unknown edges {sorted(missing - set(EDGES))}")
-            shape = Shape(int(fields["M"]), int(fields["d"]), int(fields["n"]), fields["dtype"])
-            choice = ScheduleChoice(fields["policy"], int(fields["seed"]), int(fields.get("delay_steps", 8)),
-                                    int(fields.get("pct_depth", 2)), int(fields.get("delay_us", 200)))
-            return cls(plan, shape, choice, int(fields.get("steps", 3)), int(fields.get("data", 0)))
         except ValueError as exc:
-            raise ValueError(f"bad replay token {token!r}: {exc}") from None
+            raise ValueError(f"--replay: {exc}") from None
+        shape = Shape(numbers["M"], numbers["d"], numbers["n"], fields["dtype"])
+        choice = ScheduleChoice(fields["policy"], numbers["seed"], numbers.get("delay_steps", 8),
+                                numbers.get("pct_depth", 2), numbers.get("delay_us", 200))
+        try:
+            make_policy(choice.policy, choice.seed, **choice.params("sim"))
+        except ValueError as exc:  # ScheduleError: unknown policy or a bad replay string
+            raise ValueError(f"--replay: policy={choice.policy}: {exc}") from None
+        return cls(plan, shape, choice, numbers.get("steps", 3), numbers.get("data", 0))
+
+
+# The fields of a replay token, in the order token() prints them; the first ten are required.
+TOKEN_FIELDS = ("missing", "post", "side", "caller", "M", "d", "n", "dtype", "policy", "seed",
+                "delay_steps", "pct_depth", "delay_us", "steps", "data")
+REQUIRED_FIELDS = TOKEN_FIELDS[:10]
+INTEGER_FIELDS = {  # field: (least value, what it is)
+    "M": (1, "tokens per step"), "d": (1, "the hidden size"), "n": (1, "the output features"),
+    "seed": (0, "the schedule seed"), "delay_steps": (0, "the delay in host calls"),
+    "pct_depth": (1, "the pct depth"), "delay_us": (0, "the delay in microseconds"),
+    "steps": (2, "the decode steps"), "data": (0, "the data seed"),
+}
 
 
 def _data(shape, steps: int, data_seed: int):
@@ -118,6 +171,7 @@ class Outcome:
     decisions: str  # the decisions alone: policy `replay:<decisions>` repeats the interleaving
     report: str
     outputs: tuple = field(repr=False, compare=False, default=())
+    policy: str = ""  # the schedule without its decisions: policy and seed
 
     @property
     def found(self) -> bool:
@@ -141,8 +195,11 @@ def run_example(example: Example, backend: str = "sim") -> Outcome:
     want = _reference(example.shape, example.steps, example.data_seed, backend)
     wrong = any(not np.array_equal(g, w, equal_nan=True) for g, w in zip(outputs, want))
     schedule = device.schedule
-    return Outcome(example, tuple(device.races), wrong, str(schedule) if schedule is not None else "",
-                   schedule.compact() if schedule is not None else "", device.report(), tuple(outputs))
+    if schedule is None:
+        return Outcome(example, tuple(device.races), wrong, "", "", device.report(), tuple(outputs),
+                       example.choice.describe(backend))
+    return Outcome(example, tuple(device.races), wrong, str(schedule), schedule.compact(), device.report(),
+                   tuple(outputs), f"{schedule.policy} seed={schedule.seed}")
 
 
 # --- the fuzz loop ------------------------------------------------------------------------
@@ -155,7 +212,11 @@ class PlanStats:
     runs: int = 0
     raced: int = 0
     wrong: int = 0
-    replay: str = ""  # token of the first finding
+    first: Optional[Outcome] = None  # the first finding, for its replay token and decisions
+
+    @property
+    def replay(self) -> str:
+        return self.first.example.token() if self.first is not None else ""
 
     @property
     def disagrees(self) -> bool:
@@ -169,6 +230,7 @@ class Tally:
     plans: dict = field(default_factory=dict)  # SyncPlan -> PlanStats
     examples: int = 0
     found: int = 0
+    interrupted: bool = False  # Ctrl-C ended the run: the tally holds the examples run before it
 
     def add(self, outcome: Outcome, unsafe: bool) -> None:
         plan = outcome.example.plan
@@ -181,20 +243,23 @@ class Tally:
         self.examples += 1
         if outcome.found:
             self.found += 1
-            if not stats.replay:
-                stats.replay = outcome.example.token()
+            if stats.first is None:
+                stats.first = outcome
 
 
-class _BudgetSpent(Exception):
-    """Raised inside the hypothesis test to end the run when the time budget is spent."""
+class _Enough(Exception):
+    """Raised inside the hypothesis test to end the run: the budget is spent or the count reached."""
 
 
 class Progress:
-    """A one-line progress bar on stderr (redrawn at most 10 times a second)."""
+    """A one-line progress bar on stderr, redrawn with `\r` at most 10 times a second: only
+    on a terminal (never frames in a log file), unless `enabled` says otherwise."""
 
-    def __init__(self, budget: float, stream=None, enabled: bool = True):
-        self.budget, self.enabled = budget, enabled
+    def __init__(self, budget: Optional[float] = None, examples: Optional[int] = None, stream=None,
+                 enabled: Optional[bool] = None):
+        self.budget, self.examples = budget, examples
         self.stream = stream if stream is not None else sys.stderr
+        self.enabled = self.stream.isatty() if enabled is None else enabled
         self.start = time.perf_counter()
         self._drawn = 0.0
 
@@ -209,10 +274,14 @@ class Progress:
         if not self.enabled or (not force and now - self._drawn < 0.1):
             return
         self._drawn = now
-        done = min(now / self.budget, 1.0) if self.budget > 0 else 1.0
-        bar = "#" * int(done * 30)
-        self.stream.write(f"\rfuzz [{bar:<30}] {now:5.1f}/{self.budget:g}s  {tally.examples} examples  "
-                          f"{len(tally.plans)} plans  {tally.found} findings ")
+        if self.examples:
+            done, clock = tally.examples / self.examples, f"{tally.examples}/{self.examples} examples"
+        else:
+            done = min(now / self.budget, 1.0) if self.budget else 1.0
+            clock = f"{now:5.1f}/{self.budget:g}s  {tally.examples} examples"
+        line = f"fuzz [{'#' * int(done * 30):<30}] {clock}  {len(tally.plans)} plans  {tally.found} findings "
+        # A frame wider than the terminal wraps, and `\r` then redraws only its last row.
+        self.stream.write("\r" + line[:shutil.get_terminal_size().columns - 1])
         self.stream.flush()
 
     def close(self, tally: Tally) -> None:
@@ -222,9 +291,16 @@ class Progress:
             self.stream.flush()
 
 
-def fuzz(budget: float, backend: str = "sim", profile: str = "fuzz", plans: str = "all", steps: int = 3,
-         seed: Optional[int] = None, progress: Optional[Progress] = None) -> Tally:
-    """Run examples until `budget` seconds are spent or the profile's max_examples is reached."""
+def fuzz(budget: Optional[float] = None, backend: str = "sim", profile: str = "streamcheck-fuzz",
+         plans: str = "all", steps: int = 3, seed: int = 0, progress: Optional[Progress] = None,
+         examples: Optional[int] = None) -> Tally:
+    """Run `examples` examples, or examples until `budget` seconds are spent or the profile's
+    max_examples is reached. Ctrl-C ends the run early: the tally says `interrupted`.
+
+    The same seed and profile draw the same sequence of examples, and both a count and a
+    budget cut that one sequence (hypothesis plans its sequence by max_examples, so a count
+    must not change max_examples): the first N examples of a budget run are those of
+    `examples=N`, which is how the summary's repeat line repeats it."""
     from hypothesis import HealthCheck, Phase, Verbosity, given, settings
     from hypothesis import seed as hypothesis_seed
     from hypothesis import strategies as st
@@ -234,11 +310,14 @@ def fuzz(budget: float, backend: str = "sim", profile: str = "fuzz", plans: str 
 
     plan_strategy = {"all": sst.sync_plans(), "safe": sst.safe_plans(), "unsafe": sst.unsafe_plans()}[plans]
     tally = Tally()
-    progress = progress or Progress(budget, enabled=False)
+    progress = progress or Progress(budget, examples, enabled=False)
     max_dim = 64 if backend == "cupy" else 16
+    base = settings.get_profile(profile)
+    # derandomize=False: the seed, not the test's source, chooses the sequence.
     run_settings = settings(
-        settings.get_profile(profile), database=None, deadline=None, phases=(Phase.generate,),
-        verbosity=Verbosity.quiet, suppress_health_check=list(HealthCheck), report_multiple_bugs=False)
+        base, max_examples=max(base.max_examples, examples or 0), derandomize=False, database=None, deadline=None,
+        phases=(Phase.generate,), verbosity=Verbosity.quiet, suppress_health_check=list(HealthCheck),
+        report_multiple_bugs=False)
 
     @run_settings
     @given(plan=plan_strategy,
@@ -246,26 +325,74 @@ def fuzz(budget: float, backend: str = "sim", profile: str = "fuzz", plans: str 
            choice=sst.schedule_choices(policies=("delay", "random", "pct")),
            data_seed=st.integers(0, 2**16))
     def one(plan, shape, choice, data_seed):
-        if progress.elapsed() >= budget:
-            raise _BudgetSpent
+        if tally.examples == examples or (budget is not None and progress.elapsed() >= budget):
+            raise _Enough
         example = Example(plan, shape, choice, steps, data_seed)
         tally.add(run_example(example, backend), unsafe=not is_safe(plan))
         progress.update(tally)
 
-    if seed is not None:
-        one = hypothesis_seed(seed)(one)
+    one = hypothesis_seed(seed)(one)
     import flashnorm_kernels.pipeline  # noqa: F401  (imported here, not on the budget's clock)
 
     progress.restart()
     try:
         one()
-    except _BudgetSpent:
+    except _Enough:
         pass
+    except KeyboardInterrupt:
+        tally.interrupted = True
     progress.close(tally)
     return tally
 
 
 # --- output ---------------------------------------------------------------------------------
+
+
+def terminal_width() -> int:
+    """The width to wrap at: the terminal's (COLUMNS when set, 80 when not a terminal)."""
+    return max(shutil.get_terminal_size().columns, 40)
+
+
+def quoted_token_lines(prefix: str, token: str, width: int, indent: str) -> list:
+    """`prefix` then the token, as lines of at most `width` where the token allows: unquoted on
+    one line when it fits, else in single quotes broken after commas. Pasted into a shell the
+    quoted lines are one argument, and Example.parse ignores the line breaks in it."""
+    if len(prefix) + len(token) <= width:
+        return [prefix + shlex.quote(token)]
+    parts = token.split(",")
+    pieces = [part + "," for part in parts[:-1]] + [parts[-1] + "'"]
+    lines, line, empty = [], prefix + "'", False  # a first field too long for this line starts the next
+    for piece in pieces:
+        if not empty and len(line) + len(piece) > width:
+            lines.append(line)
+            line, empty = indent, True
+        line, empty = line + piece, False
+    return lines + [line]
+
+
+def command_lines(prefix: str, words: list, width: int, indent: str) -> list:
+    """A shell command over lines of at most `width`, broken between words with ` \\`."""
+    lines, line = [], prefix + words[0]
+    for word in words[1:]:
+        if len(line) + 1 + len(word) + 2 > width:  # 2: room for the ` \` that ends the line
+            lines.append(line + " \\")
+            line = indent + word
+        else:
+            line += " " + word
+    return lines + [line]
+
+
+def elide(text: str, room: int, whole_in: str = "--json FILE") -> str:
+    """`text` if it fits in `room` columns, else its start, how long it is and where it is whole."""
+    if len(text) <= room:
+        return text
+    note = f"... ({len(text):,} in all: see {whole_in})"
+    return text[:max(room - len(note), 10)] + note
+
+
+def _wrap(text: str, width: int, indent: str = "  ") -> list:
+    # Not at hyphens: `-fork_a-join_mm` is one list of missing edges.
+    return textwrap.wrap(text, width, subsequent_indent=indent, break_on_hyphens=False, break_long_words=False)
 
 
 def _plan_text(plan) -> str:
@@ -276,32 +403,120 @@ def _plan_text(plan) -> str:
             f"side={plan.side_kind} caller={plan.caller_kind}")
 
 
-def summary(tally: Tally, seconds: float, backend: str, profile: str, plans: str, max_rows: int = 20) -> str:
+def _rows(tally: Tally) -> list:
+    """The plans the table lists: disagreements first (they are bugs), then the plans whose
+    races struck most."""
+    stats = list(tally.plans.values())
+    disagree = [s for s in stats if s.disagrees]
+    found = [s for s in stats if (s.raced or s.wrong) and not s.disagrees]
+    return sorted(disagree, key=lambda s: -s.runs) + sorted(found, key=lambda s: (-s.wrong, -s.raced))
+
+
+def _verdict(s: PlanStats) -> str:
+    return "DISAGREE" if s.disagrees else "unsafe" if s.unsafe else "safe"
+
+
+def replay_command(backend: str, token: str) -> str:
+    return f"streamcheck fuzz --backend {backend} --replay {shlex.quote(token)}"
+
+
+def repeat_words(tally: Tally, backend: str, profile: str, plans: str, steps: int, seed: int) -> list:
+    """The command that runs exactly the examples this run ran (the same seed and count), as
+    words that stay on one line (an option with its value)."""
+    words = ["streamcheck fuzz", f"--backend {backend}", f"--plans {plans}", f"--steps {steps}"]
+    if profile != "streamcheck-fuzz":
+        words.append(f"--profile {shlex.quote(profile)}")
+    return words + [f"--seed {seed}", f"--examples {tally.examples}"]
+
+
+TABLE_INDENT = 29  # where the plan column starts
+
+
+def summary(tally: Tally, seconds: float, backend: str, profile: str, plans: str, max_rows: int = 20,
+            steps: int = 3, seed: int = 0, width: Optional[int] = None) -> str:
+    """The table, wrapped at `width` (default: the terminal's). Times appear on the first
+    line only: the rest is the same for the same seed and count."""
+    width = width or terminal_width()
     rate = tally.examples / seconds if seconds > 0 else 0.0
     stats = list(tally.plans.values())
-    found = [s for s in stats if s.raced or s.wrong]
-    disagree = [s for s in stats if s.disagrees]
-    lines = [
-        f"streamcheck fuzz: {tally.examples} examples in {seconds:.1f} s ({rate:.1f} examples/s); "
-        f"backend {backend}, profile {profile}, plans {plans}",
-        f"plans tried: {len(stats)} ({sum(s.unsafe for s in stats)} unsafe by the oracle); "
-        f"races found in {sum(1 for s in stats if s.raced)} plans, wrong values in "
-        f"{sum(1 for s in stats if s.wrong)}; oracle disagreements: {len(disagree)}",
-    ]
-    if found or disagree:
-        # Disagreements first (they are bugs), then the plans whose races struck most.
-        rows = sorted(disagree, key=lambda s: -s.runs) + sorted((s for s in found if not s.disagrees), key=lambda s: (-s.wrong, -s.raced))
+    rows = _rows(tally)
+    first = f"streamcheck fuzz: {tally.examples} examples in {seconds:.1f} s ({rate:.1f} examples/s)"
+    lines = [first + ("; interrupted (Ctrl-C)" if tally.interrupted else "")]
+    for text in (f"backend {backend}, profile {profile}, plans {plans}, steps {steps}, seed {seed}",
+                 f"plans tried: {len(stats)} ({sum(s.unsafe for s in stats)} unsafe by the oracle)",
+                 f"races found in {sum(1 for s in stats if s.raced)} plans, wrong values in "
+                 f"{sum(1 for s in stats if s.wrong)}; oracle disagreements: "
+                 f"{sum(1 for s in stats if s.disagrees)}"):
+        lines += _wrap(text, width)
+    if rows:
         lines.append(f"{'verdict':<9} {'runs':>5} {'races':>5} {'wrong':>5}  plan (-missing edges)")
         for s in rows[:max_rows]:
-            verdict = ("DISAGREE" if s.disagrees else "unsafe" if s.unsafe else "safe")
-            lines.append(f"{verdict:<9} {s.runs:>5} {s.raced:>5} {s.wrong:>5}  {_plan_text(s.plan)}")
+            head = f"{_verdict(s):<9} {s.runs:>5} {s.raced:>5} {s.wrong:>5}  "
+            plan = _wrap(_plan_text(s.plan), max(width - TABLE_INDENT, 20), "")
+            lines.append(head + plan[0])
+            lines += [" " * TABLE_INDENT + more for more in plan[1:]]
             if s.replay:
-                lines.append(f"          replay: streamcheck fuzz --backend {backend} --replay {shlex.quote(s.replay)}")
+                lines += quoted_token_lines(f"          replay: streamcheck fuzz --backend {backend} --replay ",
+                                            s.replay, width, " " * 12)
         if len(rows) > max_rows:
-            lines.append(f"... and {len(rows) - max_rows} more plans with findings (--max-rows to see them)")
-    if found and plans != "safe":
-        lines.append("findings are expected for plans the oracle calls unsafe: each is an edge left out on purpose")
+            lines += _wrap(f"... and {len(rows) - max_rows} more plans with findings (--max-rows, or --json FILE)",
+                           width)
+    if tally.found and plans != "safe":
+        lines += _wrap("findings are expected for plans the oracle calls unsafe: each is an edge left out on purpose",
+                       width)
+    if tally.examples:
+        lines += command_lines("repeat: ", repeat_words(tally, backend, profile, plans, steps, seed), width,
+                               "        ")
     return "\n".join(lines)
+
+
+def _plan_json(plan) -> dict:
+    from flashnorm_kernels.plan import EDGES
+
+    return {"missing": [e for e in EDGES if e not in plan.edges], "post_stream": plan.post_stream,
+            "side_kind": plan.side_kind, "caller_kind": plan.caller_kind}
+
+
+def summary_json(tally: Tally, seconds: float, backend: str, profile: str, plans: str, steps: int,
+                 seed: int) -> dict:
+    """What the table says, for every plan tried (not only --max-rows), with each first
+    finding's full replay token and decisions."""
+    listed = _rows(tally)
+    quiet = [s for s in tally.plans.values() if s not in listed]
+    records = []
+    for s in listed + quiet:
+        record = {"verdict": "unsafe" if s.unsafe else "safe", "disagrees": s.disagrees, "runs": s.runs,
+                  "races": s.raced, "wrong": s.wrong, "plan": _plan_json(s.plan), "first_finding": None}
+        if s.first is not None:
+            record["first_finding"] = {"replay": s.replay, "replay_command": replay_command(backend, s.replay),
+                                       "schedule": s.first.policy, "decisions": s.first.decisions,
+                                       "wrong": s.first.wrong, "races": [r.to_dict() for r in s.first.races]}
+        records.append(record)
+    return {"command": "fuzz", "backend": backend, "profile": profile, "plans": plans, "steps": steps,
+            "seed": seed, "examples": tally.examples, "seconds": round(seconds, 3),
+            "interrupted": tally.interrupted, "findings": tally.found,
+            "repeat": " ".join(repeat_words(tally, backend, profile, plans, steps, seed)),
+            "plans_tried": records}
+
+
+def replay_text(outcome: Outcome, width: Optional[int] = None, json_name: Optional[str] = None) -> str:
+    """What --replay prints; a decisions string too long for one line is cut (whole in --json)."""
+    width = width or terminal_width()
+    lines = quoted_token_lines("example: ", outcome.example.token(), width, "  ")
+    lines.append(f"schedule: {outcome.policy}")
+    whole_in = "the --json file" if json_name else "--json FILE"
+    lines.append(f"decisions: {elide(outcome.decisions or '-', width - len('decisions: '), whole_in)}")
+    lines.append(f"values: {'WRONG (differ from the sequential run)' if outcome.wrong else 'match the sequential run'}")
+    lines.append(outcome.report)
+    return "\n".join(lines)
+
+
+def replay_json(outcome: Outcome, backend: str) -> dict:
+    token = outcome.example.token()
+    return {"command": "fuzz --replay", "backend": backend, "replay": token,
+            "replay_command": replay_command(backend, token), "schedule": outcome.policy,
+            "decisions": outcome.decisions, "wrong": outcome.wrong, "found": outcome.found,
+            "races": [r.to_dict() for r in outcome.races], "report": outcome.report}
 
 
 # --- command line ---------------------------------------------------------------------------
@@ -325,18 +540,30 @@ def register(subparsers) -> None:
         "fuzz", help="fuzz the pipeline's sync plans x shapes x schedules",
         description="Draw sync plans x shapes x schedules, run the FlashNorm decode loop on each, and report "
                     "races and wrong values. With --plans all (the default) findings are expected: most plans leave "
-                    "an edge out on purpose.", epilog="Exit status: 0 nothing found, 1 findings, 2 bad options.")
-    parser.add_argument("--budget", default="60s", help="time to spend, e.g. 60s, 2m, 500ms (default 60s)")
+                    "an edge out on purpose. Only a count, not a time budget, repeats a run exactly: the same "
+                    "--seed and --examples N print the same table (times aside). A --budget stops wherever the "
+                    "machine's speed puts it; the summary ends with the --examples line that repeats it.",
+        epilog="Exit status: 0 nothing found, 1 findings, 2 bad options, 130 interrupted (Ctrl-C: the table of "
+               "what was found so far is still printed).")
+    length = parser.add_mutually_exclusive_group()
+    length.add_argument("--budget", default=None, help="time to spend, e.g. 60s, 2m, 500ms (default 60s); "
+                        "does not repeat exactly, even with --seed")
+    length.add_argument("--examples", type=int, default=None, metavar="N",
+                        help="run exactly N examples instead of a time budget; with --seed, repeats a run exactly")
     parser.add_argument("--backend", default="sim", choices=("auto", "sim", "cupy"), help="device backend (sim)")
-    parser.add_argument("--profile", default="fuzz", help="hypothesis profile: dev, ci or fuzz (default fuzz); "
-                        "its max_examples caps the run")
+    parser.add_argument("--profile", default="fuzz", help="hypothesis profile: dev, ci or fuzz (ours: "
+                        "streamcheck-dev, ...) or any registered one (default fuzz); its max_examples caps a "
+                        "--budget run")
     parser.add_argument("--plans", default="all", choices=("all", "safe", "unsafe"),
                         help="which plans to draw (default all: findings expected)")
     parser.add_argument("--steps", type=int, default=3, help="decode steps per example (default 3)")
-    parser.add_argument("--seed", type=int, default=None, help="hypothesis seed, to repeat a run")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="hypothesis seed (default: a random one, printed in the summary)")
     parser.add_argument("--max-rows", type=int, default=20, help="plans listed in the table (default 20)")
     parser.add_argument("--replay", metavar="TOKEN", help="run one example from the table and print its report")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--json", metavar="FILE", help="also write the table (every plan tried, each first "
+                        "finding's full replay token and decisions) or the replayed example as JSON")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar (it is drawn only on a terminal)")
     parser.set_defaults(func=main)
 
 
@@ -345,46 +572,89 @@ def _usage(message: str) -> int:
     return 2
 
 
+def _json_target_problem(name: str) -> Optional[str]:
+    """Why --json FILE cannot be written, checked before the run; None when it can."""
+    path = Path(name)
+    if path.is_dir():
+        return f"--json {name}: is a directory; name a file to write"
+    parent = path.parent
+    if not parent.is_dir():
+        return f"--json {name}: the directory {parent} does not exist; create it or name another file"
+    if not os.access(parent, os.W_OK):
+        return f"--json {name}: cannot write in {parent}; name a file in a writable directory"
+    return None
+
+
+def _write_json(name: str, data: dict) -> Optional[str]:
+    """Write whole or not at all (through a temporary file); an error message, or None."""
+    path = Path(name)
+    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        temporary.write_text(json.dumps(data, indent=2) + "\n")
+        os.replace(temporary, path)
+    except OSError as exc:
+        temporary.unlink(missing_ok=True)
+        return f"--json {name}: could not write it ({exc.strerror or exc}); nothing was written"
+    return None
+
+
 def main(args) -> int:
     from ..backends import BackendUnavailable, gpu_available, resolve
 
-    try:
-        budget = parse_duration(args.budget)
-    except ValueError as exc:
-        return _usage(str(exc))
+    budget = examples = None
+    if args.examples is not None:
+        if args.examples < 1:
+            return _usage(f"--examples {args.examples}: need an integer >= 1")
+        examples = args.examples
+    else:
+        try:
+            budget = parse_duration(args.budget or "60s")
+        except ValueError as exc:
+            return _usage(str(exc))
     if args.steps < 2:
         return _usage(f"--steps {args.steps}: need at least 2 (the write-after-read hazards span two steps)")
     if args.max_rows < 0:
         return _usage(f"--max-rows {args.max_rows}: must be >= 0")
+    if args.json and _json_target_problem(args.json):
+        return _usage(_json_target_problem(args.json))
+    from hypothesis import settings
+    from hypothesis.errors import InvalidArgument
+
     from .. import strategies
 
-    if args.profile not in strategies.PROFILES:
+    profile = strategies.profile_name(args.profile)
+    try:
+        settings.get_profile(profile)
+    except InvalidArgument:
+        return _usage(f"--profile {args.profile!r} is not a registered hypothesis profile; "
+                      f"use one of dev, ci, fuzz ({', '.join(strategies.PROFILES)})")
+    example = None
+    if args.replay:
         try:
-            from hypothesis import settings
-
-            settings.get_profile(args.profile)
-        except Exception:
-            return _usage(f"--profile {args.profile!r} is not a registered hypothesis profile; "
-                          f"use one of {', '.join(strategies.PROFILES)}")
+            example = Example.parse(args.replay)
+        except ValueError as exc:
+            return _usage(str(exc))
     backend = resolve(args.backend)
     if backend == "cupy" and not gpu_available():
         return _usage("--backend cupy needs an NVIDIA GPU and CuPy (pip install 'streamcheck[gpu]'); none found "
                       "here. Use --backend sim.")
+    seed = args.seed if args.seed is not None else secrets.randbelow(2**32)
     try:
-        if args.replay:
-            try:
-                example = Example.parse(args.replay)
-            except ValueError as exc:
-                return _usage(str(exc))
+        if example is not None:
             outcome = run_example(example, backend)
-            print(f"example: {example.token()}")
-            print(f"schedule: {outcome.schedule}")
-            print(f"values: {'WRONG (differ from the sequential run)' if outcome.wrong else 'match the sequential run'}")
-            print(outcome.report)
-            return 1 if outcome.found else 0
-        progress = Progress(budget, enabled=not args.quiet)
-        tally = fuzz(budget, backend, args.profile, args.plans, args.steps, args.seed, progress)
+            print(replay_text(outcome, json_name=args.json))
+            problem = _write_json(args.json, replay_json(outcome, backend)) if args.json else None
+            return _usage(problem) if problem else 1 if outcome.found else 0
+        progress = Progress(budget, examples, enabled=False if args.quiet else None)
+        tally = fuzz(budget, backend, profile, args.plans, args.steps, seed, progress, examples)
     except BackendUnavailable as exc:
         return _usage(str(exc))
-    print(summary(tally, progress.elapsed(), backend, args.profile, args.plans, args.max_rows))
+    seconds = progress.elapsed()
+    print(summary(tally, seconds, backend, profile, args.plans, args.max_rows, args.steps, seed))
+    if args.json:
+        problem = _write_json(args.json, summary_json(tally, seconds, backend, profile, args.plans, args.steps, seed))
+        if problem:
+            return _usage(problem)
+    if tally.interrupted:
+        return 130
     return 1 if tally.found else 0
