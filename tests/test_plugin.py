@@ -444,16 +444,16 @@ def test_profile():
     current = settings.default
     name = os.environ["WANT"]
     assert settings.get_current_profile_name() == name
-    if name == "ci":
+    if name == "streamcheck-ci":
         assert current.derandomize and current.print_blob and current.max_examples <= 50
     else:
         assert current.max_examples >= 10_000
 ''')
-    monkeypatch.setenv("WANT", "ci")
-    monkeypatch.setenv("STREAMCHECK_HYPOTHESIS_PROFILE", "ci")
+    monkeypatch.setenv("WANT", "streamcheck-ci")
+    monkeypatch.setenv("STREAMCHECK_HYPOTHESIS_PROFILE", "ci")  # the short name works in the environment
     pytester.runpytest_subprocess().assert_outcomes(passed=1)
-    monkeypatch.setenv("WANT", "fuzz")  # the command line wins over the environment
-    pytester.runpytest_subprocess("--hypothesis-profile=fuzz").assert_outcomes(passed=1)
+    monkeypatch.setenv("WANT", "streamcheck-fuzz")  # the command line wins over the environment
+    pytester.runpytest_subprocess("--hypothesis-profile=streamcheck-fuzz").assert_outcomes(passed=1)
 
 
 # --- the pieces, directly -----------------------------------------------------------------------
