@@ -615,8 +615,9 @@ def main(args) -> int:
         return _usage(f"--steps {args.steps}: need at least 2 (the write-after-read hazards span two steps)")
     if args.max_rows < 0:
         return _usage(f"--max-rows {args.max_rows}: must be >= 0")
-    if args.json and _json_target_problem(args.json):
-        return _usage(_json_target_problem(args.json))
+    problem = _json_target_problem(args.json) if args.json else None
+    if problem:
+        return _usage(problem)
     from hypothesis import settings
     from hypothesis.errors import InvalidArgument
 
