@@ -789,5 +789,6 @@ class _Summary:
         schedules = sum(row[2]["schedules"] for row in self.rows)
         tests = len(self.rows)
         terminalreporter.line(wrap_lines(
-            f"streamcheck: {tests} test{'s' if tests != 1 else ''}, {schedules} schedule{'s' if schedules != 1 else ''}, "
-            f"races found in {racy} test{'s' if racy != 1 else ''}; --streamcheck-seed={settings.seed}", width))
+            f"streamcheck: {tests} test{'s' if tests != 1 else ''}, {schedules} "
+            f"schedule{'s' if schedules != 1 else ''}, races found in {racy} test{'s' if racy != 1 else ''}; "
+            f"--streamcheck-seed={settings.seed}", width))
