@@ -218,6 +218,7 @@ class Recorder:
         lines = [format_report(self.races)]
         if self.capture_errors:
             lines.append(format_capture_errors(self.capture_errors))
+        lines.extend(f"streamcheck: note: {text}" for text in self.notices)
         if self.errors:
             lines.append(f"streamcheck: {len(self.errors)} internal error(s) while recording (the program was "
                          f"not affected); first: {self.errors[0]}")

@@ -54,7 +54,12 @@ def wrap(rec, allocator):
         if R.current is not rec or is_suppressed():
             return allocator(size)
         before = total() if total is not None else 0
-        memptr = allocator(size)  # the program's allocator: what it raises, the program gets
+        try:
+            memptr = allocator(size)
+        except Exception as exc:  # the program's allocator: what it raises, the program gets unchanged
+            rec.notice(f"the program's allocator raised {type(exc).__name__} for {size} bytes at {rec.site()}; "
+                       "the program got the exception, nothing was recorded for that allocation")
+            raise
         if size == 0 or not getattr(memptr, "ptr", 0):
             return memptr
         try:

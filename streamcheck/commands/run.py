@@ -170,7 +170,7 @@ def run(args) -> int:
     races = session.races
     print(session.summary(), file=sys.stderr)
     for problem in session.unpatched:
-        print(f"streamcheck: not intercepted in this CuPy version: {problem}", file=sys.stderr)
+        print(f"streamcheck: not intercepted: {problem}", file=sys.stderr)
     print(session.report(), file=sys.stderr)
     if races and args.delay_us == 0:
         print(f"streamcheck: to make them strike, rerun with delays: streamcheck run --delay-us 200 "
