@@ -15,6 +15,11 @@ reported whether or not the chosen schedule made it strike.
 
 Misuse raises DeviceError at the call that made it, naming the call, the object
 and the user's line; it is never deferred to when the work happens to execute.
+Values are never changed on the way in: upload, host_write and fill take data of
+another dtype only when every value converts exactly (int64 3 into int8, float64 1.5
+into float32); what would wrap, truncate or round is refused. A region never clips:
+x[4:100] of 8 rows is refused, not shortened. On the sim, an argument that no declared
+write overlaps reaches the kernel read-only, so writing it raises UndeclaredWriteError.
 
 Stream capture (CUDA graphs): work issued to a capturing stream, and to streams forked
 from it through events, becomes graph nodes instead of executing; `end_capture` returns
@@ -31,16 +36,22 @@ recorded into the trace (so the checker sees the same call and collects the same
 """
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
-from . import trace as T
-from .capture import CaptureError, CapturedGraph, CaptureTracker
-from .hb import Checker, format_report
-from .trace import CallSite, Range, StreamKind, caller_site
+from .core import trace as T
+from .core.capture import CaptureError, CapturedGraph, CaptureTracker
+from .core.hb import Checker, format_report
+from .core.trace import CallSite, Range, SiteResolver, StreamKind
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+# Frames in the device API, its backends and the analysis are machinery, never the user's call site.
+caller_site = SiteResolver(os.path.join(_PACKAGE_DIR, name) for name in (
+    "device.py", "gpu.py", "core" + os.sep, "backends" + os.sep))
 
 
 class DeviceError(RuntimeError):
@@ -48,12 +59,18 @@ class DeviceError(RuntimeError):
 
 
 __all__ = ["Buffer", "CaptureError", "Device", "DeviceError", "DeviceThread", "Event", "Graph", "KernelError",
-           "Region", "Stream"]
+           "Region", "Stream", "UndeclaredWriteError"]
 
 
 class KernelError(RuntimeError):
     """A kernel raised while executing; names the launch call site (a GPU reports it later).
     Attributes: `kernel` (name), `launch_site` (CallSite), `stream` (name)."""
+
+
+class UndeclaredWriteError(KernelError):
+    """A kernel wrote an argument its launch declared only in reads= (the sim passes those
+    read-only). Attributes: those of KernelError, and `arguments`: the kernel's parameter names
+    of its read-only arguments (numpy does not say which one it wrote)."""
 
 
 class Buffer:
@@ -98,8 +115,36 @@ class Region:
         if not isinstance(index, slice) or index.step not in (None, 1):
             raise DeviceError(f"{self!r}[{index!r}] at {caller_site()}: only contiguous first-axis slices (a:b) are "
                               "regions; index the array inside the kernel instead")
-        start, stop, _ = index.indices(self.stop - self.start)
-        return Region(self.buffer, self.start + start, self.start + max(start, stop))
+        rows = self.stop - self.start
+        start = 0 if index.start is None else index.start
+        stop = rows if index.stop is None else index.stop
+        if type(start) is not int or type(stop) is not int or start < 0 or stop < 0:
+            start, stop = self._row(start, index), self._row(stop, index)  # numpy ints, negative bounds, bad types
+        if 0 <= start <= stop <= rows and self.buffer.shape:
+            return Region(self.buffer, self.start + start, self.start + stop)
+        # Unlike a Python slice, a region never clips: rows past the end are a bug in the caller's
+        # arithmetic, and clipping would hide it (the kernel would get fewer rows than it was meant to).
+        if not self.buffer.shape:
+            problem = f"buffer `{self.buffer.name}` is a scalar (shape ()), which has no rows; pass the buffer itself"
+        elif not (0 <= start <= rows and 0 <= stop <= rows):
+            problem = (f"{_slice_text(index)} is not within the {rows} rows of {self!r}; slice within 0:{rows} "
+                       f"(negative bounds count from the end, down to -{rows})")
+        else:
+            problem = f"stop {stop} is before start {start}; write [{start}:{start}] for no rows"
+        raise DeviceError(f"{self!r}[{_slice_text(index)}] at {caller_site()}: {problem}")
+
+    def _row(self, bound, index: slice) -> int:
+        """A slice bound as a row of this region: a negative one counts from the end."""
+        if isinstance(bound, bool) or not isinstance(bound, (int, np.integer)):
+            raise DeviceError(f"{self!r}[{_slice_text(index)}] at {caller_site()}: slice bounds must be integers, "
+                              f"got {bound!r}")
+        return int(bound) + (self.stop - self.start if bound < 0 else 0)
+
+    @property
+    def shape(self) -> tuple:
+        """The shape of `array()`: these rows of the buffer (a scalar buffer's only region is shape ())."""
+        shape = self.buffer.shape
+        return (self.stop - self.start,) + shape[1:] if shape else ()
 
     @property
     def rows(self) -> int:
@@ -137,6 +182,40 @@ class Region:
 
 def _type_name(obj) -> str:
     return type(obj).__name__
+
+
+def _exactly(values: np.ndarray, dtype: np.dtype, what: str, holder: str, data: str) -> np.ndarray:
+    """`values` as `dtype`, or DeviceError unless every value converts exactly: numpy's cast wraps
+    integers (int8 1000 is -24), truncates fractions and rounds floats without a word, and a stream
+    program would then compute on numbers nobody wrote. The message is `what`: `holder` dtype,
+    but `data` is ..."""
+    if values.dtype == dtype:
+        return values
+    if values.dtype.kind not in "biuf":
+        raise DeviceError(f"{what}: {holder} {dtype}, but {data} is {values.dtype}, which is not numbers; "
+                          f"pass an array of {dtype}")
+    with np.errstate(all="ignore"):  # NaN or inf to an integer is garbage: the round trip refuses it
+        converted = values.astype(dtype)
+        back = converted.astype(values.dtype)
+    lost = back != values
+    if values.dtype.kind == "f":
+        lost &= ~(np.isnan(back) & np.isnan(values))
+    if values.dtype.kind in "iu" and dtype.kind in "iu":
+        lost |= converted != values  # a signed <-> unsigned wrap survives the round trip
+    if lost.any():
+        first = int(np.flatnonzero(lost)[0])
+        index = [int(i) for i in np.unravel_index(first, values.shape)]
+        where = "" if not index else f" (element {index[0] if len(index) == 1 else tuple(index)})"
+        raise DeviceError(f"{what}: {holder} {dtype}, but {data} is {values.dtype} and its "
+                          f"{values.flat[first].item()!r}{where} is not exactly representable in {dtype}; convert "
+                          f"it yourself with the rounding or clipping you mean (e.g. .astype(np.{dtype})), or use a "
+                          "dtype that holds it")
+    return converted
+
+
+def _slice_text(index: slice) -> str:
+    """`index` as the user wrote it: 4:100, :3, -2:."""
+    return ":".join("" if bound is None else repr(bound) for bound in (index.start, index.stop))
 
 
 class Stream:
@@ -387,7 +466,8 @@ class Device:
             return event
 
     def alloc(self, shape, dtype="float32", name: str = "", fill=None) -> Buffer:
-        """Allocate device memory. Contents are garbage (NaN in the sim) unless `fill` is given."""
+        """Allocate device memory. Contents are garbage (NaN in the sim) unless `fill` is given
+        (it broadcasts to `shape` and must convert exactly to `dtype`)."""
         site = caller_site()
         name = self._name(name, "alloc", site)
         if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
@@ -408,11 +488,14 @@ class Device:
             raise DeviceError(f"alloc {name!r} at {site}: unsupported dtype {dtype!r} ({exc})") from None
         if fill is not None:
             try:
-                np.asarray(fill, dtype=dtype)
                 np.broadcast_to(fill, shape)
+                fill = np.asarray(fill)
             except (TypeError, ValueError) as exc:
                 raise DeviceError(f"alloc {name!r} at {site}: fill {fill!r} does not fit shape {shape} "
                                   f"dtype {dtype} ({exc})") from None
+            fill = _exactly(fill, dtype, f"alloc {name!r} at {site}", "the buffer holds", "fill")
+            if fill.ndim == 0:
+                fill = fill[()]  # a scalar of the buffer's dtype, as both backends' fills take
         with self._lock:
             id = self._next["buffer"]
             self._next["buffer"] += 1
@@ -444,7 +527,9 @@ class Device:
     def launch(self, kernel, args: Sequence = (), *, stream: Optional[Stream] = None,
                reads: Iterable = (), writes: Iterable = (), name: str = "") -> None:
         """Enqueue `kernel(*args)` on `stream`. Buffers/Regions in args become backend arrays.
-        Every buffer argument must appear in `reads` or `writes`: undeclared accesses are unchecked."""
+        Every buffer argument must appear in `reads` or `writes`: undeclared accesses are unchecked.
+        On the sim an argument that no declared write overlaps is passed read-only (a write to
+        it raises UndeclaredWriteError); a GPU cannot enforce that."""
         site = caller_site()
         if not name:
             name = getattr(kernel, "__name__", None) or _type_name(kernel)
@@ -502,18 +587,35 @@ class Device:
 
     def upload(self, dst, host_array, stream: Optional[Stream] = None) -> None:
         """Async host-to-device copy on `stream` (the host array must stay alive and unchanged:
-        it is read when the copy executes)."""
+        it is read when the copy executes). The array has the region's shape, or is flat with
+        its size. Another dtype is converted now, and only if every value converts exactly;
+        into a capturing stream it must already be a numpy array of the buffer's dtype."""
         site = caller_site()
         stream = self._stream_or_default(stream, "upload", site)
         dst = self._region(dst, "upload dst", site)
-        host_array = np.asarray(host_array)
-        if host_array.dtype != dst.buffer.dtype and host_array.dtype.kind not in "biuf":
-            raise DeviceError(f"upload to {dst} at {site}: host data of dtype {host_array.dtype} is not numbers; "
-                              f"pass an array of {dst.buffer.dtype}")
-        expected = dst.size
-        if host_array.size != expected:
-            raise DeviceError(f"upload to {dst} at {site}: {host_array.size} host elements for {expected} "
-                              "device elements; the sizes must match")
+        what = f"upload to {dst} at {site}"
+        given = host_array
+        try:
+            host_array = np.asarray(host_array)
+        except (TypeError, ValueError) as exc:
+            raise DeviceError(f"{what}: the host data is not an array ({exc}); pass a numpy array of "
+                              f"{dst.buffer.dtype}") from None
+        if host_array.size != dst.size:
+            raise DeviceError(f"{what}: {host_array.size} host elements for {dst.size} device elements; the sizes "
+                              "must match")
+        # A flat array is a byte copy as cudaMemcpy sees it; any other shape must be the region's,
+        # or a transposed or mis-sliced array would be spread over the rows without a word.
+        if host_array.shape != dst.shape and host_array.ndim != 1:
+            raise DeviceError(f"{what}: the host array has shape {host_array.shape} and {dst} has shape {dst.shape}; "
+                              f"pass an array of shape {dst.shape} (or a flat one of {dst.size} elements)")
+        if self.capture_tracker.active and self.capture_tracker.capturing(stream.id) is not None and (
+                not isinstance(given, np.ndarray) or host_array.dtype != dst.buffer.dtype):
+            # A converted copy would be what the graph reads at every launch, not the caller's array.
+            got = host_array.dtype if isinstance(given, np.ndarray) else _type_name(given)
+            raise DeviceError(f"{what}: {stream.name} is capturing, and a captured copy reads the host array at "
+                              f"every launch of the graph; pass a numpy array of {dst.buffer.dtype} (not {got}) "
+                              "so that it reads yours")
+        host_array = _exactly(host_array, dst.buffer.dtype, what, f"`{dst.buffer.name}` holds", "the host array")
         with self._lock:
             # Captured, the graph reads the host array at every launch (keep it alive and current).
             self._record_work(T.Copy(self._thread_id(), site, stream=stream.id, kind=T.CopyKind.H2D, src=None,
@@ -550,16 +652,21 @@ class Device:
             return value
 
     def host_write(self, region, value) -> None:
-        """Write device memory from the host *now*, with no synchronization."""
+        """Write device memory from the host *now*, with no synchronization. `value` broadcasts
+        to the region and must convert exactly to its dtype (as upload's data)."""
         site = caller_site()
         region = self._region(region, "host_write", site)
-        if region.buffer.storage is not None:
-            shape = region.array().shape
-            try:
-                np.broadcast_to(np.asarray(value), shape)
-            except ValueError:
-                raise DeviceError(f"host_write to {region} at {site}: a value of shape {np.shape(value)} does "
-                                  f"not fit {shape}") from None
+        what = f"host_write to {region} at {site}"
+        try:
+            value = np.asarray(value)
+        except (TypeError, ValueError) as exc:
+            raise DeviceError(f"{what}: the value is not an array ({exc}); pass a number or a numpy array of "
+                              f"{region.buffer.dtype}") from None
+        try:
+            np.broadcast_to(value, region.shape)
+        except ValueError:
+            raise DeviceError(f"{what}: a value of shape {value.shape} does not fit {region.shape}") from None
+        value = _exactly(value, region.buffer.dtype, what, f"`{region.buffer.name}` holds", "the value")
         with self._lock:
             self._record(T.HostAccess(self._thread_id(), site, writes=(region.byte_range(),), name="host write"))
             self.backend.host_write(region, value)

@@ -104,7 +104,8 @@ def test_regions_are_first_axis_rows_and_byte_ranges(dev):
     assert r.byte_range() == T.Range(x.id, 32, 80)
     assert r[1:].byte_range() == T.Range(x.id, 48, 80)  # a region of a region
     assert x[-2:].byte_range() == T.Range(x.id, 64, 96)
-    assert x[4:2].size == 0  # empty, as Python slices are
+    assert x[:-1].byte_range() == T.Range(x.id, 0, 80)  # negative bounds count from the end, as in Python
+    assert x[4:4].size == 0 and x[6:].size == 0  # empty regions are fine
     assert repr(r) == "x[2:5]"
     s = dev.alloc((), "float32", name="s", fill=1.0)
     assert s.region().byte_range() == T.Range(s.id, 0, 4)
@@ -127,6 +128,33 @@ def test_regions_refuse_non_contiguous_indexing(dev, index):
     x = dev.alloc((4,), "float32", name="x")
     with pytest.raises(DeviceError, match=r"x\[0:4\]\[.*\] at " + here(1) + ": only contiguous"):
         x[index]
+
+
+@pytest.mark.parametrize("index, message", [
+    (slice(4, 100), r"x\[0:8\]\[4:100\] at {site}: 4:100 is not within the 8 rows of x\[0:8\]; slice within 0:8"),
+    (slice(None, 9), r"x\[0:8\]\[:9\] at {site}: :9 is not within the 8 rows"),
+    (slice(-9, None), r"x\[0:8\]\[-9:\] at {site}: -9: is not within the 8 rows .*down to -8"),
+    (slice(5, 2), r"x\[0:8\]\[5:2\] at {site}: stop 2 is before start 5; write \[5:5\] for no rows"),
+    (slice(-2, 3), r"x\[0:8\]\[-2:3\] at {site}: stop 3 is before start 6"),
+    (slice(1.5, 3), r"x\[0:8\]\[1.5:3\] at {site}: slice bounds must be integers, got 1.5"),
+    (slice(True, 3), r"slice bounds must be integers, got True"),
+])
+def test_regions_refuse_slices_past_their_rows_instead_of_shortening_them(dev, index, message):
+    # A Python slice clips x[4:100] to x[4:8]: a region must not, or a kernel gets fewer rows than asked.
+    x = dev.alloc((8,), "float32", name="x")
+    with pytest.raises(DeviceError, match=message.format(site=here(1))):
+        x[index]
+
+
+def test_a_region_of_a_region_is_bounded_by_its_rows_and_a_scalar_has_none(dev):
+    x = dev.alloc((8, 2), "float32", name="x")
+    assert x[2:6][1:4].byte_range() == T.Range(x.id, 24, 48) and x[2:6][-1:].start == 5
+    with pytest.raises(DeviceError, match=r"x\[2:6\]\[1:5\] at .*: 1:5 is not within the 4 rows of x\[2:6\]"):
+        x[2:6][1:5]
+    s = dev.alloc((), "float32", name="s")
+    with pytest.raises(DeviceError, match=r"s\[0:1\]\[0:0\] at .*: buffer `s` is a scalar \(shape \(\)\), which "
+                                          "has no rows; pass the buffer itself"):
+        s[0:0]
 
 
 # --- bad input -----------------------------------------------------------------------------------
@@ -153,11 +181,9 @@ def test_device_options_are_validated():
     (lambda dev: dev.alloc(True), "shape must be"),
     (lambda dev: dev.alloc("four"), "shape must be non-negative integers"),
     (lambda dev: dev.alloc(None), "shape must be an integer or a tuple of integers"),
-    (lambda dev: dev.alloc(4, "complex64"), "unsupported dtype 'complex64'"),
-    (lambda dev: dev.alloc(4, "floaty"), "unsupported dtype 'floaty'"),
     (lambda dev: dev.alloc(4, None), "give a dtype"),
     (lambda dev: dev.alloc(4, fill=[1, 2]), r"fill \[1, 2\] does not fit shape \(4,\)"),
-    (lambda dev: dev.alloc(4, "int32", fill="x"), "fill 'x' does not fit"),
+    (lambda dev: dev.alloc(4, "int32", fill="x"), "the buffer holds int32, but fill is <U1, which is not numbers"),
 ])
 def test_bad_object_options_raise_device_error_naming_the_call_and_site(dev, call, message):
     with pytest.raises(DeviceError, match=message) as info:
@@ -227,7 +253,8 @@ def test_bad_copies_and_host_accesses_are_refused_at_the_call(dev):
         dev.copy(x[0:2], x[1:3])
     with pytest.raises(DeviceError, match=r"upload to y\[0:3\] at .*: 4 host elements for 3 device elements"):
         dev.upload(y, np.zeros(4))
-    with pytest.raises(DeviceError, match="host data of dtype <U1 is not numbers; pass an array of float32"):
+    with pytest.raises(DeviceError, match="`y` holds float32, but the host array is <U1, which is not numbers; "
+                                          "pass an array of float32"):
         dev.upload(y, ["a", "b", "c"])
     with pytest.raises(DeviceError, match=r"host_write to x\[0:4\] at .*: a value of shape \(3,\) does not fit"):
         dev.host_write(x, np.ones(3))
@@ -235,6 +262,123 @@ def test_bad_copies_and_host_accesses_are_refused_at_the_call(dev):
         dev.host_read([1, 2])
     with pytest.raises(DeviceError, match="note_implicit_sync at .*: reason must be a string"):
         dev.note_implicit_sync(None)
+
+
+# --- values are never changed on the way in ----------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype, host, message", [
+    # numpy's cast would store [-24, 24, 0]: integers wrap
+    ("int8", np.array([1000, -1000, 0]), r"`x` holds int8, but the host array is int64 and its 1000 \(element 0\) is "
+                                         r"not exactly representable in int8; convert it .*\.astype\(np\.int8\)"),
+    ("int32", np.array([2.0, 1.5, 3.0]), r"`x` holds int32, but the host array is float64 and its 1\.5 \(element 1\)"),
+    ("int32", [1.0, float("nan"), 2.0], r"`x` holds int32, but the host array is float64 and its nan \(element 1\)"),
+    ("uint8", np.array([3, -1, 0]), r"`x` holds uint8, but the host array is int64 and its -1 \(element 1\)"),
+    # uint8 200 -> int8 -56 -> uint8 200: a wrap that survives the round trip
+    ("int8", np.array([1, 200, 0], np.uint8), r"`x` holds int8, but the host array is uint8 and its 200 \(element 1\)"),
+    ("int64", np.array([1, 2, 2**63], np.uint64), r"`x` holds int64, but the host array is uint64 and its "
+                                                  r"9223372036854775808 \(element 2\)"),
+    ("float64", np.array([1, 2**53 + 1, 0]), r"`x` holds float64, but the host array is int64 and its "
+                                             r"9007199254740993 \(element 1\)"),
+    ("float32", np.array([0.5, 0.1, 0.25]), r"`x` holds float32, but the host array is float64 and its 0\.1 "),
+    ("float16", np.array([1.0, 1e6, 2.0], np.float32), r"`x` holds float16, but the host array is float32 and its "
+                                                       r"1000000\.0 \(element 1\) is not exactly representable"),
+    ("bool", np.array([0, 1, 2]), r"`x` holds bool, but the host array is int64 and its 2 \(element 2\)"),
+])
+def test_upload_refuses_host_values_the_buffer_cannot_hold_exactly(dev, dtype, host, message):
+    x = dev.alloc((3,), dtype, name="x", fill=0)
+    before = len(dev.trace)
+    with pytest.raises(DeviceError, match=f"upload to x\\[0:3\\] at {here(1)}: {message}"):
+        dev.upload(x, host)
+    dev.synchronize()
+    assert len(dev.trace) == before + 1 and dev.host_read(x).tolist() == [0, 0, 0]  # nothing recorded or copied
+
+
+def test_upload_converts_values_that_are_exactly_representable(dev):
+    # The documented allowance: another dtype is fine when no value changes on the way.
+    x = dev.alloc((3,), "int8", name="x")
+    f = dev.alloc((4,), "float32", name="f")
+    b = dev.alloc((2,), "float64", name="b")
+    dev.upload(x, [1, -128, 127])
+    dev.upload(f, np.array([1.5, -0.25, np.inf, np.nan]))
+    dev.upload(b, np.array([True, False]))
+    dev.synchronize()
+    assert dev.host_read(x).tolist() == [1, -128, 127] and dev.host_read(x).dtype == np.int8
+    np.testing.assert_array_equal(dev.host_read(f), np.array([1.5, -0.25, np.inf, np.nan], np.float32))
+    assert dev.host_read(b).tolist() == [1.0, 0.0]
+
+
+def test_upload_refuses_a_host_array_of_another_shape_but_takes_a_flat_one(dev):
+    x = dev.alloc((2, 3), "float32", name="x", fill=0.0)
+    with pytest.raises(DeviceError, match=r"upload to x\[0:2\] at .*: the host array has shape \(3, 2\) and x\[0:2\] "
+                                          r"has shape \(2, 3\); pass an array of shape \(2, 3\) \(or a flat one of 6"):
+        dev.upload(x, np.zeros((3, 2), np.float32))  # a transposed array would be spread over the rows
+    with pytest.raises(DeviceError, match=r"x\[1:2\] has shape \(1, 3\)"):
+        dev.upload(x[1:2], np.zeros((3, 1), np.float32))
+    with pytest.raises(DeviceError, match="the host data is not an array .*; pass a numpy array of float32"):
+        dev.upload(x, [[1.0, 2.0], [3.0]])
+    dev.upload(x, np.arange(6, dtype=np.float32))  # flat: a byte copy, as cudaMemcpy sees it
+    dev.synchronize()
+    assert dev.host_read(x).tolist() == [[0, 1, 2], [3, 4, 5]]
+
+
+def test_upload_of_a_non_contiguous_host_array_copies_its_values_not_its_memory(dev):
+    x = dev.alloc((2, 3), "float32", name="x", fill=0.0)
+    host = np.arange(6, dtype=np.float32).reshape(3, 2).T  # shape (2, 3), Fortran order
+    assert not host.flags.c_contiguous
+    dev.upload(x, host)
+    dev.upload(x[0:1], np.arange(12, dtype=np.float32)[::4][None])  # strided, shape (1, 3)
+    dev.synchronize()
+    assert dev.host_read(x).tolist() == [[0, 4, 8], [1, 3, 5]]
+
+
+def test_upload_into_a_capture_must_be_an_array_of_the_buffers_dtype(dev):
+    # The graph reads the host array at every launch: a converted copy would freeze its values.
+    s = dev.stream("s")
+    x = dev.alloc((2,), "float32", name="x", fill=0.0)
+    s.begin_capture()
+    with pytest.raises(DeviceError, match=r"upload to x\[0:2\] at .*: s is capturing, and a captured copy reads the "
+                                          r"host array at every launch of the graph; pass a numpy array of float32 "
+                                          r"\(not float64\)"):
+        dev.upload(x, np.array([1.0, 2.0]), stream=s)
+    with pytest.raises(DeviceError, match=r"pass a numpy array of float32 \(not list\)"):
+        dev.upload(x, [1.0, 2.0], stream=s)
+    host = np.array([1.0, 2.0], np.float32)
+    dev.upload(x, host, stream=s)
+    graph = s.end_capture()
+    host[:] = [3.0, 4.0]
+    graph.launch(s)
+    s.synchronize()
+    assert dev.host_read(x).tolist() == [3.0, 4.0]
+
+
+def test_host_write_and_fill_refuse_values_the_buffer_cannot_hold_exactly(dev):
+    x = dev.alloc((2,), "int8", name="x", fill=5)
+    with pytest.raises(DeviceError, match=r"host_write to x\[0:2\] at .*: `x` holds int8, but the value is int64 and "
+                                          "its 300 is not exactly representable in int8"):
+        dev.host_write(x, 300)
+    with pytest.raises(DeviceError, match=r"`x` holds int8, but the value is float64 and its 2\.5 \(element 1\)"):
+        dev.host_write(x, [1.0, 2.5])
+    with pytest.raises(DeviceError, match="`x` holds int8, but the value is <U1, which is not numbers"):
+        dev.host_write(x, "a")
+    assert dev.host_read(x).tolist() == [5, 5]
+    dev.host_write(x, -7.0)  # exactly an int8
+    assert dev.host_read(x).tolist() == [-7, -7]
+    # numpy raises a bare OverflowError here, and truncates 1.5 to 1 without a word.
+    with pytest.raises(DeviceError, match=f"alloc 'y' at {here(2)}: the buffer holds int8, but fill is int64 and its "
+                                          "1000 is not exactly representable in int8"):
+        dev.alloc(2, "int8", name="y", fill=1000)
+    with pytest.raises(DeviceError, match="the buffer holds int32, but fill is float64 and its 1.5 is not exactly"):
+        dev.alloc(2, "int32", name="y", fill=1.5)
+    assert dev.host_read(dev.alloc(2, "int32", fill=3.0)).tolist() == [3, 3]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "floaty", "complex64"])
+def test_an_unsupported_dtype_lists_the_supported_ones(dev, dtype):
+    with pytest.raises(DeviceError, match=f"alloc 'x' at {here(3)}: unsupported dtype '{dtype}' \\(the sim backend "
+                                          "holds numpy data and supports bool, float16, float32, float64, int16, "
+                                          "int32, int64, int8, uint8\\)"):
+        dev.alloc(4, dtype, name="x")
 
 
 def test_copy_moves_bytes_whatever_the_element_types(dev):

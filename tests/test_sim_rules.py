@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamcheck.device import Device
+from streamcheck.device import Device, KernelError, UndeclaredWriteError
 
 STEPS = 3
 EXPECTED = np.repeat(np.arange(1, STEPS + 1, dtype=np.float32)[:, None], 2, axis=1)  # row t holds t+1
@@ -376,6 +376,101 @@ def test_copy_between_streams_without_a_wait_copies_stale_bytes():
     dev.copy(y, x, stream=b)
     np.testing.assert_array_equal(dev.get(y, stream=b), [0.0, 0.0])
     assert any(r.kind == "RAW" and r.second.name == "copy D2D" for r in dev.races)
+
+
+# --- reads= is enforced: what a launch only reads, its kernel gets read-only ----------------------
+
+
+def scale_both(out, src):
+    out[...] = src * 2
+    # An undeclared write:
+    src *= 2  # <writes-src>
+
+
+def line_of(marker: str) -> str:
+    with open(__file__) as f:
+        lines = [i for i, line in enumerate(f, 1) if line.rstrip().endswith(f"# <{marker}>")]
+    assert len(lines) == 1, marker
+    return f"test_sim_rules.py:{lines[0]}"
+
+
+def test_a_kernel_that_writes_what_it_declared_only_in_reads_raises_naming_the_argument():
+    # Unchecked, this write would race with every other reader of x, and no report would say so.
+    dev = Device("sim")
+    a = dev.stream("A")
+    x = dev.alloc((4,), "float32", name="x", fill=1.0)
+    y = dev.alloc((4,), "float32", name="y", fill=0.0)
+    with pytest.raises(UndeclaredWriteError) as info:
+        dev.launch(scale_both, (y, x[0:4]), stream=a, reads=[x], writes=[y])  # <launch-scale>
+    message = str(info.value)
+    assert message.startswith(f"kernel `scale_both` launched at {line_of('launch-scale')} on A wrote its argument "
+                              "`src` (x[0:4]), which the launch declares only in reads= (numpy: output array is "
+                              f"read-only, at {line_of('writes-src')}); add what it writes to writes= at the launch "
+                              "site, or stop writing it")
+    assert isinstance(info.value, KernelError) and info.value.arguments == ("src",)
+    assert info.value.kernel == "scale_both" and info.value.stream == "A"
+    dev.synchronize()
+    assert dev.host_read(x).tolist() == [1, 1, 1, 1]  # the write did not happen
+    dev.launch(scale_both, (y, x), stream=a, reads=[x], writes=[x, y])  # declared: the same kernel runs
+    dev.synchronize()
+    assert dev.host_read(x).tolist() == [2, 2, 2, 2] and dev.host_read(y).tolist() == [2, 2, 2, 2]
+
+
+def test_with_several_read_only_arguments_the_error_names_each_one():
+    dev = Device("sim")
+    w = dev.alloc((2,), "float32", name="w", fill=1.0)
+    x = dev.alloc((2,), "float32", name="x", fill=1.0)
+
+    def accumulate(weights, inputs):
+        np.add(inputs, weights, out=inputs)
+
+    with pytest.raises(UndeclaredWriteError, match=r"kernel `accumulate` launched at .* on legacy wrote one of its "
+                                                   r"arguments `weights` \(w\[0:2\]\), `inputs` \(x\[0:2\]\), which"):
+        dev.launch(accumulate, (w, x), reads=[w, x])
+    assert dev.host_read(x).tolist() == [1, 1]
+
+
+def test_only_arguments_that_no_declared_write_overlaps_are_read_only():
+    dev = Device("sim")
+    x = dev.alloc((4,), "float32", name="x", fill=0.0)
+    # The whole buffer is passed and rows 2:4 are declared written: it stays writable (rows are not policed).
+    dev.launch(lambda v: v[2:].fill(3), (x,), reads=[x], writes=[x[2:4]])
+    dev.synchronize()
+    assert dev.host_read(x).tolist() == [0, 0, 3, 3]
+    # Rows 0:2 are passed and only rows 2:4 are declared written: rows 0:2 are read-only.
+    with pytest.raises(UndeclaredWriteError, match=r"wrote its argument `v` \(x\[0:2\]\)") as info:
+        dev.launch(lambda v, w: v.fill(5), (x[0:2], x[2:4]), reads=[x[0:2]], writes=[x[2:4]])
+    assert info.value.arguments == ("v",)
+    assert dev.host_read(x).tolist() == [0, 0, 3, 3]
+    assert x.storage.flags.writeable  # the read-only view never leaks onto the buffer itself
+    dev.host_write(x, 1.0)
+    assert dev.host_read(x).tolist() == [1, 1, 1, 1]
+
+
+def test_a_kernel_that_fails_otherwise_keeps_its_own_error():
+    dev = Device("sim")
+    x = dev.alloc((2,), "float32", name="x", fill=0.0)
+
+    def bad(v):
+        raise ValueError("bad shape")
+
+    with pytest.raises(KernelError, match="raised ValueError: bad shape") as info:
+        dev.launch(bad, (x,), reads=[x])
+    assert not isinstance(info.value, UndeclaredWriteError)
+
+
+def test_a_captured_kernel_gets_its_read_only_arguments_at_every_graph_launch():
+    dev = Device("sim")
+    s = dev.stream("s")
+    x = dev.alloc((2,), "float32", name="x", fill=1.0)
+    y = dev.alloc((2,), "float32", name="y", fill=0.0)
+    s.begin_capture()
+    dev.launch(scale_both, (y, x), stream=s, reads=[x], writes=[y])
+    graph = s.end_capture()
+    with pytest.raises(UndeclaredWriteError, match=r"kernel `scale_both` .* wrote its argument `src` \(x\[0:2\]\)"):
+        graph.launch(s)
+        s.synchronize()
+    assert dev.host_read(x).tolist() == [1, 1]
 
 
 # --- the sim's clock for timelines ---------------------------------------------------------------

@@ -9,6 +9,10 @@ stream, all work issued earlier on blocking streams (and the reverse). A consume
 that nothing orders after its producer can therefore run first and read stale
 values, exactly as on a GPU.
 
+A kernel gets read-only views of the arguments that no declared write of its launch
+overlaps: a write the launch did not declare fails at that write (UndeclaredWriteError)
+instead of going unseen by the checker. A GPU cannot do this; the sim is where it shows.
+
 Time is counted in host calls: every device call that issues work, touches memory
 or synchronizes (alloc, free, launch, copies, host reads/writes, record, wait, the
 synchronizes) ends with one scheduling step; creating streams and events does not.
@@ -37,6 +41,9 @@ node index) to each node's execution.
 """
 from __future__ import annotations
 
+import inspect
+import os
+import traceback
 from collections import deque
 from typing import Optional
 
@@ -159,9 +166,10 @@ class SimBackend:
     name = "sim"
 
     def __init__(self, device, policy="eager", seed: int = 0, **params):
-        from ..device import Buffer, DeviceError, KernelError, Region  # late: device imports backends
+        from ..device import Buffer, DeviceError, KernelError, Region, UndeclaredWriteError  # late: device imports us
 
         self._DeviceError, self._KernelError, self._Buffer, self._Region = DeviceError, KernelError, Buffer, Region
+        self._UndeclaredWriteError = UndeclaredWriteError
         if isinstance(policy, Policy):
             if params:
                 raise ScheduleError(f"policy parameters {sorted(params)} given with an already built policy "
@@ -196,9 +204,13 @@ class SimBackend:
 
     # --- objects ------------------------------------------------------------------------
     def dtype(self, dtype) -> np.dtype:
-        dt = np.dtype(dtype)
+        supported = f"the sim backend holds numpy data and supports {', '.join(sorted(_DTYPES))}"
+        try:
+            dt = np.dtype(dtype)
+        except TypeError:  # not a numpy dtype at all (bfloat16, a typo): say what would do
+            raise TypeError(supported) from None
         if dt.name not in _DTYPES:
-            raise TypeError(f"the sim backend holds numpy data and supports {sorted(_DTYPES)}")
+            raise TypeError(supported)
         return dt
 
     def new_stream(self, stream) -> None:
@@ -252,7 +264,25 @@ class SimBackend:
 
     # Operations are (bound method, arguments) rather than closures: a launch is the hot path.
     def launch(self, stream, kernel, args, name, site) -> None:
-        self._issue_work(stream, self._run_kernel, (kernel, args, name, site, stream), name, "launch")
+        # An argument that no declared write overlaps is passed read-only, so a kernel that writes
+        # what it declared only in reads= fails at that write instead of racing unseen.
+        writes = self._trace.ops[-1].writes  # of the Launch the device recorded just before
+        Buffer, Region = self._Buffer, self._Region
+        read_only = []
+        for i, arg in enumerate(args):
+            kind = type(arg)
+            if kind is Buffer:
+                arg = arg.region()
+            elif kind is not Region:
+                continue
+            rng = arg.byte_range()
+            for w in writes:  # Range.overlaps, inlined: this runs per argument of every launch
+                if w.buffer == rng.buffer and w.start < rng.stop and rng.start < w.stop:
+                    break
+            else:
+                read_only.append(i)
+        self._issue_work(stream, self._run_kernel, (kernel, args, tuple(read_only), name, site, stream), name,
+                         "launch")
 
     def _capturing(self, stream) -> Optional[int]:
         """The graph `stream` captures into, or None (one attribute test while nothing captures)."""
@@ -266,20 +296,48 @@ class SimBackend:
         else:
             self._held.setdefault(graph, []).append((run, args, name, kind))
 
-    def _run_kernel(self, kernel, args, name, site, stream) -> None:
+    def _run_kernel(self, kernel, args, read_only, name, site, stream) -> None:
         # Buffers/Regions become arrays when the kernel runs, not when it is issued.
         Buffer, Region = self._Buffer, self._Region
         values = [a.array() if type(a) is Region else a.region().array() if type(a) is Buffer else a for a in args]
+        for i in read_only:
+            view = values[i] = values[i].view()  # a view: the buffer's own array stays writable
+            view.flags.writeable = False
         try:
             kernel(*values)
         except Exception as exc:
             host = self._trace.ops[-1]  # the host call during which the scheduler ran it
-            err = self._KernelError(
-                f"kernel `{name}` launched at {site} on {stream.name} raised {type(exc).__name__}: {exc} "
-                f"(it executed during {type(host).__name__} at {host.site}; fix the kernel or its "
-                "arguments at the launch site)")
+            during = f"it executed during {type(host).__name__} at {host.site}"
+            if read_only and isinstance(exc, ValueError) and "read-only" in str(exc):
+                err = self._undeclared_write(kernel, args, read_only, name, site, stream, exc, during)
+            else:
+                err = self._KernelError(f"kernel `{name}` launched at {site} on {stream.name} raised "
+                                        f"{type(exc).__name__}: {exc} ({during}; fix the kernel or its "
+                                        "arguments at the launch site)")
             err.kernel, err.launch_site, err.stream = name, site, stream.name
             raise err from exc
+
+    def _undeclared_write(self, kernel, args, read_only, name, site, stream, exc, during):
+        """The error for a kernel that wrote a read-only argument: numpy does not say which array
+        it was, so it names every read-only one (by the kernel's parameter names where it has them)
+        and the kernel's line that wrote."""
+        try:
+            params = [p.name for p in inspect.signature(kernel).parameters.values()
+                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        except (TypeError, ValueError):  # a builtin or a callable without a signature
+            params = []
+        named = [params[i] if i < len(params) else f"argument {i}" for i in read_only]
+        shown = ", ".join(f"`{param}` ({(args[i].region() if type(args[i]) is self._Buffer else args[i])!r})"
+                          for param, i in zip(named, read_only))
+        frame = traceback.extract_tb(exc.__traceback__)[-1]
+        where = f"{os.path.basename(frame.filename)}:{frame.lineno}"
+        which = f"its argument {shown}" if len(read_only) == 1 else f"one of its arguments {shown}"
+        err = self._UndeclaredWriteError(
+            f"kernel `{name}` launched at {site} on {stream.name} wrote {which}, which the launch declares only in "
+            f"reads= (numpy: {exc}, at {where}); add what it writes to writes= at the launch site, or stop writing "
+            f"it ({during})")
+        err.arguments = tuple(named)
+        return err
 
     def copy(self, stream, dst, src, site) -> None:
         self._issue_work(stream, _copy_bytes, (dst, src), "copy D2D", "copy")
