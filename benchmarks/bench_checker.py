@@ -10,8 +10,8 @@ import random
 import statistics
 import time
 
-from streamcheck.hb import Checker
-from streamcheck.trace import (Alloc, CallSite, EventCreate, EventRecord, Launch, Range, StreamCreate, StreamKind,
+from streamcheck.core.hb import Checker
+from streamcheck.core.trace import (Alloc, CallSite, EventCreate, EventRecord, Launch, Range, StreamCreate, StreamKind,
                                StreamSync, StreamWait)
 
 

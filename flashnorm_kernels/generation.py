@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from streamcheck.compare import Comparison, compare_tokens, format_comparison
+from streamcheck.core.compare import Comparison, compare_tokens, format_comparison
 from streamcheck.device import Device
 
 from .hf import attach

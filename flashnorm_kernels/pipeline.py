@@ -40,7 +40,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from streamcheck.device import Buffer, Device, Region, Stream
-from streamcheck.trace import StreamKind
+from streamcheck.core.trace import StreamKind
 
 from . import kernels_cpu
 from .plan import EDGES, SyncPlan

@@ -1,4 +1,19 @@
-"""streamcheck: find CUDA stream races by happens-before analysis and injected schedules."""
+"""streamcheck: find CUDA stream races by happens-before analysis and injected schedules.
+
+The layers (docs/architecture.md): `streamcheck.core` is the pure analysis (trace, capture
+tracker, happens-before checker and reports, schedules); the device API (`device`) and its
+backends (`backends`), the recorder (`recorder`) and its library adapters (`adapters`), the
+pytest plugin and the CLI sit around it.
+"""
+import sys as _sys
+
+from .core import capture, compare, hb, schedule, trace
+
+# The core's modules lived at the top of the package before it had a core: their old import
+# paths (`streamcheck.hb`, `from streamcheck.trace import ...`) stay the same modules.
+for _module in (capture, compare, hb, schedule, trace):
+    _sys.modules[f"{__name__}.{_module.__name__.rpartition('.')[2]}"] = _module
+del _module
 
 
 def __getattr__(name):

@@ -22,8 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Optional
 
-from . import trace as T
-from .hb import Checker, Race, TraceError
+from .core import trace as T
+from .core.hb import Checker, Race, TraceError
 
 STEPS = "steps"  # sim scheduler steps, 1 step = 1 µs in the JSON
 MICROSECONDS = "us"  # measured on a GPU

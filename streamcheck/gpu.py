@@ -15,7 +15,7 @@ from typing import Optional
 
 import numpy as np
 
-from .trace import CaptureMode
+from .core.trace import CaptureMode
 
 SPIN_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuda", "spin_delay.cu")
 MAX_DELAY_US = 50_000  # the spin kernel's hard cap (STREAMCHECK_SPIN_MAX_NS): nothing can hang

@@ -572,7 +572,7 @@ def _call(fn, device, spec: ScheduleSpec, config, nodeid: str):
 
 
 def _format_races(races, width: Optional[int] = None) -> str:
-    from .hb import format_report
+    from .core.hb import format_report
 
     return format_report(list(races), width)
 
@@ -582,7 +582,7 @@ def _failure_text(headline: str, spec: ScheduleSpec, schedule: str, diff: Option
     """The failure message. With `width`, lines are wrapped at it, the headline `first_line_taken`
     columns narrower (pytest prints the exception's name before it); the replay line stays
     whole, since it is pasted back into a shell."""
-    from .hb import CONTINUATION_INDENT, MIN_WRAP_WIDTH, wrap_lines
+    from .core.hb import CONTINUATION_INDENT, MIN_WRAP_WIDTH, wrap_lines
 
     first = f"streamcheck: {headline}"
     if width is not None:
@@ -766,7 +766,7 @@ class _Summary:
                 self.rows.append((report.nodeid, report.outcome, json.loads(value)))
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
-        from .hb import wrap_lines
+        from .core.hb import wrap_lines
 
         if not self.rows:
             return

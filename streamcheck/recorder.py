@@ -17,16 +17,15 @@ from __future__ import annotations
 
 import bisect
 import os
-import sys
 import threading
 import weakref
 from typing import Optional, Protocol
 
 from . import kernel_access
-from . import trace as T
-from .hb import Checker, TraceError, format_report
-from .schedule import graph_delay_name, seed_delays
-from .trace import UNKNOWN_SITE, CallSite, CaptureMode, CopyKind, Range, StreamKind
+from .core import trace as T
+from .core.hb import Checker, TraceError, format_report
+from .core.schedule import graph_delay_name, seed_delays
+from .core.trace import UNKNOWN_SITE, CallSite, CaptureMode, CopyKind, Range, SiteResolver, StreamKind
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _tls = threading.local()  # depth: inside a recorded call, whose own library calls are part of it
@@ -170,10 +169,9 @@ class Recorder:
         self._unmapped: Optional[int] = None  # pseudo-buffer of absolute addresses (last resort)
         self._graph_held: dict = {}  # buffer id -> graphs alive whose nodes use it
         self._freed_while_held: dict = {}  # buffer id -> (alloc, thread, site) of a free a graph defers
-        self._skip: dict = {}  # file name -> frame belongs to streamcheck or the library
-        self._sites: dict = {}
+        # the user's line: the first frame outside streamcheck and the library
+        self.site = SiteResolver(d + os.sep for d in (_PACKAGE_DIR,) + tuple(gpu.library_dirs))
         self._signatures: dict = {}
-        self._skip_dirs = tuple(d + os.sep for d in (_PACKAGE_DIR,) + tuple(gpu.library_dirs))
         self._next_graph = 1
         self._capture_origin: dict = {}  # stream id -> (graph id, trace index of its CaptureBegin)
         self.captures = 0  # captures CUDA holds open: the only time spins and failed calls need a look
@@ -255,27 +253,6 @@ class Recorder:
             except IndexError:  # another thread drained it
                 return
             self.free(alloc, tid, site)
-
-    def site(self) -> CallSite:
-        """The first frame outside streamcheck and the library: the user's line. (Caches are
-        keyed by file name, whose hash Python caches, not by code object, whose hash it
-        recomputes.)"""
-        frame = sys._getframe(1)
-        skip = self._skip
-        while frame is not None:
-            filename = frame.f_code.co_filename
-            skipped = skip.get(filename)
-            if skipped is None:
-                path = filename if filename.startswith("<") else os.path.abspath(filename)
-                skipped = skip[filename] = path.startswith(self._skip_dirs)
-            if not skipped:
-                key = (filename, frame.f_lineno)
-                site = self._sites.get(key)
-                if site is None:
-                    site = self._sites[key] = CallSite(filename, frame.f_lineno, frame.f_code.co_name)
-                return site
-            frame = frame.f_back
-        return UNKNOWN_SITE
 
     def tid(self) -> int:
         ident = threading.get_ident()

@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from .trace import StreamKind
+from .core.trace import StreamKind
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from flashnorm_kernels.plan import SyncPlan

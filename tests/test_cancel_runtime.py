@@ -11,7 +11,7 @@ from flashnorm_kernels.hf import _Identity, attach
 from flashnorm_kernels.plan import SyncPlan
 from streamcheck.device import Device
 from streamcheck.fixtures import PROMPT, encode, expected_continuation, load_fixture_model
-from streamcheck.trace import Launch
+from streamcheck.core.trace import Launch
 
 PROMPT_IDS = encode(PROMPT)
 

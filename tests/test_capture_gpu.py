@@ -23,7 +23,7 @@ import pytest
 
 from streamcheck import instrument, recorder
 from streamcheck.adapters import cupy_graphs
-from streamcheck import trace as T
+from streamcheck.core import trace as T
 from streamcheck.backends import cupy_backend, gpu_available
 from streamcheck.backends.cupy_backend import (
     GRAPH_LAUNCH_NAME,
@@ -32,9 +32,9 @@ from streamcheck.backends.cupy_backend import (
     capture_mode_value,
     graph_delay_name,
 )
-from streamcheck.capture import CapturedGraph, CapturedNode, CaptureError
+from streamcheck.core.capture import CapturedGraph, CapturedNode, CaptureError
 from streamcheck.device import DeviceError
-from streamcheck.trace import UNKNOWN_SITE, CaptureMode, StreamKind
+from streamcheck.core.trace import UNKNOWN_SITE, CaptureMode, StreamKind
 
 NEEDS_GPU = pytest.mark.skipif(not gpu_available(), reason="needs an NVIDIA GPU and CuPy (CuPy missing or no CUDA "
                                                            "device)")

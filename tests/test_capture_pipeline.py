@@ -18,7 +18,7 @@ import pytest
 
 from flashnorm_kernels.pipeline import DeferredNormProjection
 from flashnorm_kernels.plan import EDGES, POST_STREAMS, SIDE_KINDS, SyncPlan
-from streamcheck.capture import CaptureError
+from streamcheck.core.capture import CaptureError
 from streamcheck.device import Device
 from streamcheck.oracle import is_safe
 

@@ -14,7 +14,7 @@ import threading
 import pytest
 
 from streamcheck.backends import gpu_available
-from streamcheck.capture import CaptureError
+from streamcheck.core.capture import CaptureError
 from streamcheck.device import Device
 
 pytestmark = [

@@ -12,10 +12,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from streamcheck.capture import CaptureError
+from streamcheck.core.capture import CaptureError
 from streamcheck.device import Device, DeviceError, Graph
-from streamcheck.hb import Checker
-from streamcheck.trace import CaptureBegin, CaptureEnd, GraphLaunch, Launch
+from streamcheck.core.hb import Checker
+from streamcheck.core.trace import CaptureBegin, CaptureEnd, GraphLaunch, Launch
 
 STEPS = 3
 SEEDS = range(200)

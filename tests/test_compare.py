@@ -1,4 +1,4 @@
-from streamcheck.compare import compare_tokens, format_comparison, side_by_side
+from streamcheck.core.compare import compare_tokens, format_comparison, side_by_side
 
 
 def decode(tokens):

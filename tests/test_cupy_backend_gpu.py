@@ -358,7 +358,7 @@ def test_warm_up_is_recorded_as_implicit_sync_not_as_an_edge():
 
 def test_bad_policy_parameters_fail_early():
     from streamcheck.device import Device
-    from streamcheck.schedule import ScheduleError
+    from streamcheck.core.schedule import ScheduleError
 
     with pytest.raises(ScheduleError, match="delay_us must be"):
         Device("cupy", policy="delay", delay_us=10 ** 6)

@@ -8,7 +8,7 @@ import pytest
 
 from streamcheck import trace as T
 from streamcheck.device import Buffer, Device, DeviceError, Event, KernelError, Region, Stream
-from streamcheck.hb import check
+from streamcheck.core.hb import check
 
 HERE = "test_device_api.py"
 

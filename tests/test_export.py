@@ -6,10 +6,10 @@ import json
 import numpy as np
 import pytest
 
-from streamcheck import trace as T
+from streamcheck.core import trace as T
 from streamcheck.device import Device
 from streamcheck.export import RACE_PREFIX, build_model, to_chrome_trace, write_chrome_trace
-from streamcheck.hb import Access, Race, format_report, reports_to_json
+from streamcheck.core.hb import Access, Race, format_report, reports_to_json
 
 
 # --- a Trace Event validator (the format's rules, and what Perfetto needs to bind flows) ------

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from streamcheck.capture import CaptureError, CaptureTracker
-from streamcheck.hb import Checker, TraceError
-from streamcheck.trace import CaptureBegin, CaptureEnd, CaptureMode, GraphLaunch, Trace
+from streamcheck.core.capture import CaptureError, CaptureTracker
+from streamcheck.core.hb import Checker, TraceError
+from streamcheck.core.trace import CaptureBegin, CaptureEnd, CaptureMode, GraphLaunch, Trace
 
 from test_hb_rules import Prog
 

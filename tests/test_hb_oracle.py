@@ -27,8 +27,8 @@ from functools import lru_cache
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-from streamcheck.hb import check, format_report
-from streamcheck.trace import (Alloc, CallSite, DeviceSync, EventCreate, EventRecord, EventSync, HostAccess, Launch,
+from streamcheck.core.hb import check, format_report
+from streamcheck.core.trace import (Alloc, CallSite, DeviceSync, EventCreate, EventRecord, EventSync, HostAccess, Launch,
                                Range, StreamCreate, StreamKind, StreamSync, StreamWait, Trace)
 
 CELL = 4  # bytes per cell; every buffer has two cells

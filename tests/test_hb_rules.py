@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from streamcheck.hb import Checker, Race, check, format_report, reports_to_json, site_path
-from streamcheck.trace import (Alloc, CallSite, Copy, CopyKind, DeviceSync, EventCreate, EventRecord, EventSync,
+from streamcheck.core.hb import Checker, Race, check, format_report, reports_to_json, site_path
+from streamcheck.core.trace import (Alloc, CallSite, Copy, CopyKind, DeviceSync, EventCreate, EventRecord, EventSync,
                                Free, HostAccess, ImplicitSync, Launch, Range, StreamCreate, StreamKind, StreamSync,
                                StreamWait, ThreadJoin, ThreadStart, Trace)
 

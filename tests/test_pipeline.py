@@ -9,7 +9,7 @@ from flashnorm_kernels import kernels_cpu
 from flashnorm_kernels.pipeline import DeferredNormProjection, normalize_dtype, reference_norm_proj
 from flashnorm_kernels.plan import SyncPlan
 from streamcheck.device import Device
-from streamcheck.trace import EventRecord, Launch, StreamWait
+from streamcheck.core.trace import EventRecord, Launch, StreamWait
 
 D = 64
 OUTS = (32, 16, 16)  # q, k, v sharing one norm

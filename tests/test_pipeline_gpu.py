@@ -20,7 +20,7 @@ from flashnorm_kernels import kernels_cpu  # noqa: E402
 from flashnorm_kernels.pipeline import DeferredNormProjection, reference_norm_proj  # noqa: E402
 from flashnorm_kernels.plan import SyncPlan  # noqa: E402
 from streamcheck.device import Device  # noqa: E402
-from streamcheck.trace import Launch  # noqa: E402
+from streamcheck.core.trace import Launch  # noqa: E402
 
 EPS = 1e-5
 DTYPES = ["bfloat16", "float16", "float32"]

@@ -11,11 +11,11 @@ import types
 import pytest
 
 from streamcheck import recorder as R
-from streamcheck import trace as T
+from streamcheck.core import trace as T
 from streamcheck.adapters import cupy_graphs
 from streamcheck.adapters.patching import Patch, Patcher, transparent_subclass
-from streamcheck.schedule import seed_delays
-from streamcheck.trace import CaptureMode, StreamKind
+from streamcheck.core.schedule import seed_delays
+from streamcheck.core.trace import CaptureMode, StreamKind
 
 
 class FakeArray:

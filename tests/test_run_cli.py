@@ -15,9 +15,9 @@ import pytest
 
 from streamcheck import cli
 from streamcheck.backends.cupy_backend import MAX_DELAY_US, _Policy
-from streamcheck.schedule import Delay
+from streamcheck.core.schedule import Delay
 from streamcheck.kernel_access import kernel_signature, param_names
-from streamcheck.schedule import ScheduleError
+from streamcheck.core.schedule import ScheduleError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NO_CUPY = "import sys; sys.modules['cupy'] = None; "  # `import cupy` now raises ImportError

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamcheck.device import Device
-from streamcheck.schedule import (HOST, POLICIES, PCT, Delay, Policy, Schedule, ScheduleError, compact,
+from streamcheck.core.schedule import (HOST, POLICIES, PCT, Delay, Policy, Schedule, ScheduleError, compact,
                                   make_policy, parse_compact)
 
 EXPLORING = [("random", {}), ("pct", {}), ("pct", {"depth": 3}), ("delay", {}), ("delay", {"streams": ["A"]})]

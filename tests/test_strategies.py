@@ -10,7 +10,7 @@ from flashnorm_kernels.plan import EDGES, SyncPlan
 from streamcheck import strategies as sst
 from streamcheck.device import Device
 from streamcheck.oracle import is_safe
-from streamcheck.trace import StreamKind
+from streamcheck.core.trace import StreamKind
 
 
 @given(sst.shapes(max_tokens=3, max_hidden=5, max_out=7))

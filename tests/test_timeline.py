@@ -132,7 +132,7 @@ def test_long_run_zooms_to_the_first_race(tmp_path):
 
 
 def test_gpu_clock_draws_injected_delays_and_measured_times(tmp_path):
-    from streamcheck import trace as T
+    from streamcheck.core import trace as T
 
     dev, _ = implicit_join("C", steps=8)
     launches = [i for i, op in enumerate(dev.trace.ops) if isinstance(op, T.Launch)]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from streamcheck.hb import Checker, TraceError, check
-from streamcheck.trace import (Alloc, CallSite, Copy, CopyKind, DeviceSync, EventCreate, EventDestroy, EventRecord,
+from streamcheck.core.hb import Checker, TraceError, check
+from streamcheck.core.trace import (Alloc, CallSite, Copy, CopyKind, DeviceSync, EventCreate, EventDestroy, EventRecord,
                                EventSync, Free, HostAccess, Launch, Range, StreamCreate, StreamKind, StreamSync,
                                StreamWait, ThreadJoin, ThreadStart, Trace)
 

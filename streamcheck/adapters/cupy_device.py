@@ -13,7 +13,7 @@ import sys
 from typing import Optional
 
 from .. import gpu
-from ..trace import StreamKind
+from ..core.trace import StreamKind
 
 _SCALARS = (int, float, complex, bool, str, bytes, type(None))  # never arrays; the hot path's first test
 

@@ -54,7 +54,7 @@ from ..gpu import (  # noqa: F401 (capture_mode_value: re-exported, its home is 
     suppressed as _suppressed,
     warm_up as _warm_up,
 )
-from ..schedule import (  # noqa: F401 (GRAPH_LAUNCH_NAME: re-exported, its home is schedule.py)
+from ..core.schedule import (  # noqa: F401 (GRAPH_LAUNCH_NAME: re-exported, its home is schedule.py)
     GRAPH_LAUNCH_NAME,
     Schedule,
     ScheduleError,
@@ -64,7 +64,7 @@ from ..schedule import (  # noqa: F401 (GRAPH_LAUNCH_NAME: re-exported, its home
     seed_delays,
     strikes,
 )
-from ..trace import StreamKind
+from ..core.trace import StreamKind
 
 POLICIES = ("sequential", "eager", "delay", "random", "pct")
 _DTYPES = {"float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
@@ -193,9 +193,13 @@ class CupyBackend:
                 return dt
             except Exception as exc:
                 raise TypeError(f"bfloat16 needs ml_dtypes and CuPy >= 14 ({exc}); store the bits in uint16") from None
-        dt = np.dtype(dtype)
-        if dt.name not in _DTYPES:
-            raise TypeError(f"the cupy backend supports {sorted(_DTYPES)} (and bfloat16 with ml_dtypes)")
+        try:
+            dt = np.dtype(dtype)
+        except TypeError:
+            dt = None
+        if dt is None or dt.name not in _DTYPES:
+            raise TypeError(f"dtype {dtype!r}: the cupy backend supports {', '.join(sorted(_DTYPES))} "
+                            "(and bfloat16 with ml_dtypes)")
         return dt
 
     def new_stream(self, stream) -> None:

@@ -49,9 +49,9 @@ from typing import Optional
 
 import numpy as np
 
-from ..capture import CapturedGraph
-from ..schedule import HOST, Policy, Replay, Schedule, ScheduleError, make_policy
-from ..trace import CallSite, StreamKind
+from ..core.capture import CapturedGraph
+from ..core.schedule import HOST, Policy, Replay, Schedule, ScheduleError, make_policy
+from ..core.trace import CallSite, StreamKind
 
 _DTYPES = {"float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool"}
 

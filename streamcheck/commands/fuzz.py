@@ -74,7 +74,7 @@ class Example:
         Every field is checked here, so a bad one is refused before anything runs."""
         from flashnorm_kernels.plan import EDGES, SyncPlan
 
-        from ..schedule import make_policy
+        from ..core.schedule import make_policy
         from ..strategies import DTYPES, ScheduleChoice, Shape
 
         fields = {}

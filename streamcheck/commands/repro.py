@@ -190,7 +190,7 @@ def _repro(backend: str, args) -> int:
     from flashnorm_kernels.plan import SyncPlan
 
     from ..fixtures import PROMPT, decode, encode, load_fixture_model
-    from ..hb import reports_to_json
+    from ..core.hb import reports_to_json
 
     model = load_fixture_model(FIXTURE, root=args.fixtures)  # clear errors (exit 2) if missing or corrupt
     prompt = encode(PROMPT)

@@ -176,7 +176,7 @@ def run(args) -> int:
         print(f"streamcheck: to make them strike, rerun with delays: streamcheck run --delay-us 200 "
               f"--seed {args.seed} {script} {' '.join(args.args)}".rstrip(), file=sys.stderr)
     if args.report_json:
-        from ..hb import reports_to_json
+        from ..core.hb import reports_to_json
 
         with open(args.report_json, "w", encoding="utf-8") as f:
             f.write(reports_to_json(races))

@@ -16,12 +16,6 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Optional, Union
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-# Frames in these files are the recording machinery, never the user's call site.
-_INTERNAL = tuple(os.path.join(_PACKAGE_DIR, name) for name in (
-    "trace.py", "hb.py", "device.py", "schedule.py", "instrument.py", "backends" + os.sep))
-
-
 def _parse_choice(cls, value, what: str):
     """A member of the str enum `cls` from itself or its value ("non-blocking" works too)."""
     if isinstance(value, cls):
@@ -73,30 +67,36 @@ class CallSite:
 UNKNOWN_SITE = CallSite("<unknown>", 0)
 
 
-_internal_file: dict = {}  # file name -> whether it is recording machinery
-_sites: dict = {}  # (code, line) -> CallSite: a device call site repeats on every step
+class SiteResolver:
+    """The user's line that issued a call: the first frame outside `internal` (path prefixes:
+    the recording machinery and the libraries it wraps). Runs once per recorded operation, so
+    both the per-file verdict and the sites are cached, keyed by file name (whose hash Python
+    caches) rather than by code object (whose hash it recomputes)."""
 
+    def __init__(self, internal):
+        self.internal = tuple(internal)
+        self._inside: dict = {}  # file name -> frame is machinery
+        self._sites: dict = {}  # (file name, line) -> CallSite
 
-def caller_site(depth_limit: int = 40) -> CallSite:
-    """The first frame outside the recording machinery: the user's line that issued the call.
-    Runs once per recorded operation, so file checks and sites are cached."""
-    frame = sys._getframe(1)
-    internal = _internal_file
-    for _ in range(depth_limit):
-        if frame is None:
-            break
-        code = frame.f_code
-        inside = internal.get(code.co_filename)
-        if inside is None:
-            inside = internal[code.co_filename] = os.path.abspath(code.co_filename).startswith(_INTERNAL)
-        if not inside:
-            key = (code, frame.f_lineno)
-            site = _sites.get(key)
-            if site is None:
-                site = _sites[key] = CallSite(code.co_filename, frame.f_lineno, code.co_name)
-            return site
-        frame = frame.f_back
-    return UNKNOWN_SITE
+    def __call__(self, depth_limit: int = 64) -> CallSite:
+        frame = sys._getframe(1)
+        inside = self._inside
+        for _ in range(depth_limit):
+            if frame is None:
+                break
+            filename = frame.f_code.co_filename
+            skipped = inside.get(filename)
+            if skipped is None:
+                path = filename if filename.startswith("<") else os.path.abspath(filename)
+                skipped = inside[filename] = path.startswith(self.internal)
+            if not skipped:
+                key = (filename, frame.f_lineno)
+                site = self._sites.get(key)
+                if site is None:
+                    site = self._sites[key] = CallSite(filename, frame.f_lineno, frame.f_code.co_name)
+                return site
+            frame = frame.f_back
+        return UNKNOWN_SITE
 
 
 @dataclass(frozen=True)
