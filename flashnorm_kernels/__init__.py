@@ -9,6 +9,7 @@ _EXPORTS = {
     "flashify": "fold", "FlashNormError": "fold", "AlreadyFoldedError": "fold",
     "UnsupportedArchitectureError": "fold",
     "flashify_checkpoint": "checkpoint", "CheckpointPathError": "checkpoint",
+    "CheckpointLoadError": "checkpoint", "CheckpointWriteError": "checkpoint",
     "cancellable_projections": "cancel", "NotCancellableError": "cancel",
     "DeferredNormProjection": "pipeline", "Storage": "pipeline", "normalize_dtype": "pipeline",
     "reference_norm_proj": "pipeline", "storage_for": "pipeline",

@@ -362,8 +362,9 @@ class Device:
     def races(self):
         return self.checker.races if self.checker is not None else []
 
-    def report(self) -> str:
-        return format_report(self.races)
+    def report(self, width: Optional[int] = None) -> str:
+        """The race reports; lines wrapped at `width` columns (None: unwrapped, for files)."""
+        return format_report(self.races, width=width)
 
     @property
     def schedule(self):

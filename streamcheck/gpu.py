@@ -32,6 +32,23 @@ def gpu_available() -> bool:
         return False
 
 
+def gpu_present_without_importing_cupy() -> bool:
+    """True when CuPy is installed and the CUDA driver sees a device, asked without importing
+    CuPy: CuPy reads settings such as CUPY_CUDA_PER_THREAD_DEFAULT_STREAM when it is imported,
+    so `streamcheck run` must leave that import to the program."""
+    import ctypes
+    import importlib.util
+
+    if importlib.util.find_spec("cupy") is None:
+        return False
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+        count = ctypes.c_int(0)
+        return driver.cuInit(0) == 0 and driver.cuDeviceGetCount(ctypes.byref(count)) == 0 and count.value > 0
+    except (OSError, AttributeError):
+        return False
+
+
 @contextlib.contextmanager
 def suppressed():
     """Record nothing issued by this thread inside the block: the cupy backend's spins, timing

@@ -53,7 +53,7 @@ class Session(Recorder):
         self.cupy = cupy
         self.patcher = None
         self.started_at = self.site()
-        self.started_by = threading.get_ident()
+        self.started_by = threading.current_thread()
 
     def _external_memory_seen(self) -> None:
         # Memory CuPy did not allocate usually comes from torch: loaded now, if not at start.
@@ -107,17 +107,70 @@ def start(*, delay_us: float = 0.0, delay_streams=(), delay_kernels=(), seed: in
 
 def stop() -> Optional[Session]:
     """Stop recording, undo every patch, and return the session (None if none was active).
-    Only the thread that started it may stop it: another thread's work may still be recording."""
+    While the thread that started it runs, only that thread may stop it: its work may still
+    be recording."""
     session = current_session()
     if session is None:
         return None
-    if threading.get_ident() != session.started_by:
+    owner = session.started_by
+    if owner is not threading.current_thread() and owner.is_alive():
         raise InstrumentError(f"streamcheck.instrument: stop() called from another thread than the one that "
-                              f"started the session at {session.started_at}; stop it from that thread "
-                              "(or use `with streamcheck.instrument():` there)")
+                              f"started the session at {session.started_at}, which still runs; stop it from that "
+                              "thread (or use `with streamcheck.instrument():` there)")
     session.deactivate()
     session.patcher.restore()
     return session
+
+
+class StartAtImport:
+    """Start recording when the program imports CuPy, not before (`streamcheck run`): CuPy reads
+    its environment (CUPY_CUDA_PER_THREAD_DEFAULT_STREAM, CUPY_ACCELERATORS, ...) at import, and
+    a program may set it first. A finder on sys.meta_path lets the normal import run, then
+    starts the session; `session` stays None if the program never imports CuPy."""
+
+    def __init__(self, **options):
+        self.options = options
+        self.session: Optional[Session] = None
+        if "cupy" in sys.modules:
+            self.session = start(**options)
+        else:
+            sys.meta_path.insert(0, self)
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "cupy":
+            return None
+        self.remove()
+        import importlib.util
+
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        spec.loader = _StartingLoader(spec.loader, self)
+        return spec
+
+    def cupy_imported(self) -> None:
+        self.session = start(**self.options)
+
+    def remove(self) -> None:
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+
+
+class _StartingLoader:
+    """CuPy's own loader, which starts the recording once CuPy's module has run."""
+
+    def __init__(self, loader, hook: StartAtImport):
+        self._loader, self._hook = loader, hook
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        self._hook.cupy_imported()
+
+    def __getattr__(self, name):  # resources, source, file names: the real loader's
+        return getattr(self._loader, name)
 
 
 class instrument:

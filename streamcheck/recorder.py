@@ -212,8 +212,9 @@ class Recorder:
         """stream id -> short name ("legacy", "s1", ..., "ptds<thread>", "torch")."""
         return dict(self._stream_names)
 
-    def report(self) -> str:
-        lines = [format_report(self.races)]
+    def report(self, width: Optional[int] = None) -> str:
+        """Races, capture errors, notices and internal errors; race lines wrapped at `width`."""
+        lines = [format_report(self.races, width=width)]
         if self.capture_errors:
             lines.append(format_capture_errors(self.capture_errors))
         lines.extend(f"streamcheck: note: {text}" for text in self.notices)

@@ -93,3 +93,16 @@ def test_repro_into_a_log_has_no_progress_frames_or_dependency_notices(tmp_path)
     assert "result: reproduced" in proc.stdout
     assert proc.stderr == ""  # no "Loading weights" bar, no max-length reminder
     assert "\r" not in proc.stdout
+
+
+def test_race_reports_wrap_at_the_terminal_width_only_on_a_terminal(monkeypatch):
+    import io
+
+    from streamcheck.commands import report_width
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+    monkeypatch.setenv("COLUMNS", "57")
+    assert report_width(Terminal()) == 57
+    assert report_width(io.StringIO()) is None  # a log file or a pipe keeps whole lines

@@ -41,7 +41,7 @@ PROGRAM_FILE = "oracle_program.py"
 
 def _examples(floor: int = 300) -> int:
     """The loaded hypothesis profile's max_examples, but at least `floor`: an example costs
-    milliseconds here, far less than the simulated-schedule tests the `ci` profile is sized for."""
+    milliseconds here, far less than the simulated-schedule tests the `streamcheck-ci` profile is sized for."""
     return max(floor, settings.default.max_examples)
 
 

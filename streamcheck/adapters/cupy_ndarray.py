@@ -27,12 +27,28 @@ HOST_READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__complex__
 
 def compute_method(label: str):
     def wrap(orig):
+        if not callable(orig):  # an attribute (`a.imag` allocates zeros for a real array): wrap its getter
+            return _compute_attribute(label, orig)
+
         def method(self, *args, **kwargs):
             if quiet():
                 return orig(self, *args, **kwargs)
             return R.current.compute(label, orig, (self,) + args, kwargs)
         return forwarding(orig, method)
     return wrap
+
+
+def _compute_attribute(label: str, descriptor) -> property:
+    """A data descriptor of the Cython base (`real`, `imag`) as a property that records its
+    getter like a method and keeps its setter."""
+    def get(self):
+        if quiet():
+            return descriptor.__get__(self, type(self))
+        return R.current.compute(label, descriptor.__get__, (self, type(self)), {})
+
+    def set(self, value):
+        descriptor.__set__(self, value)
+    return property(get, set, None, getattr(descriptor, "__doc__", None))
 
 
 def in_place_method(label: str):

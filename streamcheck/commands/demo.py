@@ -8,7 +8,12 @@ schedule then makes it strike.
 """
 from __future__ import annotations
 
+import sys
+
+
 import numpy as np
+
+from . import report_width
 
 
 def implicit_join_demo(policy: str = "delay", wait_for_matmul: bool = False, seed: int = 0):
@@ -49,9 +54,10 @@ def run(args) -> int:
     print("implicit join (post-scale waits for the RMS stream only), schedule:", dev.schedule)
     print(f"  out = {value[0, :4]} ...   expected {fixed[0, :4]} ...")
     print()
-    print(dev.report())
+    print(dev.report(width=report_width(sys.stdout)))
     print()
-    print(f"with the matmul joined too: out = {fixed[0, :4]} ...; {fixed_dev.report()}")
+    fixed_report = fixed_dev.report(width=report_width(sys.stdout))
+    print(f"with the matmul joined too: out = {fixed[0, :4]} ...; {fixed_report}")
     return 0
 
 

@@ -17,6 +17,8 @@ import time
 from contextlib import contextmanager
 from typing import Optional
 
+from . import report_width
+
 FIXTURE = "tiny_llama_zen"
 # The stale read is injected into layer 0's q/k/v projection: its matmul stream is held
 # back at a few decode steps; elsewhere the schedule is eager (the bug hides there).
@@ -227,7 +229,7 @@ def _repro(backend: str, args) -> int:
     races = buggy.candidate.races
     key = [r for r in races if r.kind == "RAW" and r.buffer.endswith(".Y")] or races
     if key:
-        print("race report (the missing wait):\n" + key[0].format())
+        print("race report (the missing wait):\n" + key[0].format(report_width(sys.stdout)))
         if len(races) > 1:
             print(f"  (+{len(races) - 1} more race{'s' if len(races) > 2 else ''}: the same missing wait seen from "
                   "other buffers and groups)")

@@ -26,7 +26,8 @@ import threading
 import traceback
 import types
 
-from ..backends.cupy_backend import MAX_DELAY_US
+from ..gpu import MAX_DELAY_US
+from . import report_width
 
 
 def _delay_us(text: str) -> float:
@@ -115,9 +116,9 @@ def run(args) -> int:
               file=sys.stderr)
         return 2
 
-    from ..backends import gpu_available
+    from ..gpu import gpu_present_without_importing_cupy
 
-    if not gpu_available():
+    if not gpu_present_without_importing_cupy():
         print("streamcheck run: needs an NVIDIA GPU and CuPy (pip install 'streamcheck[gpu]'); none found here "
               "(CuPy is missing or sees no CUDA device). Programs written against the device API can be checked "
               "on the CPU with Device('sim').", file=sys.stderr)
@@ -125,8 +126,9 @@ def run(args) -> int:
 
     from .. import instrument
 
-    session = instrument.start(delay_us=args.delay_us, delay_streams=args.delay_stream,
-                               delay_kernels=args.delay_kernel, seed=args.seed, warm_up=not args.no_warm_up)
+    # The recording starts when the script imports CuPy: CuPy reads its environment then.
+    hook = instrument.StartAtImport(delay_us=args.delay_us, delay_streams=args.delay_stream,
+                                    delay_kernels=args.delay_kernel, seed=args.seed, warm_up=not args.no_warm_up)
     before = set(threading.enumerate())
     saved_argv, saved_path0, saved_main = sys.argv, sys.path[0] if sys.path else None, sys.modules.get("__main__")
     os.environ["STREAMCHECK_RUN"] = "1"
@@ -157,6 +159,7 @@ def run(args) -> int:
         status = 130 if isinstance(exc, KeyboardInterrupt) else 1
         failure = exc
     finally:
+        hook.remove()
         instrument.stop()
         sys.argv = saved_argv
         if saved_path0 is not None:
@@ -167,11 +170,15 @@ def run(args) -> int:
     del main, failure  # the script's arrays are freed after recording stopped
 
     sys.stdout.flush()
+    session = hook.session
+    if session is None:
+        print("streamcheck: the program never imported CuPy; nothing was recorded", file=sys.stderr)
+        return status
     races = session.races
     print(session.summary(), file=sys.stderr)
     for problem in session.unpatched:
         print(f"streamcheck: not intercepted: {problem}", file=sys.stderr)
-    print(session.report(), file=sys.stderr)
+    print(session.report(width=report_width(sys.stderr)), file=sys.stderr)
     if races and args.delay_us == 0:
         print(f"streamcheck: to make them strike, rerun with delays: streamcheck run --delay-us 200 "
               f"--seed {args.seed} {script} {' '.join(args.args)}".rstrip(), file=sys.stderr)
