@@ -40,9 +40,7 @@ def _generate(model, prompt_ids, max_new_tokens: int, plan: SyncPlan, devices: l
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
     for device in devices:
-        warm_up = getattr(device.backend, "warm_up", None)
-        if warm_up is not None:
-            warm_up()  # first cuBLAS call, module loading, pool growth: implicit syncs that hide races
+        device.backend.warm_up()  # first cuBLAS call, module loading, pool growth: implicit syncs that hide races
     ids = torch.as_tensor(prompt_ids, dtype=torch.long).reshape(1, -1)
     with attach(model, devices, plan, max_tokens=max(ids.shape[1], 1), cancel=cancel):
         with torch.no_grad():

@@ -1,40 +1,70 @@
-"""Backends of the device API. Each is an adapter; the analysis lives in hb.py."""
+"""Backends of the device API: what runs the work the front end (device.py) recorded. Each is
+a subclass of protocol.Backend in a module of its own; the analysis lives in streamcheck/core.
+
+A backend is found by name: the built-in ones below, then the `streamcheck.backends` entry-point
+group (`name = "package.module:Class"`), so a new backend is one new module.
+"""
 from __future__ import annotations
 
-BACKENDS = ("sim", "cupy")
+import importlib
+
+from ..gpu import gpu_available  # noqa: F401 (public here; backends' availability checks read it here)
+
+BUILT_IN = {
+    "sim": "streamcheck.backends.sim:SimBackend",  # the CPU: a seeded scheduler runs the streams
+    "cupy": "streamcheck.backends.cupy_backend:CupyBackend",  # a GPU through CuPy
+}
+BACKENDS = tuple(BUILT_IN)  # the built-in names, in the order the docs list them
+ENTRY_POINT_GROUP = "streamcheck.backends"
 
 
 class BackendUnavailable(RuntimeError):
     """The backend cannot run here (e.g. cupy without a GPU); the message says what to do."""
 
 
-def gpu_available() -> bool:
-    """True when CuPy imports and sees at least one CUDA device."""
+def _registered() -> dict:
+    """name -> "module:Class": the built-in backends, then any installed through entry points."""
+    found = dict(BUILT_IN)
     try:
-        import cupy
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:  # no cupy, no driver, no device: all mean "no GPU here"
-        return False
+        from importlib.metadata import entry_points
+
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            found.setdefault(ep.name, ep.value)
+    except Exception:  # broken package metadata: the built-in backends still work
+        pass
+    return found
+
+
+def backend_names() -> tuple:
+    return tuple(_registered())
+
+
+def backend_class(name: str):
+    """The Backend subclass registered as `name`."""
+    target = _registered().get(name)
+    if target is None:
+        raise ValueError(f"unknown backend {name!r}; choose one of: auto, {', '.join(backend_names())}")
+    module, _, cls = target.partition(":")
+    try:
+        return getattr(importlib.import_module(module), cls)
+    except (ImportError, AttributeError) as exc:
+        raise BackendUnavailable(f"backend {name!r} ({target}) cannot be loaded: {exc}") from None
 
 
 def resolve(name: str) -> str:
     """`auto` becomes cupy when a GPU is present, else sim."""
     if name == "auto":
         return "cupy" if gpu_available() else "sim"
-    if name not in BACKENDS:
-        raise ValueError(f"unknown backend {name!r}; choose one of: auto, {', '.join(BACKENDS)}")
+    if name not in _registered():
+        raise ValueError(f"unknown backend {name!r}; choose one of: auto, {', '.join(backend_names())}")
     return name
 
 
 def make_backend(name, *, device, policy="eager", seed=0, **params):
     if not isinstance(name, str):
         return name  # an already-built backend object
-    name = resolve(name)
-    if name == "sim":
-        from .sim import SimBackend
-        return SimBackend(device, policy=policy, seed=seed, **params)
-    if not gpu_available():
-        raise BackendUnavailable("backend 'cupy' needs an NVIDIA GPU and CuPy (pip install 'streamcheck[gpu]'); "
-                                 "none found here. Use backend='sim' to run on the CPU.")
-    from .cupy_backend import CupyBackend
-    return CupyBackend(device, policy=policy, seed=seed, **params)
+    cls = backend_class(resolve(name))
+    reason = cls.unavailable()
+    if reason is not None:
+        raise BackendUnavailable(reason)
+    return cls(device, policy=policy, seed=seed, **params)

@@ -65,6 +65,8 @@ from ..core.schedule import (  # noqa: F401 (GRAPH_LAUNCH_NAME: re-exported, its
     strikes,
 )
 from ..core.trace import StreamKind
+from ..device_objects import Buffer, DeviceError, KernelError, Region
+from .protocol import Backend
 
 POLICIES = ("sequential", "eager", "delay", "random", "pct")
 _DTYPES = {"float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
@@ -141,10 +143,20 @@ class _Policy:
         return max(greatest, min(least, requested))
 
 
-class CupyBackend:
+class CupyBackend(Backend):
     """Device-API backend on a CUDA GPU through CuPy. See the module docstring."""
 
     name = "cupy"
+    supports_capture = True
+
+    @classmethod
+    def unavailable(cls):
+        from . import gpu_available  # read where tests and users may replace it
+
+        if not gpu_available():
+            return ("backend 'cupy' needs an NVIDIA GPU and CuPy (pip install 'streamcheck[gpu]'); none found here. "
+                    "Use backend='sim' to run on the CPU.")
+        return None
 
     def __init__(self, device, policy="eager", seed: int = 0, *, timing: bool = False, caller: str = "cupy",
                  **params):
@@ -220,8 +232,6 @@ class CupyBackend:
 
     def alloc(self, buf, fill) -> None:
         if self._captures:
-            from ..device import DeviceError
-
             # The fill runs on the legacy stream and the host waits for it, and pool growth is a
             # cudaMalloc: both are illegal or unsafe while a capture is open.
             raise DeviceError(f"alloc `{buf.name}` at {buf.site} while a graph is being captured: the cupy backend "
@@ -312,14 +322,10 @@ class CupyBackend:
             self._pending_times[index] = (start, end)
 
     def _arrays(self, args):
-        from ..device import Buffer, Region
-
         return [a.array() if isinstance(a, Region) else a.region().array() if isinstance(a, Buffer) else a
                 for a in args]
 
     def launch(self, stream, kernel, args, name, site) -> None:
-        from ..device import KernelError
-
         arrays = self._arrays(args)
         token = self._before(stream, name)
         try:
@@ -340,8 +346,6 @@ class CupyBackend:
 
     def upload(self, stream, dst, host_array, site) -> None:
         if self._captures and self._capturing(self._handle(stream)):
-            from ..device import DeviceError
-
             # A captured H2D copy reads the host array again at every replay, and CuPy copies
             # from pageable memory, which CUDA cannot capture.
             raise DeviceError(f"upload to {dst} at {site} on {stream.name}, which is capturing a graph: the cupy "
@@ -424,8 +428,6 @@ class CupyBackend:
             with _suppressed():
                 cupy_graph = handle.end_capture()
         except Exception as exc:
-            from ..device import DeviceError
-
             raise DeviceError(
                 f"end_capture on {stream.name} at {graph.end_site}: CUDA refused graph {graph.id} ({exc}) although "
                 "streamcheck's capture model accepted it. Most often an unsafe call during a global or "

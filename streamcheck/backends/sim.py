@@ -52,6 +52,8 @@ import numpy as np
 from ..core.capture import CapturedGraph
 from ..core.schedule import HOST, Policy, Replay, Schedule, ScheduleError, make_policy
 from ..core.trace import CallSite, StreamKind
+from ..device_objects import Buffer, DeviceError, KernelError, Region, UndeclaredWriteError
+from .protocol import Backend
 
 _DTYPES = {"float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool"}
 
@@ -162,14 +164,13 @@ def _copy_to_host(out, src) -> None:
     out[...] = src.array()
 
 
-class SimBackend:
+class SimBackend(Backend):
+    """Device-API backend on the CPU. See the module docstring."""
+
     name = "sim"
+    supports_capture = True
 
     def __init__(self, device, policy="eager", seed: int = 0, **params):
-        from ..device import Buffer, DeviceError, KernelError, Region, UndeclaredWriteError  # late: device imports us
-
-        self._DeviceError, self._KernelError, self._Buffer, self._Region = DeviceError, KernelError, Buffer, Region
-        self._UndeclaredWriteError = UndeclaredWriteError
         if isinstance(policy, Policy):
             if params:
                 raise ScheduleError(f"policy parameters {sorted(params)} given with an already built policy "
@@ -215,8 +216,8 @@ class SimBackend:
 
     def new_stream(self, stream) -> None:
         if stream.id in self._streams:
-            raise self._DeviceError(f"sim: stream id {stream.id} is taken by a lane of a running graph; "
-                                    f"create fewer than {_LANE_BASE} streams, or synchronize graphs first")
+            raise DeviceError(f"sim: stream id {stream.id} is taken by a lane of a running graph; "
+                              f"create fewer than {_LANE_BASE} streams, or synchronize graphs first")
         sim = _SimStream(stream)
         self._streams[stream.id] = sim
         self._order.append(sim)
@@ -267,7 +268,6 @@ class SimBackend:
         # An argument that no declared write overlaps is passed read-only, so a kernel that writes
         # what it declared only in reads= fails at that write instead of racing unseen.
         writes = self._trace.ops[-1].writes  # of the Launch the device recorded just before
-        Buffer, Region = self._Buffer, self._Region
         read_only = []
         for i, arg in enumerate(args):
             kind = type(arg)
@@ -298,7 +298,7 @@ class SimBackend:
 
     def _run_kernel(self, kernel, args, read_only, name, site, stream) -> None:
         # Buffers/Regions become arrays when the kernel runs, not when it is issued.
-        Buffer, Region = self._Buffer, self._Region
+
         values = [a.array() if type(a) is Region else a.region().array() if type(a) is Buffer else a for a in args]
         for i in read_only:
             view = values[i] = values[i].view()  # a view: the buffer's own array stays writable
@@ -311,9 +311,9 @@ class SimBackend:
             if read_only and isinstance(exc, ValueError) and "read-only" in str(exc):
                 err = self._undeclared_write(kernel, args, read_only, name, site, stream, exc, during)
             else:
-                err = self._KernelError(f"kernel `{name}` launched at {site} on {stream.name} raised "
-                                        f"{type(exc).__name__}: {exc} ({during}; fix the kernel or its "
-                                        "arguments at the launch site)")
+                err = KernelError(f"kernel `{name}` launched at {site} on {stream.name} raised "
+                                  f"{type(exc).__name__}: {exc} ({during}; fix the kernel or its "
+                                  "arguments at the launch site)")
             err.kernel, err.launch_site, err.stream = name, site, stream.name
             raise err from exc
 
@@ -327,12 +327,12 @@ class SimBackend:
         except (TypeError, ValueError):  # a builtin or a callable without a signature
             params = []
         named = [params[i] if i < len(params) else f"argument {i}" for i in read_only]
-        shown = ", ".join(f"`{param}` ({(args[i].region() if type(args[i]) is self._Buffer else args[i])!r})"
+        shown = ", ".join(f"`{param}` ({(args[i].region() if type(args[i]) is Buffer else args[i])!r})"
                           for param, i in zip(named, read_only))
         frame = traceback.extract_tb(exc.__traceback__)[-1]
         where = f"{os.path.basename(frame.filename)}:{frame.lineno}"
         which = f"its argument {shown}" if len(read_only) == 1 else f"one of its arguments {shown}"
-        err = self._UndeclaredWriteError(
+        err = UndeclaredWriteError(
             f"kernel `{name}` launched at {site} on {stream.name} wrote {which}, which the launch declares only in "
             f"reads= (numpy: {exc}, at {where}); add what it writes to writes= at the launch site, or stop writing "
             f"it ({during})")
@@ -381,9 +381,9 @@ class SimBackend:
     def end_capture(self, stream, graph: CapturedGraph) -> SimGraph:
         held = self._held.pop(graph.id, [])
         if len(held) != len(graph.nodes):
-            raise self._DeviceError(f"end_capture of graph {graph.id} at {graph.end_site}: the sim held "
-                                    f"{len(held)} operations for {len(graph.nodes)} captured nodes "
-                                    "(simulator invariant broken; please report)")
+            raise DeviceError(f"end_capture of graph {graph.id} at {graph.end_site}: the sim held "
+                              f"{len(held)} operations for {len(graph.nodes)} captured nodes "
+                              "(simulator invariant broken; please report)")
         names = {sid: sim.name for sid, sim in self._streams.items()}
         return SimGraph(graph, tuple((node,) + entry for node, entry in zip(graph.nodes, held)), names)
 
@@ -565,8 +565,8 @@ class SimBackend:
         while any(sim.executed < seq for sim, seq in targets):
             ready = self._ready(need)
             if not ready:
-                raise self._DeviceError(f"{what} at {site}: no pending work can make progress "
-                                        "(simulator invariant broken; please report with the schedule string)")
+                raise DeviceError(f"{what} at {site}: no pending work can make progress "
+                                  "(simulator invariant broken; please report with the schedule string)")
             self._execute(self._choose(ready, False))
 
     def sync_stream(self, stream, site) -> None:
