@@ -227,7 +227,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "for this test")
     settings = _read_settings(config)
     if settings.backend == "cupy":
-        from .backends import gpu_available
+        from ..backends import gpu_available
 
         if not gpu_available():
             raise pytest.UsageError("streamcheck: --streamcheck-backend=cupy needs an NVIDIA GPU and CuPy "
@@ -248,7 +248,7 @@ def _select_hypothesis_profile(config) -> None:
     env = os.environ.get("STREAMCHECK_HYPOTHESIS_PROFILE", "").strip()
     if not from_cli and not env:
         return  # nothing asked for: do not import hypothesis
-    from . import strategies
+    from .. import strategies
 
     if not from_cli:
         try:
@@ -283,7 +283,7 @@ def backend_name(config) -> str:
         return settings.backend
     resolved = config.stash.get(BACKEND_KEY, None)
     if resolved is None:
-        from .backends import resolve  # tries to import cupy: only when `auto` must be resolved
+        from ..backends import resolve  # tries to import cupy: only when `auto` must be resolved
 
         resolved = config.stash[BACKEND_KEY] = resolve("auto")
     return resolved
@@ -373,7 +373,7 @@ def _policy_params(policy: str, backend: str, settings: Settings) -> dict:
 
 
 def _make_device(config, spec: ScheduleSpec, check: str):
-    from .device import Device
+    from ..device import Device
 
     backend = backend_name(config)
     settings = config.stash[SETTINGS_KEY]
@@ -572,7 +572,7 @@ def _call(fn, device, spec: ScheduleSpec, config, nodeid: str):
 
 
 def _format_races(races, width: Optional[int] = None) -> str:
-    from .core.hb import format_report
+    from ..core.hb import format_report
 
     return format_report(list(races), width)
 
@@ -582,7 +582,7 @@ def _failure_text(headline: str, spec: ScheduleSpec, schedule: str, diff: Option
     """The failure message. With `width`, lines are wrapped at it, the headline `first_line_taken`
     columns narrower (pytest prints the exception's name before it); the replay line stays
     whole, since it is pasted back into a shell."""
-    from .core.hb import CONTINUATION_INDENT, MIN_WRAP_WIDTH, wrap_lines
+    from ..core.hb import CONTINUATION_INDENT, MIN_WRAP_WIDTH, wrap_lines
 
     first = f"streamcheck: {headline}"
     if width is not None:
@@ -766,7 +766,7 @@ class _Summary:
                 self.rows.append((report.nodeid, report.outcome, json.loads(value)))
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
-        from .core.hb import wrap_lines
+        from ..core.hb import wrap_lines
 
         if not self.rows:
             return
