@@ -18,9 +18,9 @@ import pytest
 
 from flashnorm_kernels.pipeline import DeferredNormProjection
 from flashnorm_kernels.plan import EDGES, POST_STREAMS, SIDE_KINDS, SyncPlan
+from flashnorm_kernels.testing.oracle import is_safe
 from streamcheck.core.capture import CaptureError
 from streamcheck.device import Device
-from streamcheck.oracle import is_safe
 
 D, OUTS, ROWS, EPS, STEPS = 32, (16, 8, 8), 2, 1e-5, 3
 

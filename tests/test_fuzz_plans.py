@@ -25,11 +25,13 @@ import pytest
 from hypothesis import given
 
 from flashnorm_kernels.plan import CALLER_KINDS, EDGES, POST_STREAMS, SIDE_KINDS, SyncPlan
+from flashnorm_kernels.testing import strategies as fst
+from flashnorm_kernels.testing.oracle import hazards, is_safe, racy_buffers
+from flashnorm_kernels.testing.strategies import Shape
 from streamcheck import cli
 from streamcheck import strategies as sst
 from streamcheck.commands.fuzz import Example, run_example
-from streamcheck.oracle import hazards, is_safe, racy_buffers
-from streamcheck.strategies import ScheduleChoice, Shape
+from streamcheck.strategies import ScheduleChoice
 
 TINY = Shape(tokens=2, hidden=8, out=4, dtype="float32")
 STEPS = 2  # the oracle's claim, tested below: two steps show every hazard
@@ -39,7 +41,7 @@ KIND_IDS = [f"post-{p}-{s}-caller-{c}" for p, s, c in KINDS]
 
 def _plans(post, side, caller):
     """The 64 edge subsets for one (post stream, side kind, caller kind)."""
-    return sst.all_plans(post_streams=[post], side_kinds=[side], caller_kinds=[caller])
+    return fst.all_plans(post_streams=[post], side_kinds=[side], caller_kinds=[caller])
 
 
 def _buffers(races) -> frozenset:
@@ -48,7 +50,7 @@ def _buffers(races) -> frozenset:
 
 
 def test_enumeration_covers_every_plan_once():
-    plans = sst.all_plans()
+    plans = fst.all_plans()
     assert len(plans) == 2 ** len(EDGES) * len(POST_STREAMS) * len(SIDE_KINDS) * len(CALLER_KINDS) == 1152
     assert len(set(plans)) == 1152
     assert plans[0] == SyncPlan.correct()
@@ -77,7 +79,7 @@ def test_oracle_on_the_plans_the_design_names():
 
 
 def test_two_steps_show_every_hazard():
-    for plan in sst.all_plans():
+    for plan in fst.all_plans():
         two = {(h.kind, h.buffer.rstrip("0123456789")) for h in hazards(plan, 2)}
         three = {(h.kind, h.buffer.rstrip("0123456789")) for h in hazards(plan, 3)}
         assert two == three, plan.describe()
@@ -85,7 +87,7 @@ def test_two_steps_show_every_hazard():
 
 def test_war_races_never_come_alone():
     # The claim in the module docstring, checked over every plan.
-    for plan in sst.all_plans():
+    for plan in fst.all_plans():
         kinds = {(h.kind, h.buffer) for h in hazards(plan)}
         if any(kind == "WAR" for kind, _ in kinds):
             assert ("RAW", "out") in kinds, plan.describe()
@@ -132,7 +134,7 @@ def test_safe_plans_are_bitwise_sequential_under_random_schedules(post, side, ca
             assert not outcome.races and not outcome.wrong, f"{plan.describe()} random seed {seed}\n{outcome.report}"
 
 
-@given(plan=sst.sync_plans(), shape=sst.shapes(), choice=sst.schedule_choices())
+@given(plan=fst.sync_plans(), shape=fst.shapes(), choice=sst.schedule_choices())
 def test_drawn_examples_agree_with_the_oracle(plan, shape, choice):
     # Any shape and dtype, any schedule: races iff the oracle says unsafe; a safe plan's values
     # are exactly the sequential run's.

@@ -7,13 +7,14 @@ from hypothesis.errors import NoSuchExample
 
 from flashnorm_kernels.pipeline import DTYPES, normalize_dtype
 from flashnorm_kernels.plan import EDGES, SyncPlan
+from flashnorm_kernels.testing import strategies as fst
+from flashnorm_kernels.testing.oracle import is_safe
 from streamcheck import strategies as sst
 from streamcheck.device import Device
-from streamcheck.oracle import is_safe
 from streamcheck.core.trace import StreamKind
 
 
-@given(sst.shapes(max_tokens=3, max_hidden=5, max_out=7))
+@given(fst.shapes(max_tokens=3, max_hidden=5, max_out=7))
 def test_shapes_stay_within_bounds_and_pipeline_dtypes(shape):
     assert 1 <= shape.tokens <= 3 and 1 <= shape.hidden <= 5 and 1 <= shape.out <= 7
     assert normalize_dtype(shape.dtype) in DTYPES
@@ -22,19 +23,19 @@ def test_shapes_stay_within_bounds_and_pipeline_dtypes(shape):
 @pytest.mark.parametrize("kwargs", [dict(max_tokens=0), dict(max_hidden=-1), dict(max_out=1.5), dict(dtypes=())])
 def test_bad_shape_bounds_are_refused(kwargs):
     with pytest.raises(ValueError, match=r"shapes\("):
-        sst.shapes(**kwargs)
+        fst.shapes(**kwargs)
 
 
 def test_plans_shrink_towards_the_fewest_missing_edges():
-    assert find(sst.sync_plans(), lambda p: True) == SyncPlan.correct()
-    assert find(sst.sync_plans(), lambda p: "join_mm" not in p.edges) == SyncPlan.implicit_join()
-    smallest_unsafe = find(sst.sync_plans(), lambda p: not is_safe(p))
+    assert find(fst.sync_plans(), lambda p: True) == SyncPlan.correct()
+    assert find(fst.sync_plans(), lambda p: "join_mm" not in p.edges) == SyncPlan.implicit_join()
+    smallest_unsafe = find(fst.sync_plans(), lambda p: not is_safe(p))
     assert len(set(EDGES) - smallest_unsafe.edges) == 1
     assert (smallest_unsafe.post_stream, smallest_unsafe.side_kind, smallest_unsafe.caller_kind) == \
         ("caller", "non_blocking", "legacy")
 
 
-@given(sst.sync_plans(edges=["war", "join_back"], post_streams=["A"], caller_kinds=["blocking"]))
+@given(fst.sync_plans(edges=["war", "join_back"], post_streams=["A"], caller_kinds=["blocking"]))
 def test_restricted_plans_vary_only_what_was_asked(plan):
     assert set(EDGES) - plan.edges <= {"war", "join_back"}
     assert plan.post_stream == "A" and plan.caller_kind == "blocking"
@@ -42,14 +43,14 @@ def test_restricted_plans_vary_only_what_was_asked(plan):
 
 def test_plan_strategies_can_reach_every_plan():
     # sampled/drawn from the same enumeration the fuzz tests walk, split by the oracle.
-    safe, unsafe = sst._plans_by_verdict()
-    assert len(safe) + len(unsafe) == len(sst.all_plans()) == 1152
+    safe, unsafe = fst._plans_by_verdict()
+    assert len(safe) + len(unsafe) == len(fst.all_plans()) == 1152
     assert SyncPlan.correct() in safe and SyncPlan.implicit_join() in unsafe
-    assert find(sst.sync_plans(), lambda p: p.edges == frozenset() and p.post_stream == "B"
+    assert find(fst.sync_plans(), lambda p: p.edges == frozenset() and p.post_stream == "B"
                 and p.side_kind == "blocking" and p.caller_kind == "non_blocking").edges == frozenset()
 
 
-@given(sst.safe_plans(), sst.unsafe_plans())
+@given(fst.safe_plans(), fst.unsafe_plans())
 def test_safe_and_unsafe_plans_follow_the_oracle(safe, unsafe):
     assert is_safe(safe) and not is_safe(unsafe)
 

@@ -1,4 +1,5 @@
-"""Which sync plans are safe: an oracle for the dual-stream pipeline, independent of hb.py.
+"""Which sync plans are safe: an oracle for the dual-stream pipeline, independent of streamcheck's
+happens-before checker (streamcheck/core/hb.py).
 
 It models the decode loop that `streamcheck fuzz` and the plan fuzz tests run
 (commands/fuzz.py, `run_program`), as issued by the host:
@@ -14,7 +15,7 @@ It models the decode loop that `streamcheck fuzz` and the plan fuzz tests run
                host: caller.synchronize(), then reads out
 
 and decides safety by plain graph reachability over those operations: an edge for
-each rule CUDA promises (DESIGN.md), none for anything else, and a plan is unsafe
+each rule CUDA promises (docs/cuda-rules.md), none for anything else, and a plan is unsafe
 iff two accesses to one buffer, at least one a write, have no path between them.
 No vector clocks and no trace: a second, independent derivation to hold the
 checker's verdict against.
@@ -24,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from flashnorm_kernels.plan import SyncPlan
+from ..plan import SyncPlan
 
 HOST = "host"
 # Stream kinds that synchronize with the legacy default stream (per-thread default

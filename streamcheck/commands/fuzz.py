@@ -75,7 +75,9 @@ class Example:
         from flashnorm_kernels.plan import EDGES, SyncPlan
 
         from ..core.schedule import make_policy
-        from ..strategies import DTYPES, ScheduleChoice, Shape
+        from flashnorm_kernels.testing.strategies import DTYPES, Shape
+
+        from ..strategies import ScheduleChoice
 
         fields = {}
         for part in (part.strip() for part in token.split(",")):
@@ -305,10 +307,12 @@ def fuzz(budget: Optional[float] = None, backend: str = "sim", profile: str = "s
     from hypothesis import seed as hypothesis_seed
     from hypothesis import strategies as st
 
-    from .. import strategies as sst
-    from ..oracle import is_safe
+    from flashnorm_kernels.testing import strategies as fst
+    from flashnorm_kernels.testing.oracle import is_safe
 
-    plan_strategy = {"all": sst.sync_plans(), "safe": sst.safe_plans(), "unsafe": sst.unsafe_plans()}[plans]
+    from .. import strategies as sst
+
+    plan_strategy = {"all": fst.sync_plans(), "safe": fst.safe_plans(), "unsafe": fst.unsafe_plans()}[plans]
     tally = Tally()
     progress = progress or Progress(budget, examples, enabled=False)
     max_dim = 64 if backend == "cupy" else 16
@@ -321,7 +325,7 @@ def fuzz(budget: Optional[float] = None, backend: str = "sim", profile: str = "s
 
     @run_settings
     @given(plan=plan_strategy,
-           shape=sst.shapes(max_tokens=4, max_hidden=max_dim, max_out=max_dim),
+           shape=fst.shapes(max_tokens=4, max_hidden=max_dim, max_out=max_dim),
            choice=sst.schedule_choices(policies=("delay", "random", "pct")),
            data_seed=st.integers(0, 2**16))
     def one(plan, shape, choice, data_seed):
