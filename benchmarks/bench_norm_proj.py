@@ -27,7 +27,7 @@ Paths, for x [M, d] and a projection [n, d]:
 - dual_eager: the pipeline called eagerly (no graph), CUDA events around many steps:
               bound by the host (device-API bookkeeping), reported for information.
 
-Targets (DESIGN): dual-stream >= 1.40x faster than hf_eager at M=1 and within 1.10x of
+Targets (docs/benchmarks.md): dual-stream >= 1.40x faster than hf_eager at M=1 and within 1.10x of
 matmul alone; not slower than rms_norm at prefill. Prints a markdown table; writes JSON
 to $OUT/bench_norm_proj.json when OUT is set.
 """

@@ -173,7 +173,7 @@ class SpinDelay:
 def warm_up(cupy, *, spin: bool, pool_bytes: int = 64 << 20) -> list:
     """Trigger what synchronizes implicitly the first time, before the program's first racy
     step: cuBLAS handle creation, CuPy's first fill/copy/reduction kernels, the spin module's
-    load, memory-pool growth (DESIGN: none of these is synchronization the program may rely
+    load, memory-pool growth (docs/cuda-rules.md: none of these is synchronization the program may rely
     on, yet each hides races while it happens). Returns the reasons, for the caller to record
     as implicit syncs (never an edge for the checker)."""
     reasons = []

@@ -1,4 +1,4 @@
-"""The checker and CUDA stream capture (DESIGN.md: every forked stream must be joined back
+"""The checker and CUDA stream capture (docs/cuda-rules.md: every forked stream must be joined back
 before end_capture), built from trace records like test_hb_rules.py.
 
 A captured graph's internal races strike on every launch, so they are reported at capture

@@ -1,6 +1,6 @@
 """The checker against an executable oracle on random small stream programs.
 
-The oracle is written from DESIGN.md's CUDA rules, independently of hb.py: it turns a
+The oracle is written from the CUDA rules of docs/cuda-rules.md, independently of hb.py: it turns a
 program into a DAG of "must execute before" constraints, then runs the program in
 every order the DAG allows (every linear extension, memoized on the set of operations
 done and the memory contents), on real values: each write stores

@@ -1,4 +1,4 @@
-"""The happens-before checker against each CUDA rule of DESIGN.md, one racy pattern and
+"""The happens-before checker against each CUDA rule of docs/cuda-rules.md, one racy pattern and
 its safe twin per rule, built directly from trace records (no device API).
 
 Every case states the race kinds it must report (empty: the twin is safe). A rule the

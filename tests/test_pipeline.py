@@ -236,7 +236,7 @@ def test_implicit_join_under_delay_reads_the_previous_steps_y(target):
 
 def test_blocking_side_streams_with_legacy_caller_need_no_join():
     # CUDA's legacy-stream rule: work on the legacy stream waits for all earlier work on
-    # blocking streams. So the implicit join is *correct* there (DESIGN: measured on an H200).
+    # blocking streams. So the implicit join is *correct* there (docs/cuda-rules.md; measured on an H200, docs/gpu-results.md).
     plan = SyncPlan.implicit_join(side_kind="blocking")
     dev, _, _, got = _run(plan, policy="delay", streams=("qkv.A",), sync="device")
     assert dev.races == []

@@ -5,7 +5,7 @@ sanitizer and FastTrack). An access races with an earlier one to overlapping byt
 when at least one writes and the earlier one is not in the later one's clock.
 
 The checker runs in issue order and needs no timing: a race is reported whether
-or not it struck. CUDA's rules it models (DESIGN.md):
+or not it struck. CUDA's rules it models (docs/cuda-rules.md):
 - work on one stream runs in issue order;
 - issuing work orders it after everything the issuing host thread knew;
 - record captures the stream's work so far (re-recording replaces it); a wait
