@@ -4,7 +4,7 @@ One lane per host thread and per stream; a box per operation labelled with its
 kernel name; the racing pair in red with the buffer it races on; record -> wait
 edges as arrows; and a dashed red arrow from the producer's end to the consumer's
 start: the wait the program is missing. Drawn from the same model as the Perfetto
-export (export.build_model), so both show the same times.
+export (timeline_model.build_model), so both show the same times.
 
 matplotlib is imported here, lazily, and drawn with the Agg canvas directly: no
 pyplot, so the caller's interactive backend is left alone.
@@ -14,7 +14,7 @@ from __future__ import annotations
 import textwrap
 from typing import Optional
 
-from .export import ISSUE_ORDER, MICROSECONDS, STEPS, Model, Slice, build_model
+from .timeline_model import ISSUE_ORDER, MICROSECONDS, STEPS, Model, Slice, build_model
 
 # Colours: quiet for ordinary work so the race stands out.
 _FACE = {"kernel": "#a6cee3", "copy": "#b2df8a", "record": "#d9d9d9", "wait": "#d9d9d9",
@@ -30,7 +30,7 @@ _MAX_BOXES = (_MAX_IN - _LABEL_IN - 0.3) / _BOX_IN  # wider runs zoom to the fir
 
 
 def render_timeline(source, path, title: Optional[str] = None, *, window=None, dpi: int = 120) -> dict:
-    """Draw `source` (a Device, a Trace, or a mapping as export.build_model takes) to a PNG
+    """Draw `source` (a Device, a Trace, or a mapping as timeline_model.build_model takes) to a PNG
     at `path`. `window`: (start, end) on the run's clock; by default the whole run, or
     the first race's neighbourhood when the run is long. Returns what was drawn:
     lanes, boxes, highlighted (racing) operations, arrows and missing-edge arrows."""
