@@ -81,10 +81,9 @@ def to_chrome_trace(source) -> dict:
                                                    "why": "spin kernel injected by the delay schedule"}})
 
     for index, text in model.notes:
-        s = model.slices.get(index)
-        if s is not None:
-            body.append({"name": text, "cat": "note", "ph": "i", "s": "t", "ts": s.start,
-                         "pid": PID, "tid": tids[s.lane], "args": {"site": str(s.site)}})
+        s = model.slices[index]
+        body.append({"name": text, "cat": "note", "ph": "i", "s": "t", "ts": s.start,
+                     "pid": PID, "tid": tids[s.lane], "args": {"site": str(s.site)}})
 
     for loc in model.races:
         consumer = model.slices.get(loc.second)
@@ -98,10 +97,7 @@ def to_chrome_trace(source) -> dict:
                               "struck in this run": model.struck(loc)}})
 
     for flow_id, edge in enumerate(model.edges, start=1):
-        src, dst = model.slices.get(edge.src), model.slices.get(edge.dst)
-        if src is None or dst is None:
-            continue
-        body.extend(_flow(flow_id, edge, src, dst, tids))
+        body.extend(_flow(flow_id, edge, model.slices[edge.src], model.slices[edge.dst], tids))
 
     events.extend(sorted(body, key=lambda e: (e["ts"], _PHASE_ORDER[e["ph"]])))
     return {

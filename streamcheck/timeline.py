@@ -89,8 +89,6 @@ def render_timeline(source, path, title: Optional[str] = None, *, window=None, d
 
     for index in sorted(shown):
         s = shown[index]
-        if s.lane not in row:
-            continue
         y = row[s.lane]
         small = s.category in _SMALL
         h = _height(s)
@@ -139,7 +137,7 @@ def render_timeline(source, path, title: Optional[str] = None, *, window=None, d
     labelled, buffers, spots = {}, {}, []
     for edge in model.edges:
         src, dst = shown.get(edge.src), shown.get(edge.dst)
-        if src is None or dst is None or src.lane not in row or dst.lane not in row:
+        if src is None or dst is None:  # an end outside the window
             continue
         if edge.kind == "missing":
             # From the producer's end to the consumer's start, leaving and entering the

@@ -87,6 +87,10 @@ class LocatedRace:
 
 @dataclass(frozen=True)
 class Model:
+    """A run's timeline. build_model makes it whole: every slice and delay is on one of
+    `lanes`, every edge joins two slices, every note sits on a slice, and a located race's
+    indices are slices where they are not None, so the views draw it without checks."""
+
     lanes: tuple
     slices: Mapping  # trace index -> Slice
     edges: tuple
@@ -109,7 +113,7 @@ class Model:
         for located in self.races:
             for role in ("first", "second"):
                 index = getattr(located, role)
-                if index is not None and index in self.slices:
+                if index is not None:
                     roles.setdefault(index, []).append((located, role))
         return roles
 

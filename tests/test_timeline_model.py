@@ -1,0 +1,76 @@
+"""The timeline model both views draw: pure, importable where it was, and whole for any trace."""
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from streamcheck import export, timeline_model
+from streamcheck.export import to_chrome_trace
+from streamcheck.timeline_model import build_model
+from tests.test_export import captured_missing_join, implicit_join, trace_event_errors
+
+MODEL_SOURCE = Path(timeline_model.__file__)
+
+
+def test_the_model_imports_only_the_core_and_the_standard_library():
+    # It is built wherever a run is checked; drawing (matplotlib) and writing (json) are the views'.
+    tree = ast.parse(MODEL_SOURCE.read_text(encoding="utf-8"))
+    outside = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [("streamcheck." if node.level == 1 else "") + (node.module or "")]
+        else:
+            continue
+        for name in names:
+            top = name.split(".")[0]
+            core = name == "streamcheck.core" or name.startswith("streamcheck.core.")
+            if not core and (top not in sys.stdlib_module_names or top == "json"):
+                outside.append(name)
+    assert outside == []
+
+
+@pytest.mark.parametrize("name", ["build_model", "Model", "Lane", "Slice", "Edge", "LocatedRace",
+                                  "STEPS", "MICROSECONDS", "ISSUE_ORDER"])
+def test_the_model_is_still_importable_from_export_where_it_lived(name):
+    assert getattr(export, name) is getattr(timeline_model, name)
+
+
+# Runs whose traces are cut below: a race between streams, the post-scale on the legacy
+# stream, the fixed program, and a graph captured without its join (timed per node).
+RUNS = [implicit_join()[0], implicit_join(post="legacy")[0], implicit_join(join=True)[0],
+        captured_missing_join()]
+
+
+@st.composite
+def cut_runs(draw):
+    """A run with operations left out (often a malformed trace: a wait on an event never
+    created, a launch on an unknown stream), its times and graph node times kept."""
+    dev = draw(st.sampled_from(RUNS))
+    ops = list(dev.trace)
+    keep = sorted(draw(st.sets(st.integers(0, len(ops) - 1), min_size=1)))
+    new = {old: n for n, old in enumerate(keep)}
+    times = {new[i]: t for i, t in dev.backend.op_times.items() if i in new}
+    node_times = {(new[launch], node): t for (launch, node), t in dev.backend.node_times.items() if launch in new}
+    return {"trace": [ops[i] for i in keep], "op_times": times, "node_times": node_times,
+            "backend": draw(st.sampled_from(["sim", "cupy", ""]))}
+
+
+@settings(max_examples=80, deadline=None)
+@given(cut_runs())
+def test_the_model_of_any_cut_trace_is_whole_and_exports_valid_json(source):
+    model = build_model(source)
+    lanes = {lane.key for lane in model.lanes}
+    assert all(s.lane in lanes for s in model.slices.values())
+    assert all(d.lane in lanes and d.index in model.slices for d in model.delays)
+    assert all(e.src in model.slices and e.dst in model.slices for e in model.edges)
+    assert all(index in model.slices for index, _text in model.notes)
+    assert all(i in model.slices for loc in model.races for i in (loc.first, loc.second) if i is not None)
+    # The views rely on it: the export draws every edge and note without looking them up.
+    assert trace_event_errors(to_chrome_trace(model)) == []
