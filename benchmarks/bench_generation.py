@@ -18,7 +18,7 @@ import torch
 from flashnorm_kernels.generation import run_generation
 from flashnorm_kernels.plan import SyncPlan
 from streamcheck.commands.repro import strike_policy
-from streamcheck.fixtures import PROMPT, encode, load_fixture_model
+from flashnorm_kernels.testing.fixtures import PROMPT, encode, load_fixture_model
 
 
 def median_seconds(fn, repeats: int) -> float:

@@ -10,7 +10,7 @@ from flashnorm_kernels.cancel import NotCancellableError, cancellation_error_bou
 from flashnorm_kernels.hf import _Identity, attach
 from flashnorm_kernels.plan import SyncPlan
 from streamcheck.device import Device
-from streamcheck.fixtures import PROMPT, encode, expected_continuation, load_fixture_model
+from flashnorm_kernels.testing.fixtures import PROMPT, encode, expected_continuation, load_fixture_model
 from streamcheck.core.trace import Launch
 
 PROMPT_IDS = encode(PROMPT)

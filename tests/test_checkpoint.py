@@ -220,7 +220,7 @@ def test_destination_appearing_during_the_fold_is_not_overwritten(src, tmp_path,
 
 # ------------------------------------------------------- damaged or inconsistent source checkpoints
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parent.parent / "flashnorm_kernels" / "models"
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from importlib import metadata
 import pytest
 
 from streamcheck import cli
-from streamcheck.fixtures import fixture_dir
+from flashnorm_kernels.testing.fixtures import fixture_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BLOCK_MATPLOTLIB = "import sys; sys.modules['matplotlib'] = None; "  # `import matplotlib` now raises ImportError

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from streamcheck import fixtures as fx
+from flashnorm_kernels.testing import fixtures as fx
 
 N_TOKENS = 1024
 
@@ -24,8 +24,8 @@ N_TOKENS = 1024
 
 
 def test_import_does_not_import_torch():
-    code = "import sys, streamcheck.fixtures; assert 'torch' not in sys.modules, 'torch imported'"
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(fx.__file__).parent.parent)
+    code = "import sys, flashnorm_kernels.testing.fixtures; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(fx.__file__).parents[2])
 
 
 def test_zen_text_and_cycle():

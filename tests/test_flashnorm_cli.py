@@ -19,12 +19,12 @@ from transformers.utils import logging as transformers_logging  # noqa: E402
 
 from flashnorm_kernels.cli import main  # noqa: E402
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parent.parent / "flashnorm_kernels" / "models"
 
 
 @pytest.fixture
 def src(tmp_path) -> Path:
-    """A copy of the fixture tiny_llama_zen that a test may corrupt (fixtures/ is never written)."""
+    """A copy of the fixture tiny_llama_zen that a test may corrupt (the package's copy is never written)."""
     return Path(shutil.copytree(FIXTURES / "tiny_llama_zen", tmp_path / "src"))
 
 

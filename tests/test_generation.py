@@ -8,7 +8,7 @@ from flashnorm_kernels.hf import LockstepMismatch, attach
 from flashnorm_kernels.plan import SyncPlan
 from streamcheck.commands.repro import strike_policy
 from streamcheck.device import Device
-from streamcheck.fixtures import PROMPT, decode, encode, expected_continuation, load_fixture_model
+from flashnorm_kernels.testing.fixtures import PROMPT, decode, encode, expected_continuation, load_fixture_model
 
 PROMPT_IDS = encode(PROMPT)
 

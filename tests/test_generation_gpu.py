@@ -6,7 +6,7 @@ from flashnorm_kernels.generation import check_generation, run_generation
 from flashnorm_kernels.plan import SyncPlan
 from streamcheck.backends import gpu_available
 from streamcheck.commands.repro import strike_policy
-from streamcheck.fixtures import PROMPT, decode, encode, expected_continuation, load_fixture_model
+from flashnorm_kernels.testing.fixtures import PROMPT, decode, encode, expected_continuation, load_fixture_model
 
 pytestmark = [
     pytest.mark.gpu,

@@ -53,7 +53,7 @@ def test_missing_or_corrupt_fixture_exits_2(capsys, tmp_path):
     err = capsys.readouterr().err
     assert "tiny_llama_zen" in err and "train_tiny_model.py" in err
     broken = tmp_path / "tiny_llama_zen"
-    shutil.copytree(pytest.importorskip("streamcheck.fixtures").fixture_dir("tiny_llama_zen"), broken)
+    shutil.copytree(pytest.importorskip("flashnorm_kernels.testing.fixtures").fixture_dir("tiny_llama_zen"), broken)
     (broken / "model.safetensors").write_bytes(b"not a safetensors file")
     assert main(["repro", "implicit-join", "--fixtures", str(tmp_path), "--tokens", "4"]) == 2
     assert "model.safetensors" in capsys.readouterr().err

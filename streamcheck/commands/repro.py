@@ -168,7 +168,7 @@ def run(args) -> int:
     if problem:
         print(f"streamcheck repro: {problem}", file=sys.stderr)
         return 2
-    from ..fixtures import FixtureCorruptError
+    from flashnorm_kernels.testing.fixtures import FixtureCorruptError
 
     try:
         with _quiet_transformers():
@@ -191,7 +191,7 @@ def _repro(backend: str, args) -> int:
     from flashnorm_kernels.generation import check_generation, run_generation
     from flashnorm_kernels.plan import SyncPlan
 
-    from ..fixtures import PROMPT, decode, encode, load_fixture_model
+    from flashnorm_kernels.testing.fixtures import PROMPT, decode, encode, load_fixture_model
     from ..core.hb import reports_to_json
 
     model = load_fixture_model(FIXTURE, root=args.fixtures)  # clear errors (exit 2) if missing or corrupt
@@ -201,7 +201,7 @@ def _repro(backend: str, args) -> int:
     strikes = args.tokens > first
     replay = f"streamcheck repro implicit-join --backend {backend} --tokens {args.tokens} --seed {args.seed}"
     print(f"streamcheck repro implicit-join: backend={backend} tokens={args.tokens} seed={args.seed}")
-    print(f"model: fixtures/{FIXTURE} (byte-level Llama reciting the Zen of Python); prompt {PROMPT!r}")
+    print(f"model: {FIXTURE} (byte-level Llama reciting the Zen of Python); prompt {PROMPT!r}")
     print(f"delay: matmul on {TARGET_STREAM} held back at decode step {first} and every "
           f"{STRIKE_EVERY} after; everything else eager")
     if not strikes:
@@ -290,7 +290,7 @@ def register(subparsers) -> None:
                         f"{STRIKE_RULE.replace('%', '%%')} (step k yields token k), so more tokens than that are needed")
     p.add_argument("--seed", type=int, default=0,
                    help=f"picks the first decode step that is delayed: {STRIKE_RULE.replace('%', '%%')}")
-    p.add_argument("--fixtures", metavar="DIR", help="where the fixture models live (default: the repository's)")
+    p.add_argument("--fixtures", metavar="DIR", help="where the fixture models live (default: the ones installed with flashnorm_kernels)")
     p.add_argument("--timeline", metavar="PNG",
                    help="also draw the implicit-join run's timeline to PNG (.png is added to a name without one; "
                         "needs matplotlib)")

@@ -1,10 +1,11 @@
 """Tiny byte-level fixture models that recite the Zen of Python cyclically.
 
-The fixtures live in ``<repo>/fixtures/<name>/`` (a sibling of the ``streamcheck``
-package directory) and are produced by ``fixtures/train_tiny_model.py``.  They are
-used by long-generation tests: greedy decoding from :data:`PROMPT` must reproduce
-the cyclic Zen text byte for byte, so any corruption of activations or KV cache
-(e.g. a stream race in a kernel under test) shows up as a text mismatch.
+The fixtures are package data, ``flashnorm_kernels/models/<name>/`` (installed with the
+package, so ``streamcheck repro implicit-join`` runs from a wheel), produced by the
+repository's ``fixtures/train_tiny_model.py``.  They are used by long-generation
+tests: greedy decoding from :data:`PROMPT` must reproduce the cyclic Zen text byte
+for byte, so any corruption of activations or KV cache (e.g. a stream race in a
+kernel under test) shows up as a text mismatch.
 
 Tokenisation is byte level: token id == byte value (vocab size 256), so no
 tokenizer files are needed -- use :func:`encode` / :func:`decode`.
@@ -46,7 +47,7 @@ __all__ = [
     "greedy_generate",
 ]
 
-#: Names of the fixture directories shipped under ``fixtures/``.
+#: Names of the fixture directories shipped under ``flashnorm_kernels/models/``.
 FIXTURE_NAMES = ("tiny_llama_zen", "tiny_qwen3_zen")
 
 #: Opening of the Zen; the prompt the fixtures are verified with.
@@ -128,8 +129,8 @@ def decode(ids: Iterable[int]) -> str:
 
 
 def fixtures_root() -> Path:
-    """``<repo>/fixtures``: the directory next to the ``streamcheck`` package."""
-    return Path(__file__).resolve().parent.parent / "fixtures"
+    """``flashnorm_kernels/models``: where the package's fixture models are installed."""
+    return Path(__file__).resolve().parent.parent / "models"
 
 
 def _train_hint(name: str, path: Path) -> str:
