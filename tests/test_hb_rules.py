@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from streamcheck.core.hb import Checker, Race, check, format_report, reports_to_json, site_path
+from streamcheck.core.hb import Checker, Race, TraceError, check, format_report, reports_to_json, site_path
 from streamcheck.core.trace import (Alloc, CallSite, Copy, CopyKind, DeviceSync, EventCreate, EventRecord, EventSync,
                                Free, HostAccess, ImplicitSync, Launch, Range, StreamCreate, StreamKind, StreamSync,
                                StreamWait, ThreadJoin, ThreadStart, Trace)
@@ -68,8 +68,9 @@ class Prog:
         return self._add(HostAccess, thread, reads=tuple(map(self._range, reads)),
                          writes=tuple(map(self._range, writes)), name=name)
 
-    def free(self, buffer: str, stream=None, thread: int = 0) -> CallSite:
-        return self._add(Free, thread, buffer=self._id(buffer), stream=self._id(stream) if stream else None)
+    def free(self, buffer: str, stream=None, thread: int = 0, also=(), pool: str = "") -> CallSite:
+        return self._add(Free, thread, buffer=self._id(buffer), stream=self._id(stream) if stream else None,
+                         also=tuple(self._id(s) for s in also), pool=pool)
 
     # synchronization
     def record(self, event: str, stream: str) -> CallSite:
@@ -586,6 +587,38 @@ def test_free_race_names_the_free():
     assert race.kind == "FREE"
     assert (race.second.actor, race.second.name, race.second.write) == ("stream B", "free", True)
     assert (race.start, race.stop) == (0, NBYTES)
+
+
+def caching_allocator_reuse(record_stream: bool):
+    """torch's caching allocator: x is allocated on A, read on side stream B, freed on the host;
+    the block goes back to A's pool at once unless x.record_stream(B) was called."""
+    p = two_streams()
+    p.launch("A", "produce", writes=["x"])
+    p.event("produced")
+    p.record("produced", "A")
+    p.wait("B", "produced")
+    p.launch("B", "copy to host", reads=["x"])
+    p.free("x", stream="A", also=("B",) if record_stream else (), pool="torch")
+    return p
+
+
+@pytest.mark.parametrize("record_stream", [False, True])
+def test_caching_allocator_reuse_needs_record_stream(record_stream):
+    races = caching_allocator_reuse(record_stream).races()
+    if record_stream:
+        assert races == []  # the free waits for what B issued before it
+        return
+    [race] = races
+    assert (race.kind, race.first.name, race.second.name) == ("FREE", "copy to host", "free")
+    assert "caching allocator may hand the freed block to the next allocation on stream A" in race.missing_edge
+    assert race.hint.startswith("call tensor.record_stream(stream B) after `copy to host`")
+
+
+def test_record_stream_orders_only_work_issued_before_the_free():
+    p = caching_allocator_reuse(True)
+    p.launch("B", "late reader", reads=["x"])  # after the free: no record_stream can cover it
+    with pytest.raises(TraceError, match="freed"):
+        p.races()
 
 
 def test_race_with_other_host_thread_names_the_thread():

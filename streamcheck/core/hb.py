@@ -526,6 +526,10 @@ class Checker:
         else:
             actor = self._stream(op, op.stream)
             clock, owner, tick = actor.clock, actor.owner, self._issue(op, actor)
+            if op.also:  # record_stream: reuse also waits for what those streams issued so far
+                clock = dict(clock)
+                for other in op.also:
+                    _join(clock, self._stream(op, other).clock)
         self._access(buf, 0, buf.nbytes, True, clock, owner, tick, op, True)
         buf.freed_at = op.site
         buf.records = []
@@ -668,7 +672,7 @@ class Checker:
             return
         first_access = self._access_of(first[_OWNER], first[_OP], first[_WRITE], first[_FREE])
         second = self._access_of(owner, op, write, free)
-        edge, hint = self._explain(first, first_access, owner, second, kind)
+        edge, hint = self._explain(first, first_access, owner, second, kind, op)
         self._counts[key] = 1
         self._races[key] = Race(kind, buf.name, buf.site, max(start, first[_START]), min(stop, first[_STOP]),
                                 first_access, second, edge, hint)
@@ -679,10 +683,17 @@ class Checker:
                 f"on it (stream.wait_event) before `{second.name}` ({second.site})")
 
     def _explain(self, first: tuple, first_access: Access, owner: int, second: Access,
-                 kind: str) -> tuple[str, str]:
+                 kind: str, op: Op) -> tuple[str, str]:
         """Say which edge is missing, in the words a CUDA programmer would use."""
         producer = f"`{first_access.name}` ({first_access.site})"
         src, dst = self._owners[first[_OWNER]], self._owners[owner]
+        if kind == "FREE" and getattr(op, "pool", "") == "torch" and isinstance(src, _Stream):
+            # torch's caching allocator reuses the block on its allocation stream at once.
+            return (f"the caching allocator may hand the freed block to the next allocation on {dst.label} "
+                    f"(freed at {second.site}) while {src.label} may still use it for {producer}; the block was "
+                    f"never marked as used on {src.label}",
+                    f"call tensor.record_stream({src.label.split(' (')[0]}) after {producer}, before the tensor "
+                    f"is freed or resized at {second.site} (or make {dst.label} wait for {src.label} before the free)")
         if self._in_graph is not None:  # both sides are captured nodes on streams
             origin = self._streams[self._capture.origin(self._in_graph)]
             return (f"inside CUDA graph {self._in_graph} (captured on {origin.label}): {dst.label} never "

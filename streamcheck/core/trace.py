@@ -191,10 +191,16 @@ class Alloc(Op):
 
 @dataclass(frozen=True)
 class Free(Op):
-    """Return memory for reuse. With a stream it is stream-ordered (pool allocators)."""
+    """Return memory for reuse. With a stream it is stream-ordered (pool allocators): the pool
+    hands the bytes to the next allocation on that stream. `also`: streams whose work issued so
+    far is ordered before the reuse too (torch's `tensor.record_stream(s)`: the caching allocator
+    waits for an event it records on each such stream at the free). `pool`: the allocator, for
+    the report's fix ("torch" suggests record_stream)."""
 
     buffer: int = 0
     stream: Optional[int] = None
+    also: tuple = ()
+    pool: str = ""
 
 
 @dataclass(frozen=True)
