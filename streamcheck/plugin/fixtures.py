@@ -1,0 +1,201 @@
+"""The fixtures (streamcheck_seed, streamcheck_device, run_schedules) and the
+@pytest.mark.streamcheck marker that overrides the options for one test.
+
+The device API is imported inside the fixtures, so a plain `pytest` run pays nothing for it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+import pytest
+
+from .options import CHECK_MODES, SETTINGS_KEY, Settings, backend_name, bad_value, parse_policies
+from .reporting import (EXCEPTION_MARGIN, EXCEPTION_NAME, ScheduleFailure, describe_schedule, failure_text, findings,
+                        format_races, terminal_width, trace_note, write_trace)
+from .results import compare
+from .seeds import ScheduleSpec, base_seed, per_test_seed, replay_command, schedule_specs
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Declare the marker."""
+    config.addinivalue_line(
+        "markers",
+        "streamcheck(schedules=N, policies='delay,random', check='on'): override the streamcheck options "
+        "for this test")
+
+
+@dataclass(frozen=True)
+class _TestConfig:
+    """Settings for one test: the options overridden by its marker."""
+
+    schedules: int
+    policies: tuple
+    check: str
+
+
+def _test_config(item, settings: Settings) -> _TestConfig:
+    schedules, policies, check = settings.schedules, settings.policies, settings.check
+    marker = item.get_closest_marker("streamcheck")
+    if marker is not None:
+        if marker.args:
+            raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.streamcheck takes keywords only "
+                                    "(schedules=, policies=, check=)")
+        unknown = set(marker.kwargs) - {"schedules", "policies", "check"}
+        if unknown:
+            raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.streamcheck got unknown keywords "
+                                    f"{sorted(unknown)}; accepted: schedules, policies, check")
+        source = f"@pytest.mark.streamcheck on {item.nodeid}:"
+        if "schedules" in marker.kwargs:
+            schedules = marker.kwargs["schedules"]
+            if not isinstance(schedules, int) or schedules < 1:
+                raise bad_value(f"{source} schedules", str(schedules), "an integer >= 1")
+        if "policies" in marker.kwargs:
+            value = marker.kwargs["policies"]
+            policies = parse_policies(value if isinstance(value, str) else ",".join(value), f"{source} policies")
+        if "check" in marker.kwargs:
+            value = marker.kwargs["check"]
+            check = {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+            if check not in CHECK_MODES:
+                raise bad_value(f"{source} check", str(value), ", ".join(CHECK_MODES))
+    return _TestConfig(schedules, policies, check)
+
+
+def _policy_params(policy: str, backend: str, settings: Settings) -> dict:
+    if backend == "cupy":
+        return {"delay_us": settings.delay_us} if policy in ("delay", "pct") else {}
+    return {"steps": settings.delay_steps} if policy == "delay" else {}
+
+
+def _make_device(config, spec: ScheduleSpec, check: str):
+    from ..device import Device
+
+    backend = backend_name(config)
+    settings = config.stash[SETTINGS_KEY]
+    return Device(backend, check=check != "off", policy=spec.policy, seed=spec.seed,
+                  **_policy_params(spec.policy, backend, settings))
+
+
+@pytest.fixture
+def streamcheck_seed(request) -> int:
+    """This test's seed: base seed + crc32(node id)."""
+    return per_test_seed(base_seed(request.config), request.node.nodeid)
+
+
+@pytest.fixture
+def streamcheck_device(request, streamcheck_seed):
+    """A Device on the chosen backend, running the first policy's first schedule of this test.
+    With check on, a race the checker finds fails the test even if every value was right."""
+    config = request.config
+    settings = config.stash[SETTINGS_KEY]
+    tconf = _test_config(request.node, settings)
+    spec = schedule_specs(streamcheck_seed, tconf.policies, 1, settings.replay)[0]
+    device = _make_device(config, spec, tconf.check)
+    found = findings(request.node)
+    found.device, found.spec, found.check = device, spec, tconf.check
+    found.schedules += 1
+    found.replay = replay_command(config, request.node.nodeid, spec)
+    yield device
+    found.add_races(device.races)
+
+
+@dataclass(frozen=True)
+class ScheduleResult:
+    spec: ScheduleSpec
+    schedule: str  # the policy with its parameters and the decisions taken ("" where not recorded)
+    matches: bool
+
+
+@dataclass(frozen=True)
+class ScheduleRun:
+    """What run_schedules saw: the sequential reference, one entry per schedule, the races."""
+
+    reference: Any
+    results: tuple
+    races: tuple
+
+    @property
+    def wrong(self) -> tuple:
+        return tuple(r for r in self.results if not r.matches)
+
+
+@pytest.fixture
+def run_schedules(request, streamcheck_seed):
+    """`run_schedules(fn, atol=0, rtol=0)`: run `fn(device) -> result` once on a sequential
+    device (the reference), then under each schedule; fail on a differing result or (check
+    on) on races, with the race report, the schedule and the command that replays it."""
+    config = request.config
+    item = request.node
+
+    def run(fn: Callable, *, atol: float = 0.0, rtol: float = 0.0, schedules: Optional[int] = None,
+            policies: Optional[Sequence[str]] = None, check: Optional[str] = None) -> ScheduleRun:
+        __tracebackhide__ = True  # the failure is the message, not this frame
+        settings = config.stash[SETTINGS_KEY]
+        tconf = _test_config(item, settings)
+        count = schedules if schedules is not None else tconf.schedules
+        names = parse_policies(",".join(policies), "run_schedules(policies=...)") if policies else tconf.policies
+        check_mode = check if check is not None else tconf.check
+        if check_mode not in CHECK_MODES:
+            raise bad_value("run_schedules(check=...)", str(check_mode), ", ".join(CHECK_MODES))
+        found = findings(item)
+        found.check = check_mode
+
+        reference_spec = ScheduleSpec("sequential", 0, streamcheck_seed)
+        ref_device = _make_device(config, reference_spec, check_mode)
+        reference = _call(fn, ref_device, reference_spec, config, item.nodeid)
+        found.add_races(ref_device.races)
+
+        results, first_wrong, first_device = [], None, None
+        for spec in schedule_specs(streamcheck_seed, names, count, settings.replay):
+            device = _make_device(config, spec, check_mode)
+            got = _call(fn, device, spec, config, item.nodeid)
+            found.add_races(device.races)
+            diff = compare(reference, got, atol=atol, rtol=rtol)
+            schedule = describe_schedule(spec, device)
+            results.append(ScheduleResult(spec, schedule, diff is None))
+            if first_device is None:
+                first_device = device
+            if diff is not None and first_wrong is None:
+                first_wrong = (spec, schedule, diff, device)
+        found.schedules += len(results)
+        wrong = sum(not r.matches for r in results)
+        found.wrong += wrong
+        races = tuple(found.races.values())
+        outcome = ScheduleRun(reference, tuple(results), races)
+        width = terminal_width(config) - EXCEPTION_MARGIN
+
+        if first_wrong is not None:
+            spec, schedule, diff, device = first_wrong
+            found.schedule = schedule
+            found.replay = replay_command(config, item.nodeid, spec)
+            written = trace_note(write_trace(config, item.nodeid, device))
+            raise ScheduleFailure(failure_text(
+                f"schedule {spec.label} gave values that differ from the sequential reference "
+                f"({wrong} of {len(results)} schedules wrong)",
+                spec, describe_schedule(spec, device, elide=True), diff,
+                (device.report() if check_mode != "off" else "") + written, found.replay, width,
+                len(EXCEPTION_NAME)))
+        if races and check_mode == "on":
+            # The trace files and the schedule line name the same run: the first schedule.
+            spec, found.schedule = results[0].spec, results[0].schedule
+            found.replay = replay_command(config, item.nodeid, spec)
+            written = trace_note(write_trace(config, item.nodeid, first_device))
+            matched = "in the 1 schedule" if len(results) == 1 else f"in all {len(results)} schedules"
+            raise ScheduleFailure(failure_text(
+                f"the happens-before checker found {len(races)} race{'s' if len(races) != 1 else ''}; "
+                f"values matched the reference {matched} (the race has not struck yet)",
+                spec, describe_schedule(spec, first_device, elide=True), None, format_races(races) + written,
+                found.replay, width, len(EXCEPTION_NAME)))
+        return outcome
+
+    return run
+
+
+def _call(fn, device, spec: ScheduleSpec, config, nodeid: str):
+    try:
+        return fn(device)
+    except Exception as exc:
+        if hasattr(exc, "add_note"):  # Python 3.11+; on 3.10 the traceback alone must do
+            exc.add_note(f"streamcheck: raised under schedule {spec.label} (seed {spec.seed}); replay: "
+                         f"{replay_command(config, nodeid, spec if spec.policy != 'sequential' else None)}")
+        raise

@@ -1,0 +1,160 @@
+"""The plugin's options: each `--streamcheck-…` flag with its ini twin, read and validated once
+in pytest_configure; a bad value is a pytest.UsageError naming the option and what it accepts.
+
+The seed option is declared here with the others; seeds.py reads it (it has a cache and xdist
+workers to deal with).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import pytest
+
+POLICIES = ("sequential", "eager", "delay", "random", "pct")
+BACKENDS = ("auto", "sim", "cupy")
+CHECK_MODES = ("on", "warn", "off")  # on: races fail the test; warn: only reported; off: no checker
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The run's validated options (the base seed is seeds.base_seed's)."""
+
+    schedules: int
+    policies: tuple
+    backend: str  # as asked: auto, sim or cupy (resolved lazily, see backend_name)
+    delay_us: int
+    delay_steps: int
+    check: str
+    trace_dir: Optional[str]  # absolute (see _trace_dir)
+    replay: Optional[tuple]  # (policy, index): run only that schedule
+
+
+SETTINGS_KEY = pytest.StashKey[Settings]()
+BACKEND_KEY = pytest.StashKey[str]()
+
+_OPTIONS = (
+    # (flag, ini name, metavar, help, ini default)
+    ("--streamcheck-seed", "streamcheck_seed", "N|last",
+     "base seed (per-test seed = base + crc32(node id)); `last` reuses the previous run's. Default: random.", ""),
+    ("--streamcheck-schedules", "streamcheck_schedules", "N", "schedules per test under run_schedules.", "8"),
+    ("--streamcheck-policy", "streamcheck_policy", "P[,P...]",
+     f"schedule policies, comma-separated, from: {', '.join(POLICIES)}.", "delay,random,pct"),
+    ("--streamcheck-backend", "streamcheck_backend", "auto|sim|cupy",
+     "device backend; auto: cupy when a GPU is present, else sim.", "auto"),
+    ("--streamcheck-delay-us", "streamcheck_delay_us", "US", "cupy backend: spin delay injected by `delay`.", "200"),
+    ("--streamcheck-delay-steps", "streamcheck_delay_steps", "N",
+     "sim backend: host calls a delayed operation is held back.", "8"),
+    ("--streamcheck-check", "streamcheck_check", "on|warn|off",
+     "happens-before checking: on (races fail the test), warn (reported only), off.", "on"),
+    ("--streamcheck-trace-dir", "streamcheck_trace_dir", "DIR",
+     "write the trace (Perfetto JSON, PNG timeline, report) of each failing test here; relative to "
+     "the directory pytest was started in (as --junitxml), in an ini file to the rootdir.", ""),
+    ("--streamcheck-replay", "streamcheck_replay", "POLICY:INDEX",
+     "run only that schedule of each test (as printed by a failure).", ""),
+)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """Each option, with its ini twin."""
+    group = parser.getgroup("streamcheck", "streamcheck: CUDA stream race checking")
+    for flag, ini, metavar, help, default in _OPTIONS:
+        group.addoption(flag, dest=ini, metavar=metavar, default=None, help=help)
+        parser.addini(ini, help=f"default for {flag}: {help}", default=default)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Validate the options; stash them for the other streamcheck plugins."""
+    settings = _read_settings(config)
+    if settings.backend == "cupy":
+        from ..backends import gpu_available
+
+        if not gpu_available():
+            raise pytest.UsageError("streamcheck: --streamcheck-backend=cupy needs an NVIDIA GPU and CuPy "
+                                    "(pip install 'streamcheck[gpu]'); none found. Use sim or auto.")
+    config.stash[SETTINGS_KEY] = settings
+
+
+def option_value(config, ini: str) -> tuple[str, str]:
+    """The option's value and where it came from (for error messages)."""
+    flag = "--" + ini.replace("_", "-")
+    value = config.getoption(ini)
+    if value is not None:
+        return str(value).strip(), flag
+    return str(config.getini(ini)).strip(), f"ini option {ini}"
+
+
+def bad_value(source: str, value: str, accepted: str) -> pytest.UsageError:
+    return pytest.UsageError(f"streamcheck: {source}={value!r} is not valid; accepted values: {accepted}")
+
+
+def _int(config, ini: str, minimum: int, accepted: str) -> int:
+    value, source = option_value(config, ini)
+    try:
+        number = int(value)
+    except ValueError:
+        raise bad_value(source, value, accepted) from None
+    if number < minimum:
+        raise bad_value(source, value, accepted)
+    return number
+
+
+def parse_policies(value: str, source: str) -> tuple:
+    """The comma-separated policy names in `value`, checked."""
+    names = tuple(p.strip() for p in value.split(",") if p.strip())
+    if not names or any(p not in POLICIES for p in names):
+        raise bad_value(source, value, f"a comma-separated list of {', '.join(POLICIES)}")
+    return names
+
+
+def _replay(value: str, source: str) -> Optional[tuple]:
+    if value == "":
+        return None
+    policy, _, index = value.partition(":")
+    if policy not in POLICIES or not index.isdigit():
+        raise bad_value(source, value, f"POLICY:INDEX with POLICY one of {', '.join(POLICIES)} (e.g. delay:3)")
+    return policy, int(index)
+
+
+def _trace_dir(config) -> Optional[str]:
+    """Absolute: a relative path on the command line is taken from where pytest was started,
+    as --junitxml's is; one from an ini file from the rootdir, as cache_dir's is."""
+    value, source = option_value(config, "streamcheck_trace_dir")
+    if not value:
+        return None
+    base = config.invocation_params.dir if source.startswith("--") else config.rootpath
+    return os.path.normpath(os.path.join(str(base), os.path.expanduser(value)))
+
+
+def _read_settings(config) -> Settings:
+    backend, source = option_value(config, "streamcheck_backend")
+    if backend not in BACKENDS:
+        raise bad_value(source, backend, ", ".join(BACKENDS))
+    check, source = option_value(config, "streamcheck_check")
+    if check not in CHECK_MODES:
+        raise bad_value(source, check, ", ".join(CHECK_MODES))
+    policies = parse_policies(*option_value(config, "streamcheck_policy"))
+    return Settings(
+        schedules=_int(config, "streamcheck_schedules", 1, "an integer >= 1"),
+        policies=policies,
+        backend=backend,
+        delay_us=_int(config, "streamcheck_delay_us", 0, "an integer >= 0 (microseconds)"),
+        delay_steps=_int(config, "streamcheck_delay_steps", 0, "an integer >= 0"),
+        check=check,
+        trace_dir=_trace_dir(config),
+        replay=_replay(*option_value(config, "streamcheck_replay")),
+    )
+
+
+def backend_name(config) -> str:
+    """The backend tests run on: `auto` resolved (cached)."""
+    settings = config.stash[SETTINGS_KEY]
+    if settings.backend != "auto":
+        return settings.backend
+    resolved = config.stash.get(BACKEND_KEY, None)
+    if resolved is None:
+        from ..backends import resolve  # tries to import cupy: only when `auto` must be resolved
+
+        resolved = config.stash[BACKEND_KEY] = resolve("auto")
+    return resolved

@@ -1,0 +1,306 @@
+"""What streamcheck prints and writes: the header, race reports in failures (and beside other
+failures), the JSON `streamcheck` property --junitxml keeps, the terminal summary, and the
+trace files of failing tests under --streamcheck-trace-dir.
+
+The fixtures record what they saw in a Findings in the item's stash; the hooks here turn it
+into reports. Lines are wrapped at the terminal's width; replay lines stay whole.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import textwrap
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import pytest
+
+from .options import SETTINGS_KEY, backend_name
+from .seeds import ScheduleSpec, base_seed
+
+WORKER_WIDTH_KEY = "streamcheck_width"  # the controller's terminal width: workers' reports print there
+
+
+@dataclass
+class Findings:
+    """What streamcheck saw in one test (kept in item.stash)."""
+
+    races: dict = field(default_factory=dict)  # Race.key -> Race
+    schedules: int = 0
+    wrong: int = 0
+    replay: str = ""
+    schedule: str = ""  # the failing schedule with its full decisions (the message may elide them)
+    device: Any = None  # the streamcheck_device fixture's device, if used
+    spec: Optional[ScheduleSpec] = None  # and the schedule it runs
+    check: str = "on"  # the test's check mode (option, or its marker)
+
+    def add_races(self, races) -> None:
+        for race in races:
+            self.races.setdefault(race.key, race)
+
+
+FINDINGS_KEY = pytest.StashKey[Findings]()
+
+
+def findings(item) -> Findings:
+    """The item's Findings, made on first use."""
+    found = item.stash.get(FINDINGS_KEY, None)
+    if found is None:
+        found = item.stash[FINDINGS_KEY] = Findings()
+    return found
+
+
+class ScheduleFailure(AssertionError):
+    """A schedule produced values the sequential reference did not, or the checker found races."""
+
+    # Where users import it from, and the name pytest prints before the message.
+    __module__ = "streamcheck.plugin"
+
+
+# pytest prints each line of an exception's message after `E` and the failing line's indent
+# (`E       ` for a line in a test function), and the first after the exception's name too.
+EXCEPTION_MARGIN = 8
+EXCEPTION_NAME = f"{ScheduleFailure.__module__}.{ScheduleFailure.__name__}: "
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the terminal summary."""
+    config.pluginmanager.register(_Summary(config), "streamcheck-summary")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """xdist controller: workers wrap their reports at the controller's width, where they are printed."""
+    node.workerinput[WORKER_WIDTH_KEY] = terminal_width(node.config)
+
+
+def pytest_report_header(config) -> str:
+    """The settings, and the seed that replays the run."""
+    s = config.stash[SETTINGS_KEY]
+    replay = f" replay={s.replay[0]}:{s.replay[1]}" if s.replay else ""
+    return (f"streamcheck: backend={backend_name(config)} policy={','.join(s.policies)} schedules={s.schedules} "
+            f"check={s.check}{replay} --streamcheck-seed={base_seed(config)}")
+
+
+def terminal_width(config) -> int:
+    """Columns of the terminal the reports are printed on: pytest's TerminalWriter's (it follows
+    COLUMNS and the real terminal), the controller's under xdist, else the shell's or 80."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None and WORKER_WIDTH_KEY in workerinput:
+        return int(workerinput[WORKER_WIDTH_KEY])
+    if config.pluginmanager.has_plugin("terminalreporter"):
+        return config.get_terminal_writer().fullwidth
+    return shutil.get_terminal_size((80, 24)).columns
+
+
+# --- failure messages ---------------------------------------------------------------------
+
+
+def describe_schedule(spec: ScheduleSpec, device, elide: bool = False) -> str:
+    """`delay:0 = delay(steps=8) seed 123, decisions 1x2.h.2` (decisions replay with replay:<...>).
+    `elide`: shorten a long decisions string, for a failure message (see _elided)."""
+    schedule = device.schedule
+    if schedule is None:
+        return f"{spec.label} = {spec.policy} seed {spec.seed}"
+    decisions = schedule.compact() or "-"
+    if elide:
+        decisions = _elided(decisions)
+    return f"{spec.label} = {schedule.policy} seed {schedule.seed}, decisions {decisions}"
+
+
+# Decisions grow with the program (a 200-step decode takes ~10,000 characters): a failure
+# message keeps the head and the tail; report.txt and the junitxml property keep all of it.
+DECISIONS_HEAD, DECISIONS_TAIL = 40, 20
+DECISIONS_ELIDED_OVER = 100
+
+
+def _elided(decisions: str) -> str:
+    if len(decisions) <= DECISIONS_ELIDED_OVER:
+        return decisions
+    # `[...]`: decisions are made of digits, `h`, `x` and dots, so a bare `...` would read as part of them.
+    return (f"{decisions[:DECISIONS_HEAD]}[...]{decisions[-DECISIONS_TAIL:]} ({len(decisions)} characters; "
+            "all of them in report.txt under --streamcheck-trace-dir and in --junitxml)")
+
+
+def format_races(races, width: Optional[int] = None) -> str:
+    from ..core.hb import format_report
+
+    return format_report(list(races), width)
+
+
+def failure_text(headline: str, spec: ScheduleSpec, schedule: str, diff: Optional[str], report: str,
+                 replay: str, width: Optional[int] = None, first_line_taken: int = 0) -> str:
+    """The failure message. With `width`, lines are wrapped at it, the headline `first_line_taken`
+    columns narrower (pytest prints the exception's name before it); the replay line stays
+    whole, since it is pasted back into a shell."""
+    from ..core.hb import CONTINUATION_INDENT, MIN_WRAP_WIDTH, wrap_lines
+
+    first = f"streamcheck: {headline}"
+    if width is not None:
+        # Wrapped as if the exception's name were part of it, which is then cut off again.
+        taken = " " * first_line_taken
+        first = "\n".join(textwrap.wrap(first, max(width, MIN_WRAP_WIDTH), initial_indent=taken,
+                                        subsequent_indent=CONTINUATION_INDENT, break_long_words=False,
+                                        break_on_hyphens=False))[len(taken):]
+    lines = [f"  schedule: {schedule or f'{spec.label} = {spec.policy} seed {spec.seed}'}"]
+    if diff:
+        lines.append(f"  mismatch: {diff}")
+    if report:
+        lines.append(report)
+    return "\n".join([first, wrap_lines("\n".join(lines), width), f"  replay: {replay}"])
+
+
+# --- trace files of failing tests ---------------------------------------------------------
+
+
+def _safe_name(nodeid: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", nodeid).strip("_")[:150] or "test"
+
+
+def _write_perfetto(device, path: str) -> None:
+    from ..export import write_chrome_trace
+
+    write_chrome_trace(device, path)
+
+
+def _write_png(device, path: str) -> None:
+    from ..timeline import render_timeline  # imports matplotlib: only for a failing test
+
+    render_timeline(device, path)
+
+
+_TRACE_FILES = (
+    # (file name, what writes it, the public function named when it fails)
+    ("perfetto.json", _write_perfetto, "streamcheck.export.write_chrome_trace"),
+    ("timeline.png", _write_png, "streamcheck.timeline.render_timeline"),
+)
+
+
+def write_trace(config, nodeid: str, device) -> Optional[str]:
+    """With --streamcheck-trace-dir: DIR/<node id>/ gets the failing run's trace.json,
+    report.txt, perfetto.json for ui.perfetto.dev and timeline.png."""
+    trace_dir = config.stash[SETTINGS_KEY].trace_dir
+    if not trace_dir or device is None:
+        return None
+    out = os.path.join(trace_dir, _safe_name(nodeid))
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "trace.json"), "w") as fh:
+        fh.write(device.trace.to_json())
+    notes = [device.report()]
+    schedule = device.schedule
+    if schedule is not None:
+        notes.append(f"schedule: {schedule.policy} seed {schedule.seed}, decisions {schedule.compact() or '-'}")
+    for filename, write, name in _TRACE_FILES:
+        try:
+            write(device, os.path.join(out, filename))
+        except Exception as exc:  # an exporter problem must not hide the test's own failure
+            notes.append(f"{filename} not written: {name} raised {type(exc).__name__}: {exc}")
+    with open(os.path.join(out, "report.txt"), "w") as fh:
+        fh.write("\n".join(notes) + "\n")
+    return out
+
+
+def trace_note(out: Optional[str]) -> str:
+    """The line a failure message gets when --streamcheck-trace-dir wrote files."""
+    if not out:
+        return ""
+    return (f"\n  trace files: {out}/ (perfetto.json for ui.perfetto.dev, timeline.png, trace.json, "
+            "report.txt)")
+
+
+# --- test reports -------------------------------------------------------------------------
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Races into the test's report; its findings into the `streamcheck` property."""
+    report = yield
+    found = item.stash.get(FINDINGS_KEY, None)
+    if found is None or call.when != "call":
+        return report
+    config = item.config
+    device = found.device
+    if device is not None:
+        found.add_races(device.races)
+        found.schedule = found.schedule or describe_schedule(found.spec, device)
+    races = list(found.races.values())
+    check = found.check
+    width = terminal_width(config)
+    ours = call.excinfo is not None and call.excinfo.errisinstance(ScheduleFailure)
+    if device is not None and races and check == "on" and report.passed:
+        # The race did not strike on this schedule, but nothing orders the accesses.
+        report.outcome = "failed"
+        report.longrepr = failure_text(
+            f"the happens-before checker found {len(races)} race{'s' if len(races) != 1 else ''} "
+            "(streamcheck_device: values are the test's to check)",
+            found.spec, describe_schedule(found.spec, device, elide=True), None, format_races(races),
+            found.replay, width)
+    elif races and not ours:
+        # Races beside some other outcome (warn mode, or the test failed for its own reason).
+        text = format_races(races, width)
+        if report.failed and hasattr(report.longrepr, "addsection"):
+            report.longrepr.addsection("streamcheck races", text)  # in the failure: --junitxml keeps it
+        else:
+            report.sections.append(("streamcheck races", text))
+    if device is not None and report.failed:
+        written = write_trace(config, item.nodeid, device)
+        if written:
+            report.sections.append(("streamcheck trace", trace_note(written).strip()))
+    found_something = bool(races or found.wrong)
+    # JSON, not a dict: --junitxml writes each property with str(), and JSON is what a CI
+    # reads back. Call sites are relative to the rootdir, as pytest's node ids are.
+    entry = ("streamcheck", json.dumps({
+        "races": [race.to_dict(str(config.rootpath)) for race in races],
+        "schedules": found.schedules, "wrong": found.wrong,
+        "schedule": found.schedule if found_something else "",
+        "replay": found.replay if found_something else ""}))
+    report.user_properties.append(entry)  # for the summary (on the xdist controller too)
+    # and on the item, as record_property does: --junitxml reads the teardown report's
+    # properties, which pytest copies from the item after this.
+    item.user_properties.append(entry)
+    return report
+
+
+class _Summary:
+    """Collects each test's findings from its report (on the xdist controller too:
+    user_properties travel with the report) and prints them at the end."""
+
+    def __init__(self, config):
+        self.config = config
+        self.rows: list = []  # (node id, outcome, findings) in report order
+
+    def pytest_runtest_logreport(self, report) -> None:
+        if report.when != "call":
+            return
+        for name, value in report.user_properties:
+            if name == "streamcheck" and isinstance(value, str):
+                self.rows.append((report.nodeid, report.outcome, json.loads(value)))
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        from ..core.hb import wrap_lines
+
+        if not self.rows:
+            return
+        width = terminal_width(self.config)
+        found = [row for row in self.rows if row[2]["races"] or row[2]["wrong"]]
+        terminalreporter.section("streamcheck")
+        for nodeid, outcome, value in found:
+            parts = []
+            races = value["races"]
+            if races:
+                kinds = sorted({f"{race['kind']} on {race['buffer']}" for race in races})
+                parts.append(f"{len(races)} race{'s' if len(races) != 1 else ''} ({', '.join(kinds)})")
+            if value["wrong"]:
+                parts.append(f"{value['wrong']} of {value['schedules']} schedules gave wrong values")
+            terminalreporter.line(wrap_lines(f"{outcome.upper()} {nodeid}: {'; '.join(parts)}", width))
+            if value["replay"]:
+                terminalreporter.line(f"    replay: {value['replay']}")  # whole: it is pasted back
+        racy = sum(1 for row in found if row[2]["races"])
+        schedules = sum(row[2]["schedules"] for row in self.rows)
+        tests = len(self.rows)
+        terminalreporter.line(wrap_lines(
+            f"streamcheck: {tests} test{'s' if tests != 1 else ''}, {schedules} "
+            f"schedule{'s' if schedules != 1 else ''}, races found in {racy} test{'s' if racy != 1 else ''}; "
+            f"--streamcheck-seed={base_seed(self.config)}", width))
