@@ -435,6 +435,29 @@ def test_disabled_plugin_leaves_no_options_or_fixtures(pytester):
     assert "streamcheck: backend=" not in no_fixture.stdout.str()
 
 
+LOADED = '''
+import sys
+
+def test_loaded(streamcheck_seed, run_schedules, request):
+    names = {name for name, _ in request.config.pluginmanager.list_name_plugin()}
+    assert {f"streamcheck.plugin.{feature}" for feature in ("options", "seeds", "reporting", "fixtures",
+                                                            "profiles")} <= names
+    assert not {"cupy", "torch", "hypothesis", "streamcheck.device"} & set(sys.modules)
+'''
+
+
+@pytest.mark.parametrize("how", [["-n", "2"], ["-p", "streamcheck.plugin"]], ids=["entry-point-xdist", "dash-p"])
+def test_the_plugin_loads_its_features_without_warnings_or_heavy_imports(pytester, tmp_path, monkeypatch, how):
+    # Each feature module is a plugin pytest imports itself; one imported too early makes pytest
+    # warn that it cannot rewrite it (an error under -W error). -p: as without the entry point.
+    if how[0] == "-p":
+        monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    pytester.makepyfile(test_loaded=LOADED)
+    result = _run(pytester, tmp_path, "-W", "error", *how)
+    result.assert_outcomes(passed=1)
+    assert HEADER.search(result.stdout.str())
+
+
 def test_hypothesis_profiles_are_selectable(pytester, monkeypatch):
     pytester.makepyfile(test_profile='''
 from hypothesis import settings
