@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
+from flashnorm_kernels.commands.repro import strike_policy
 from flashnorm_kernels.generation import run_generation
 from flashnorm_kernels.plan import SyncPlan
-from streamcheck.commands.repro import strike_policy
 from flashnorm_kernels.testing.fixtures import PROMPT, encode, load_fixture_model
 
 

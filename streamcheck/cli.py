@@ -1,17 +1,23 @@
-"""`streamcheck` command line: one subcommand per module in streamcheck.commands.
+"""`streamcheck` command line: its own subcommands, and those installed packages plug in.
 
-Each module there defines `register(subparsers)`, which adds its parser and sets
-`func` to a callable taking the parsed args and returning an exit status.
+A subcommand is a `register(subparsers)` function, which adds its parser and sets `func`
+to a callable taking the parsed args and returning an exit status. The built-in ones are
+the modules of streamcheck.commands; a package adds its own with an entry point in the
+`streamcheck.commands` group, named after the command (that is how the FlashNorm package
+adds `repro` and `fuzz`: the tool never imports its subject). A plugin that fails to load
+leaves the other commands working and says why when its command is run.
 Exit status 2 means bad usage or an environment that cannot run the command.
 """
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from importlib import metadata
 
-COMMANDS = ("repro", "run", "fuzz", "demo")
+from .commands import demo, run
+
+BUILT_IN = (run, demo)
+PLUGIN_GROUP = "streamcheck.commands"
 
 
 def version() -> str:
@@ -21,24 +27,62 @@ def version() -> str:
         return "unknown (not installed)"
 
 
+def _origin(entry_point) -> str:
+    """`name = module:function`, and the distribution that declares it."""
+    dist = entry_point.dist
+    declared = f" (from {dist.name} {dist.version})" if dist is not None else ""
+    return f"{entry_point.name} = {entry_point.value}{declared}"
+
+
+def _add_unavailable(sub, entry_point, error: BaseException) -> None:
+    """A stand-in for a plugin command that failed to load: listed in --help, and run it
+    prints why (one line, exit 2) instead of a traceback."""
+    problem = (f"streamcheck {entry_point.name}: cannot run: its plugin failed to load "
+               f"(entry point {_origin(entry_point)} in group {PLUGIN_GROUP}): {type(error).__name__}: {error}; "
+               "reinstall the package that provides it")
+
+    def explain(args) -> int:
+        print(problem, file=sys.stderr)
+        return 2
+
+    parser = sub.add_parser(entry_point.name, help="unavailable: its plugin failed to load (run it to see why)",
+                            description=problem)
+    # Whatever arguments follow are the real command's: main() lets this one take them all.
+    parser.set_defaults(func=explain, takes_any_arguments=True)
+
+
+def _add_plugins(sub) -> None:
+    for entry_point in sorted(metadata.entry_points(group=PLUGIN_GROUP), key=lambda ep: ep.name):
+        if entry_point.name in sub.choices:
+            print(f"streamcheck: ignoring the plugin command {_origin(entry_point)}: "
+                  f"`streamcheck {entry_point.name}` is already defined", file=sys.stderr)
+            continue
+        try:
+            entry_point.load()(sub)
+        except Exception as exc:  # anything a third party's import or register() raises is reported, not raised
+            if entry_point.name not in sub.choices:
+                _add_unavailable(sub, entry_point, exc)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="streamcheck", description="Find CUDA stream synchronization bugs.")
+    parser = argparse.ArgumentParser(
+        prog="streamcheck", description="Find CUDA stream synchronization bugs.",
+        epilog=f"Installed packages may add commands (entry point group {PLUGIN_GROUP}).")
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for name in COMMANDS:
-        try:
-            module = importlib.import_module(f"streamcheck.commands.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"streamcheck.commands.{name}":
-                raise
-            continue  # subcommand not built yet
+    for module in BUILT_IN:
         module.register(sub)
+    _add_plugins(sub)
     return parser
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    # parse_args, except that an unavailable plugin command takes any arguments.
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and not getattr(args, "takes_any_arguments", False):
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

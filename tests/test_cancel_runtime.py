@@ -9,9 +9,9 @@ import torch
 from flashnorm_kernels.cancel import NotCancellableError, cancellation_error_bound
 from flashnorm_kernels.hf import _Identity, attach
 from flashnorm_kernels.plan import SyncPlan
-from streamcheck.device import Device
 from flashnorm_kernels.testing.fixtures import PROMPT, encode, expected_continuation, load_fixture_model
 from streamcheck.core.trace import Launch
+from streamcheck.device import Device
 
 PROMPT_IDS = encode(PROMPT)
 

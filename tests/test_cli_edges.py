@@ -15,8 +15,8 @@ from importlib import metadata
 
 import pytest
 
-from streamcheck import cli
 from flashnorm_kernels.testing.fixtures import fixture_dir
+from streamcheck import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BLOCK_MATPLOTLIB = "import sys; sys.modules['matplotlib'] = None; "  # `import matplotlib` now raises ImportError

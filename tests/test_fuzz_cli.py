@@ -14,9 +14,9 @@ import textwrap
 
 import pytest
 
+from flashnorm_kernels.commands import fuzz as fuzz_command
+from flashnorm_kernels.commands.fuzz import Example, Progress, Tally, run_example
 from streamcheck import cli
-from streamcheck.commands import fuzz as fuzz_command
-from streamcheck.commands.fuzz import Example, Progress, Tally, run_example
 
 TIMES = re.compile(r"in [\d.]+ s \([\d.]+ examples/s\)")
 # A token with every field, for the refused-field tests (the talk's plan, a delay schedule).
@@ -156,7 +156,7 @@ def test_ctrl_c_prints_the_table_so_far_and_exits_130(capsys, columns, monkeypat
 SIGINT_SCRIPT = textwrap.dedent("""
     import os, signal, sys
     from streamcheck import cli
-    from streamcheck.commands import fuzz
+    from flashnorm_kernels.commands import fuzz
 
     real, calls = fuzz.run_example, []
 

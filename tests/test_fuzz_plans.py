@@ -24,13 +24,13 @@ import numpy as np
 import pytest
 from hypothesis import given
 
+from flashnorm_kernels.commands.fuzz import Example, run_example
 from flashnorm_kernels.plan import CALLER_KINDS, EDGES, POST_STREAMS, SIDE_KINDS, SyncPlan
 from flashnorm_kernels.testing import strategies as fst
 from flashnorm_kernels.testing.oracle import hazards, is_safe, racy_buffers
 from flashnorm_kernels.testing.strategies import Shape
 from streamcheck import cli
 from streamcheck import strategies as sst
-from streamcheck.commands.fuzz import Example, run_example
 from streamcheck.strategies import ScheduleChoice
 
 TINY = Shape(tokens=2, hidden=8, out=4, dtype="float32")

@@ -3,12 +3,12 @@ norm → projection groups on the simulated dual-stream pipeline."""
 import pytest
 import torch
 
+from flashnorm_kernels.commands.repro import strike_policy
 from flashnorm_kernels.generation import check_generation, run_generation, run_lockstep
 from flashnorm_kernels.hf import LockstepMismatch, attach
 from flashnorm_kernels.plan import SyncPlan
-from streamcheck.commands.repro import strike_policy
-from streamcheck.device import Device
 from flashnorm_kernels.testing.fixtures import PROMPT, decode, encode, expected_continuation, load_fixture_model
+from streamcheck.device import Device
 
 PROMPT_IDS = encode(PROMPT)
 

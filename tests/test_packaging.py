@@ -64,6 +64,14 @@ def test_the_wheel_holds_the_fixture_models(wheel):
                 assert archive.read(name) == (ROOT / name).read_bytes(), f"{name} differs from the repository's"
 
 
+def test_the_wheel_declares_the_commands_flashnorm_plugs_in(wheel):
+    with zipfile.ZipFile(wheel) as archive:
+        (name,) = [n for n in archive.namelist() if n.endswith(".dist-info/entry_points.txt")]
+        declared = archive.read(name).decode()
+    assert ("[streamcheck.commands]\nfuzz = flashnorm_kernels.commands.fuzz:register\n"
+            "repro = flashnorm_kernels.commands.repro:register\n") in declared
+
+
 @pytest.mark.slow
 def test_repro_runs_from_the_installed_wheel_outside_the_repository(wheel, tmp_path):
     site = tmp_path / "site"

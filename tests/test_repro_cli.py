@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
+from flashnorm_kernels.commands import repro
 from streamcheck.cli import main
-from streamcheck.commands import repro
 
 
 def test_repro_on_the_sim_shows_the_stutter_the_race_and_the_fix(capsys, tmp_path):

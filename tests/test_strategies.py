@@ -10,8 +10,8 @@ from flashnorm_kernels.plan import EDGES, SyncPlan
 from flashnorm_kernels.testing import strategies as fst
 from flashnorm_kernels.testing.oracle import is_safe
 from streamcheck import strategies as sst
-from streamcheck.device import Device
 from streamcheck.core.trace import StreamKind
+from streamcheck.device import Device
 
 
 @given(fst.shapes(max_tokens=3, max_hidden=5, max_out=7))

@@ -2,7 +2,7 @@
 happens-before checker (streamcheck/core/hb.py).
 
 It models the decode loop that `streamcheck fuzz` and the plan fuzz tests run
-(commands/fuzz.py, `run_program`), as issued by the host:
+(flashnorm_kernels/commands/fuzz.py, `run_program`), as issued by the host:
 
     once:      upload W on A                                   (the pipeline's weight upload)
     each step: upload x_t on the caller's stream

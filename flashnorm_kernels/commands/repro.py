@@ -17,7 +17,7 @@ import time
 from contextlib import contextmanager
 from typing import Optional
 
-from . import report_width
+from streamcheck.commands import report_width
 
 FIXTURE = "tiny_llama_zen"
 # The stale read is injected into layer 0's q/k/v projection: its matmul stream is held
@@ -153,7 +153,7 @@ def _token_progress(model, total: int, first_run: str):
 
 
 def run(args) -> int:
-    from ..backends import BackendUnavailable, gpu_available, resolve
+    from streamcheck.backends import BackendUnavailable, gpu_available, resolve
 
     problem = _usage_problem(args)
     if problem is None:
@@ -168,7 +168,7 @@ def run(args) -> int:
     if problem:
         print(f"streamcheck repro: {problem}", file=sys.stderr)
         return 2
-    from flashnorm_kernels.testing.fixtures import FixtureCorruptError
+    from ..testing.fixtures import FixtureCorruptError
 
     try:
         with _quiet_transformers():
@@ -188,11 +188,11 @@ def _run_record(check, races_json: str) -> dict:
 
 
 def _repro(backend: str, args) -> int:
-    from flashnorm_kernels.generation import check_generation, run_generation
-    from flashnorm_kernels.plan import SyncPlan
+    from streamcheck.core.hb import reports_to_json
 
-    from flashnorm_kernels.testing.fixtures import PROMPT, decode, encode, load_fixture_model
-    from ..core.hb import reports_to_json
+    from ..generation import check_generation, run_generation
+    from ..plan import SyncPlan
+    from ..testing.fixtures import PROMPT, decode, encode, load_fixture_model
 
     model = load_fixture_model(FIXTURE, root=args.fixtures)  # clear errors (exit 2) if missing or corrupt
     prompt = encode(PROMPT)
@@ -248,13 +248,13 @@ def _repro(backend: str, args) -> int:
 
     try:
         if args.timeline:
-            from ..timeline import render_timeline
+            from streamcheck.timeline import render_timeline
 
             path = timeline_file(args.timeline)
             _write_whole(path, lambda name: render_timeline(buggy.candidate.device, name))
             print(f"timeline of the implicit-join run: {path}")
         if args.trace:
-            from ..export import write_chrome_trace
+            from streamcheck.export import write_chrome_trace
 
             _write_whole(args.trace, lambda name: write_chrome_trace(buggy.candidate.device, name))
             print(f"Perfetto trace of the implicit-join run: {args.trace} (open in https://ui.perfetto.dev)")
@@ -290,7 +290,8 @@ def register(subparsers) -> None:
                         f"{STRIKE_RULE.replace('%', '%%')} (step k yields token k), so more tokens than that are needed")
     p.add_argument("--seed", type=int, default=0,
                    help=f"picks the first decode step that is delayed: {STRIKE_RULE.replace('%', '%%')}")
-    p.add_argument("--fixtures", metavar="DIR", help="where the fixture models live (default: the ones installed with flashnorm_kernels)")
+    p.add_argument("--fixtures", metavar="DIR",
+                   help="where the fixture models live (default: the ones installed with flashnorm_kernels)")
     p.add_argument("--timeline", metavar="PNG",
                    help="also draw the implicit-join run's timeline to PNG (.png is added to a name without one; "
                         "needs matplotlib)")

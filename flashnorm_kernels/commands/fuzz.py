@@ -7,7 +7,7 @@
 Hypothesis draws examples: a sync plan x a shape x a schedule (policy, seed,
 parameters). Each runs the decode loop (`run_program`) for a few steps and is a
 finding when the happens-before checker reports a race, or when an output differs
-from the same loop run sequentially. The oracle (oracle.py) says which plans are
+from the same loop run sequentially. The oracle (testing/oracle.py) says which plans are
 unsafe; the table flags any disagreement with it.
 
 Findings are EXPECTED with the default `--plans all`: most plans leave an edge out
@@ -39,6 +39,8 @@ from typing import Optional
 
 import numpy as np
 
+from ..plan import EDGES, SyncPlan
+
 EPS = 1e-5
 MODULE = "fn"  # the pipeline module's name: its buffers are fn.Y, fn.r, fn.out0, fn.W
 
@@ -50,16 +52,14 @@ MODULE = "fn"  # the pipeline module's name: its buffers are fn.Y, fn.r, fn.out0
 class Example:
     """Everything that determines one run: replaying the same Example gives the same bytes."""
 
-    plan: object  # SyncPlan
-    shape: object  # strategies.Shape
-    choice: object  # strategies.ScheduleChoice
+    plan: SyncPlan
+    shape: object  # testing.strategies.Shape
+    choice: object  # streamcheck.strategies.ScheduleChoice
     steps: int = 3
     data_seed: int = 0
 
     def token(self) -> str:
         """A one-word description that `--replay` parses back."""
-        from flashnorm_kernels.plan import EDGES
-
         missing = "+".join(e for e in EDGES if e not in self.plan.edges) or "none"
         p, s, c = self.plan, self.shape, self.choice
         return (f"missing={missing},post={p.post_stream},side={p.side_kind},caller={p.caller_kind},"
@@ -72,12 +72,10 @@ class Example:
         """The Example a token describes. Whitespace around fields is ignored, so a token
         printed over several lines (inside one pair of quotes) pastes back as it is.
         Every field is checked here, so a bad one is refused before anything runs."""
-        from flashnorm_kernels.plan import EDGES, SyncPlan
+        from streamcheck.core.schedule import make_policy
+        from streamcheck.strategies import ScheduleChoice
 
-        from ..core.schedule import make_policy
-        from flashnorm_kernels.testing.strategies import DTYPES, Shape
-
-        from ..strategies import ScheduleChoice
+        from ..testing.strategies import DTYPES, Shape
 
         fields = {}
         for part in (part.strip() for part in token.split(",")):
@@ -148,7 +146,7 @@ def run_program(plan, shape, device, steps: int = 3, data_seed: int = 0) -> list
     """The decode loop the oracle models: per step, upload x_t on the caller's stream,
     issue the pipeline step, synchronize the caller's stream and read the output.
     Returns the outputs, one float32 array per step."""
-    from flashnorm_kernels.pipeline import DeferredNormProjection
+    from ..pipeline import DeferredNormProjection
 
     w, xs = _data(shape, steps, data_seed)
     module = DeferredNormProjection(device, [w], eps=EPS, plan=plan, dtype=shape.dtype,
@@ -183,9 +181,7 @@ class Outcome:
 @lru_cache(maxsize=256)
 def _reference(shape, steps: int, data_seed: int, backend: str) -> tuple:
     # Run sequentially every plan computes the same values: the reference needs no plan.
-    from flashnorm_kernels.plan import SyncPlan
-
-    from ..device import Device
+    from streamcheck.device import Device
 
     device = Device(backend, check=False, policy="sequential")
     return tuple(run_program(SyncPlan.correct(), shape, device, steps, data_seed))
@@ -307,10 +303,10 @@ def fuzz(budget: Optional[float] = None, backend: str = "sim", profile: str = "s
     from hypothesis import seed as hypothesis_seed
     from hypothesis import strategies as st
 
-    from flashnorm_kernels.testing import strategies as fst
-    from flashnorm_kernels.testing.oracle import is_safe
+    from streamcheck import strategies as sst
 
-    from .. import strategies as sst
+    from ..testing import strategies as fst
+    from ..testing.oracle import is_safe
 
     plan_strategy = {"all": fst.sync_plans(), "safe": fst.safe_plans(), "unsafe": fst.unsafe_plans()}[plans]
     tally = Tally()
@@ -336,7 +332,7 @@ def fuzz(budget: Optional[float] = None, backend: str = "sim", profile: str = "s
         progress.update(tally)
 
     one = hypothesis_seed(seed)(one)
-    import flashnorm_kernels.pipeline  # noqa: F401  (imported here, not on the budget's clock)
+    from .. import pipeline  # noqa: F401  (imported here, not on the budget's clock)
 
     progress.restart()
     try:
@@ -400,8 +396,6 @@ def _wrap(text: str, width: int, indent: str = "  ") -> list:
 
 
 def _plan_text(plan) -> str:
-    from flashnorm_kernels.plan import EDGES
-
     missing = [e for e in EDGES if e not in plan.edges]
     return (f"-{'-'.join(missing) if missing else '(none)'} post={plan.post_stream} "
             f"side={plan.side_kind} caller={plan.caller_kind}")
@@ -475,8 +469,6 @@ def summary(tally: Tally, seconds: float, backend: str, profile: str, plans: str
 
 
 def _plan_json(plan) -> dict:
-    from flashnorm_kernels.plan import EDGES
-
     return {"missing": [e for e in EDGES if e not in plan.edges], "post_stream": plan.post_stream,
             "side_kind": plan.side_kind, "caller_kind": plan.caller_kind}
 
@@ -603,7 +595,7 @@ def _write_json(name: str, data: dict) -> Optional[str]:
 
 
 def main(args) -> int:
-    from ..backends import BackendUnavailable, gpu_available, resolve
+    from streamcheck.backends import BackendUnavailable, gpu_available, resolve
 
     budget = examples = None
     if args.examples is not None:
@@ -625,7 +617,7 @@ def main(args) -> int:
     from hypothesis import settings
     from hypothesis.errors import InvalidArgument
 
-    from .. import strategies
+    from streamcheck import strategies
 
     profile = strategies.profile_name(args.profile)
     try:
