@@ -7,8 +7,8 @@
         device = choice.device()  # a Device running the drawn schedule
         ...
 
-Strategies of a program under test belong with it (FlashNorm's shapes and sync plans:
-flashnorm_kernels/testing/strategies.py).
+Strategies of a program under test belong with it: FlashNorm's shapes and sync plans are
+in its own package (testing/strategies.py there), which streamcheck never imports.
 
 Profiles: `streamcheck-dev` (randomized, moderate), `streamcheck-ci` (derandomized and
 bounded, so CI is fast and a failure reproduces on every run; prints the reproduce blob)
