@@ -32,21 +32,25 @@ def gpu_available() -> bool:
         return False
 
 
-def gpu_present_without_importing_cupy() -> bool:
-    """True when CuPy is installed and the CUDA driver sees a device, asked without importing
-    CuPy: CuPy reads settings such as CUPY_CUDA_PER_THREAD_DEFAULT_STREAM when it is imported,
-    so `streamcheck run` must leave that import to the program."""
+def cuda_device_present() -> bool:
+    """True when the CUDA driver sees a device, asked without importing CuPy or torch: CuPy
+    reads settings such as CUPY_CUDA_PER_THREAD_DEFAULT_STREAM when it is imported, so
+    `streamcheck run` leaves that import to the program."""
     import ctypes
-    import importlib.util
 
-    if importlib.util.find_spec("cupy") is None:
-        return False
     try:
         driver = ctypes.CDLL("libcuda.so.1")
         count = ctypes.c_int(0)
         return driver.cuInit(0) == 0 and driver.cuDeviceGetCount(ctypes.byref(count)) == 0 and count.value > 0
     except (OSError, AttributeError):
         return False
+
+
+def gpu_library_installed() -> bool:
+    """CuPy, or torch, is installed (not imported)."""
+    import importlib.util
+
+    return any(importlib.util.find_spec(name) is not None for name in ("cupy", "torch"))
 
 
 @contextlib.contextmanager
@@ -170,27 +174,35 @@ class SpinDelay:
 
 # --- warm-up ------------------------------------------------------------------------------
 
-def warm_up(cupy, *, spin: bool, pool_bytes: int = 64 << 20) -> list:
+def warm_up(*, cupy=None, torch=None, spin: bool = False, pool_bytes: int = 64 << 20) -> list:
     """Trigger what synchronizes implicitly the first time, before the program's first racy
-    step: cuBLAS handle creation, CuPy's first fill/copy/reduction kernels, the spin module's
-    load, memory-pool growth (docs/cuda-rules.md: none of these is synchronization the program may rely
-    on, yet each hides races while it happens). Returns the reasons, for the caller to record
-    as implicit syncs (never an edge for the checker)."""
+    step: cuBLAS handle creation, the libraries' first kernels, the spin module's load,
+    memory-pool growth (docs/cuda-rules.md: none of these is synchronization the program may
+    rely on, yet each hides races while it happens). Returns the reasons, for the caller to
+    record as implicit syncs (never an edge for the checker)."""
     reasons = []
     with suppressed():
-        a = cupy.ones((8, 8), dtype=cupy.float32)
-        (a @ a).sum()
-        a[...] = a.copy()
-        cupy.cuda.runtime.deviceSynchronize()
-        reasons.append("first cuBLAS call (handle creation) and CuPy's first fill/copy/reduction kernels")
-        if spin:
-            SpinDelay.get()
-            reasons.append("lazy module load: streamcheck spin kernel (NVRTC compile + cuModuleLoad)")
-        pool = cupy.get_default_memory_pool()
-        before = pool.total_bytes()
-        if pool.free_bytes() < pool_bytes:
-            cupy.empty(pool_bytes, dtype=cupy.uint8)  # freed at once: the pool keeps the bytes
-        grown = pool.total_bytes() - before
-        if grown > 0:
-            reasons.append(f"memory pool growth by {grown} bytes (cudaMalloc)")
+        if cupy is not None:
+            a = cupy.ones((8, 8), dtype=cupy.float32)
+            (a @ a).sum()
+            a[...] = a.copy()
+            cupy.cuda.runtime.deviceSynchronize()
+            reasons.append("first cuBLAS call (handle creation) and CuPy's first fill/copy/reduction kernels")
+            if spin:
+                SpinDelay.get()
+                reasons.append("lazy module load: streamcheck spin kernel (NVRTC compile + cuModuleLoad)")
+            pool = cupy.get_default_memory_pool()
+            before = pool.total_bytes()
+            if pool.free_bytes() < pool_bytes:
+                cupy.empty(pool_bytes, dtype=cupy.uint8)  # freed at once: the pool keeps the bytes
+            grown = pool.total_bytes() - before
+            if grown > 0:
+                reasons.append(f"memory pool growth by {grown} bytes (cudaMalloc)")
+        if torch is not None and torch.cuda.is_available():
+            t = torch.ones((8, 8), device="cuda")
+            (t @ t).sum().item()
+            if spin and cupy is None:
+                torch.cuda._sleep(1)
+            torch.cuda.synchronize()
+            reasons.append("torch's first CUDA calls (context, cuBLAS handle, caching allocator segment)")
     return reasons

@@ -23,7 +23,7 @@ from typing import Optional
 
 from . import recorder as R
 from .adapters import install
-from .gpu import MAX_DELAY_US, external_stream, is_suppressed, suppressed, warm_up
+from .gpu import MAX_DELAY_US, cuda_device_present, external_stream, is_suppressed, suppressed, warm_up
 from .kernel_access import declare_kernel, kernel_signature  # noqa: F401 (public here too)
 from .recorder import Recorder, captured_work, format_capture_errors  # noqa: F401 (public here too)
 
@@ -36,38 +36,61 @@ class InstrumentError(RuntimeError):
 
 
 class Session(Recorder):
-    """A recording of a CuPy program: the recorder on CuPy (adapters.cupy_device.CupyGpu),
-    with the adapters' patches while it is active."""
+    """A recording of a GPU program: the recorder on CUDA (adapters.cuda_device.CudaGpu), with
+    the adapters of the libraries it uses (CuPy, torch) patched in while it is active."""
 
     def __init__(self, *, delay_us: float = 0.0, delay_streams=(), delay_kernels=(), seed: int = 0,
                  check: bool = True):
-        import cupy
-
-        from .adapters.cupy_device import CupyGpu
+        from .adapters.cuda_device import CudaGpu
 
         if not isinstance(delay_us, (int, float)) or not 0 <= delay_us <= MAX_DELAY_US:
             raise InstrumentError(f"instrument: delay_us must be in [0, {MAX_DELAY_US}] µs (the spin kernel's cap), "
                                   f"got {delay_us!r}")
-        super().__init__(CupyGpu(cupy, on_external_memory=self._external_memory_seen), delay_us=delay_us,
+        libraries = loaded_libraries()
+        if not libraries:
+            raise InstrumentError("streamcheck.instrument: neither CuPy nor torch is installed; install "
+                                  "'streamcheck[gpu]' (CuPy) or a CUDA build of torch")
+        super().__init__(CudaGpu(libraries.get("cupy"), libraries.get("torch")), delay_us=delay_us,
                          delay_streams=delay_streams, delay_kernels=delay_kernels, seed=seed, check=check)
-        self.cupy = cupy
+        self.libraries = set(libraries)
         self.patcher = None
         self.started_at = self.site()
         self.started_by = threading.current_thread()
 
-    def _external_memory_seen(self) -> None:
-        # Memory CuPy did not allocate usually comes from torch: loaded now, if not at start.
-        if self.patcher is not None:
-            from .adapters import torch_sync
-
-            for patch in torch_sync.patches():
-                self.patcher.apply(patch)
+    def library_loaded(self, name: str, module) -> None:
+        """The program imported `name` (cupy, torch) after the recording started: adapt it too."""
+        if name in self.libraries or self.patcher is None:
+            return
+        self.libraries.add(name)
+        self.gpu.add_library(name, module)
+        install(self, {name}, self.patcher)
 
     def warm_up(self, pool_bytes: int = 64 << 20) -> None:
         """Get implicit synchronizations out of the way before the program runs (gpu.warm_up);
         record each as such."""
-        for reason in warm_up(self.cupy, spin=bool(self.delay_us), pool_bytes=pool_bytes):
+        gpu = self.gpu
+        for reason in warm_up(cupy=gpu.cupy, torch=gpu.torch, spin=bool(self.delay_us), pool_bytes=pool_bytes):
             self.implicit(f"warm-up: {reason}")
+
+
+def loaded_libraries() -> dict:
+    """The GPU libraries a recording adapts: CuPy if installed (imported now: cheap, and the
+    program's CuPy calls are what is recorded), torch if the program already imported it (a
+    recording never imports torch itself)."""
+    import importlib.util
+
+    found = {}
+    if "cupy" in sys.modules or importlib.util.find_spec("cupy") is not None:
+        try:
+            import cupy
+
+            found["cupy"] = cupy
+        except ImportError:
+            pass
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        found["torch"] = torch
+    return found
 
 
 def active() -> bool:
@@ -92,13 +115,13 @@ def start(*, delay_us: float = 0.0, delay_streams=(), delay_kernels=(), seed: in
                               + "; stop it first (sessions do not nest)")
     from . import backends
 
-    if not backends.gpu_available():
+    if not backends.gpu_available() and not cuda_device_present():
         raise InstrumentError("streamcheck.instrument needs an NVIDIA GPU and CuPy (pip install "
-                              "'streamcheck[gpu]'); none found here. The device API's sim backend "
-                              "(Device('sim')) checks stream programs on the CPU.")
+                              "'streamcheck[gpu]') or a CUDA build of torch; none found here. The device API's sim "
+                              "backend (Device('sim')) checks stream programs on the CPU.")
     session = Session(delay_us=delay_us, delay_streams=delay_streams, delay_kernels=delay_kernels, seed=seed,
                       check=check)
-    session.patcher = install(session)
+    session.patcher = install(session, session.libraries)
     session.activate()
     if warm_up:
         session.warm_up()
@@ -123,33 +146,43 @@ def stop() -> Optional[Session]:
 
 
 class StartAtImport:
-    """Start recording when the program imports CuPy, not before (`streamcheck run`): CuPy reads
-    its environment (CUPY_CUDA_PER_THREAD_DEFAULT_STREAM, CUPY_ACCELERATORS, ...) at import, and
-    a program may set it first. A finder on sys.meta_path lets the normal import run, then
-    starts the session; `session` stays None if the program never imports CuPy."""
+    """Start recording when the program imports CuPy or torch, not before (`streamcheck run`):
+    CuPy reads its environment (CUPY_CUDA_PER_THREAD_DEFAULT_STREAM, ...) at import, and a
+    program may set it first. A finder on sys.meta_path lets the normal import run, then starts
+    the session; when the other library is imported later, the session adapts it too. `session`
+    stays None if the program imports neither."""
 
     def __init__(self, **options):
         self.options = options
         self.session: Optional[Session] = None
-        if "cupy" in sys.modules:
+        self.waiting = {name for name in ("cupy", "torch") if name not in sys.modules}
+        if len(self.waiting) < 2:  # one is loaded already (e.g. by a sitecustomize): start now
             self.session = start(**options)
-        else:
+        if self.waiting:
             sys.meta_path.insert(0, self)
 
     def find_spec(self, name, path=None, target=None):
-        if name != "cupy":
+        if name not in self.waiting:
             return None
-        self.remove()
         import importlib.util
 
-        spec = importlib.util.find_spec(name)
+        self.waiting.discard(name)
+        self.remove()  # the real spec, found without us
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            if self.waiting:
+                sys.meta_path.insert(0, self)
         if spec is None or spec.loader is None:
             return spec
-        spec.loader = _StartingLoader(spec.loader, self)
+        spec.loader = _StartingLoader(spec.loader, self, name)
         return spec
 
-    def cupy_imported(self) -> None:
-        self.session = start(**self.options)
+    def imported(self, name: str, module) -> None:
+        if self.session is None:
+            self.session = start(**self.options)
+        else:
+            self.session.library_loaded(name, module)
 
     def remove(self) -> None:
         if self in sys.meta_path:
@@ -157,17 +190,17 @@ class StartAtImport:
 
 
 class _StartingLoader:
-    """CuPy's own loader, which starts the recording once CuPy's module has run."""
+    """A library's own loader, which starts (or extends) the recording once the module has run."""
 
-    def __init__(self, loader, hook: StartAtImport):
-        self._loader, self._hook = loader, hook
+    def __init__(self, loader, hook: StartAtImport, name: str):
+        self._loader, self._hook, self._name = loader, hook, name
 
     def create_module(self, spec):
         return self._loader.create_module(spec)
 
     def exec_module(self, module):
         self._loader.exec_module(module)
-        self._hook.cupy_imported()
+        self._hook.imported(self._name, module)
 
     def __getattr__(self, name):  # resources, source, file names: the real loader's
         return getattr(self._loader, name)

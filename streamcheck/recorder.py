@@ -116,9 +116,10 @@ def captured_work(ops, origin: int) -> tuple:
 
 
 class _Alloc:
-    __slots__ = ("id", "start", "size", "stop", "stream", "serial", "thread", "external", "ranges", "name")
+    __slots__ = ("id", "start", "size", "stop", "stream", "serial", "thread", "external", "ranges", "name", "pool",
+                 "also")
 
-    def __init__(self, id, start, size, stream, serial, thread, external, name):
+    def __init__(self, id, start, size, stream, serial, thread, external, name, pool=""):
         self.id = id
         self.start = start
         self.size = size
@@ -129,6 +130,8 @@ class _Alloc:
         self.external = external
         self.ranges: dict = {}  # (start, stop) -> Range, reused across calls
         self.name = name
+        self.pool = pool  # the allocator ("cupy", "torch"), for the report's fix
+        self.also: tuple = ()  # streams record_stream marked it as used on (torch)
 
 
 class Recorder:
@@ -146,6 +149,8 @@ class Recorder:
         self.errors: list = []  # internal problems while recording (never raised into the program)
         self.unpatched: list = []  # entry points an adapter could not wrap in this library version
         self.notices: list = []  # what is not checked and why, said once
+        self.state: dict = {}  # per library adapter ("torch": ...): what it keeps for this recording
+        self.thread_contexts: list = []  # factories of context managers a new host thread enters (torch's mode)
         self.delay_us = float(delay_us)
         self.delay_streams = frozenset(delay_streams)
         self.delay_kernels = frozenset(delay_kernels)
@@ -160,6 +165,7 @@ class Recorder:
         self._next_stream = 1
         self._named_streams = 0
         self._events = weakref.WeakKeyDictionary()
+        self._event_handles: dict = {}  # cudaEvent_t -> event id (libraries that report handles)
         self._next_event = 1
         self._starts: list = []  # sorted allocation starts
         self._allocs: list = []  # _Alloc in the same order
@@ -338,27 +344,68 @@ class Recorder:
         self.record(T.EventCreate(self.tid(), self.site(), event=eid, name=f"event{eid}"))
         return eid
 
+    def event_handle(self, handle: int, fresh: bool = False) -> int:
+        """The event id of a raw cudaEvent_t (torch reports events by handle); `fresh`: a new
+        event (a destroyed one's handle may come back)."""
+        with self._lock:
+            eid = self._event_handles.get(handle)
+            if eid is not None and not fresh:
+                return eid
+            eid = self._event_handles[handle] = self._next_event
+            self._next_event += 1
+        self.record(T.EventCreate(self.tid(), self.site(), event=eid, name=f"event{eid}"))
+        return eid
+
+    def forget_event_handle(self, handle: int) -> None:
+        with self._lock:
+            self._event_handles.pop(handle, None)
+
     # --- memory -------------------------------------------------------------------------
-    def _add_alloc(self, start: int, size: int, stream: Optional[int], external: bool, name: str) -> _Alloc:
+    def _add_alloc(self, start: int, size: int, stream: Optional[int], external: bool, name: str,
+                   pool: str = "") -> _Alloc:
         tid = self.tid()
         site = self.site()
         with self._lock:  # a finalizer running in here defers its free (see free)
             bid = self._next_buffer
             self._next_buffer += 1
             self._alloc_serial += 1
-            alloc = _Alloc(bid, start, size, stream, self._alloc_serial, tid, external, name)
+            alloc = _Alloc(bid, start, size, stream, self._alloc_serial, tid, external, name, pool)
             i = bisect.bisect_left(self._starts, start)
             self._starts.insert(i, start)
             self._allocs.insert(i, alloc)
         self.record(T.Alloc(tid, site, buffer=bid, nbytes=size, name=name.format(id=bid)))
         return alloc
 
-    def alloc(self, ptr: int, size: int, stream=None, what: str = "array"):
+    def alloc(self, ptr: int, size: int, stream=None, what: str = "array", pool: str = "", sid=None):
         """A pool allocation of `size` bytes at `ptr`, filed (as CuPy's and torch's pools do)
-        under `stream` (None: the current stream), where the pool reuses the bytes after a free.
-        Returns the handle `free` takes."""
+        under `stream` (None: the current stream; or its id as `sid`), where the pool reuses the
+        bytes after a free. Returns the handle `free` takes."""
+        if sid is None:
+            sid = self.sid(stream)
+        return self._add_alloc(ptr, size, sid, False, what + " #{id}" + f" ({size} bytes)", pool)
+
+    def allocation_at(self, ptr: int) -> Optional[_Alloc]:
+        """The live allocation that starts at `ptr` (pools free by their block's address)."""
+        with self._lock:
+            i = bisect.bisect_left(self._starts, ptr)
+            while i < len(self._starts) and self._starts[i] == ptr:
+                alloc = self._allocs[i]
+                if not alloc.external:
+                    return alloc
+                i += 1
+        return None
+
+    def allocation_of(self, obj) -> Optional[_Alloc]:
+        """The allocation holding array `obj`, if the recording knows it."""
+        span = self.gpu.array_span(obj)
+        return self._find(span[0], span[1]) if span is not None else None
+
+    def record_stream(self, alloc: _Alloc, stream) -> None:
+        """torch's `tensor.record_stream(s)`: the pool will not reuse the block before `s` has
+        run what it was issued by the time of the free."""
         sid = self.sid(stream)
-        return self._add_alloc(ptr, size, sid, False, what + " #{id}" + f" ({size} bytes)")
+        if sid != alloc.stream and sid not in alloc.also:
+            alloc.also += (sid,)
 
     def free(self, alloc: _Alloc, tid: Optional[int] = None, site: Optional[CallSite] = None) -> None:
         """The pool got the bytes of `alloc` back: a Free ordered on its allocating stream.
@@ -384,7 +431,7 @@ class Recorder:
             del self._starts[i]
             del self._allocs[i]
         try:
-            self.record(T.Free(tid, site, buffer=alloc.id, stream=alloc.stream))
+            self.record(T.Free(tid, site, buffer=alloc.id, stream=alloc.stream, also=alloc.also, pool=alloc.pool))
         except Exception as exc:  # never raise from a finalizer
             self.errors.append(f"free of {alloc.name}: {exc}")
 
@@ -479,7 +526,7 @@ class Recorder:
         """Spin before the operation `name` on `stream` if the delay targets it."""
         if not self._targets(sid, name):
             return
-        if stream is None or isinstance(stream, int):
+        if stream is None:
             stream = self.gpu.current_stream()
         if self.captures and self.gpu.is_capturing(stream):
             # Captured work does not run now, so a spin would delay nothing; it would be baked

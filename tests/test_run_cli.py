@@ -86,7 +86,7 @@ def test_missing_script_exits_2_like_python(tmp_path, capsys):
 
 
 def test_script_arguments_are_not_taken_as_options(script, monkeypatch, capsys):
-    monkeypatch.setattr("streamcheck.gpu.gpu_present_without_importing_cupy", lambda: False)
+    monkeypatch.setattr("streamcheck.gpu.cuda_device_present", lambda: False)
     # `--delay-us` after the script belongs to the script; the run still stops at the GPU check.
     assert cli.main(["run", script, "--delay-us", "-5"]) == 2
     assert "needs an NVIDIA GPU" in capsys.readouterr().err
@@ -95,7 +95,7 @@ def test_script_arguments_are_not_taken_as_options(script, monkeypatch, capsys):
 # --- no GPU -------------------------------------------------------------------------------
 
 def test_no_gpu_exits_2_with_a_clear_message(script, monkeypatch, capsys):
-    monkeypatch.setattr("streamcheck.gpu.gpu_present_without_importing_cupy", lambda: False)
+    monkeypatch.setattr("streamcheck.gpu.cuda_device_present", lambda: False)
     assert cli.main(["run", "--error-exitcode", "1", script]) == 2
     captured = capsys.readouterr()
     assert "needs an NVIDIA GPU and CuPy" in captured.err
@@ -241,6 +241,7 @@ def test_recording_starts_when_the_program_imports_cupy_so_cupy_sees_its_environ
     (fake / "__init__.py").write_text("import os\nPTDS = os.environ.get('CUPY_CUDA_PER_THREAD_DEFAULT_STREAM')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "cupy", raising=False)
+    monkeypatch.delitem(sys.modules, "torch", raising=False)  # neither library imported yet
     started = []
     monkeypatch.setattr(instrument, "start", lambda **options: started.append((options, sys.modules["cupy"].PTDS))
                         or "the session")
@@ -250,7 +251,7 @@ def test_recording_starts_when_the_program_imports_cupy_so_cupy_sees_its_environ
         monkeypatch.setenv("CUPY_CUDA_PER_THREAD_DEFAULT_STREAM", "1")  # the program's first line
         module = importlib.import_module("cupy")
         assert started == [({"seed": 4}, "1")]  # started after CuPy ran, which saw the program's setting
-        assert hook.session == "the session" and hook not in sys.meta_path
+        assert hook.session == "the session" and hook.waiting == {"torch"}  # torch, if imported later, joins it
         assert module.__spec__.loader.get_filename("cupy").endswith("__init__.py")  # the real loader answers
     finally:
         hook.remove()

@@ -11,32 +11,39 @@ import importlib
 
 from .patching import Patcher
 
-# Install order matters only where one adapter's originals must be read before another's
-# patch: none today. Undo runs in reverse.
+# (module, the library it adapts: installed once that library is imported). Install order
+# matters only where one adapter's originals must be read before another's patch: none today.
+# Undo runs in reverse.
 ADAPTERS = (
-    "cupy_streams",  # Stream / Event methods, device synchronize
-    "cupy_graphs",  # begin_capture / end_capture, graph launches
-    "cupy_kernels",  # RawKernel, RawModule, ElementwiseKernel, ReductionKernel
-    "cupy_ndarray",  # operators and methods, get / set
-    "cupy_functions",  # module functions, ufuncs, linalg, fft
-    "cupy_allocator",  # global and thread-local allocators
-    "threads",  # threading.Thread start / join
-    "torch_sync",  # torch.cuda.synchronize when torch is loaded
+    ("cupy_streams", "cupy"),  # Stream / Event methods, device synchronize
+    ("cupy_graphs", "cupy"),  # begin_capture / end_capture, graph launches
+    ("cupy_kernels", "cupy"),  # RawKernel, RawModule, ElementwiseKernel, ReductionKernel
+    ("cupy_ndarray", "cupy"),  # operators and methods, get / set
+    ("cupy_functions", "cupy"),  # module functions, ufuncs, linalg, fft
+    ("cupy_allocator", "cupy"),  # global and thread-local allocators
+    ("torch_runtime", "torch"),  # streams, events, syncs, the caching allocator (GPU-trace callbacks)
+    ("torch_ops", "torch"),  # ATen operators (a TorchDispatchMode), host copies, record_stream
+    ("torch_graphs", "torch"),  # torch.cuda.graph / CUDAGraph capture and replay
+    ("threads", None),  # threading.Thread start / join
 )
+LIBRARIES = ("cupy", "torch")
 
 
 def adapter(name: str):
     return importlib.import_module(f".{name}", __name__)
 
 
-def install(rec, names=ADAPTERS) -> Patcher:
-    """Apply the adapters `names` for recording `rec`; returns the Patcher that undoes them."""
-    patcher = Patcher(rec.unpatched)
-    for name in names:
-        module = adapter(name)
-        setup = getattr(module, "install", None)
-        if setup is not None:
-            setup(rec, patcher)
-        for patch in module.patches():
-            patcher.apply(patch)
+def install(rec, libraries, patcher=None) -> Patcher:
+    """Apply the adapters of `libraries` (and the library-free ones, on a new Patcher) for
+    recording `rec`; returns the Patcher that undoes them."""
+    fresh = patcher is None
+    patcher = Patcher(rec.unpatched) if fresh else patcher
+    for name, library in ADAPTERS:
+        if library in libraries or (library is None and fresh):
+            module = adapter(name)
+            setup = getattr(module, "install", None)
+            if setup is not None:
+                setup(rec, patcher)
+            for patch in module.patches():
+                patcher.apply(patch)
     return patcher

@@ -1,9 +1,10 @@
-"""What the recorder asks of CuPy (recorder.Gpu): the current stream, a stream's flags and
-capture state, the bytes an array spans, the driver's allocation ranges, spins.
+"""What the recorder asks of the GPU (recorder.Gpu), for CuPy and torch alike: the current
+stream, a stream's flags and capture state (from the CUDA driver, so any library's stream
+works), the bytes an array spans, the driver's allocation ranges, spins.
 
-Arrays are CuPy ndarrays or anything with `__cuda_array_interface__` (torch tensors, Numba,
-other libraries): one allocation table covers them all, so a torch tensor and a CuPy view of
-it are the same bytes.
+Arrays are CuPy ndarrays, torch tensors (CUDA, or pinned host memory) or anything with
+`__cuda_array_interface__` (Numba, other libraries): one allocation table covers them all,
+so a torch tensor and a CuPy view of it are the same bytes.
 """
 from __future__ import annotations
 
@@ -13,58 +14,109 @@ import sys
 from typing import Optional
 
 from .. import gpu
-from ..core.trace import StreamKind
+from ..core.trace import CaptureMode, StreamKind
 
 _SCALARS = (int, float, complex, bool, str, bytes, type(None))  # never arrays; the hot path's first test
 
 
 class CudaDriver:
-    """cuMemGetAddressRange through ctypes: the allocation (base, size) holding a pointer,
-    for memory CuPy's allocator did not hand out (torch, external libraries)."""
+    """The CUDA driver API through ctypes, for what no single library answers for every
+    stream and pointer: cuMemGetAddressRange (the allocation holding a pointer), cuStreamGetFlags
+    and cuStreamIsCapturing (any library's stream)."""
 
     def __init__(self):
-        self.fn = None
+        self.lib = None
         try:
-            lib = ctypes.CDLL("libcuda.so.1")
-            fn = lib.cuMemGetAddressRange_v2
-            fn.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_size_t), ctypes.c_uint64]
-            fn.restype = ctypes.c_int
-            self.fn = fn
+            self.lib = ctypes.CDLL("libcuda.so.1")
+            self.lib.cuMemGetAddressRange_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64),
+                                                         ctypes.POINTER(ctypes.c_size_t), ctypes.c_uint64]
+            self.lib.cuStreamGetFlags.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint)]
+            self.lib.cuStreamIsCapturing.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
         except (OSError, AttributeError):
-            pass
+            self.lib = None
 
     def range_of(self, ptr: int):
-        if self.fn is None:
+        if self.lib is None:
             return None
         base, size = ctypes.c_uint64(), ctypes.c_size_t()
-        if self.fn(ctypes.byref(base), ctypes.byref(size), ctypes.c_uint64(ptr)) != 0:
+        if self.lib.cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size), ctypes.c_uint64(ptr)) != 0:
             return None
         return int(base.value), int(size.value)
+
+    def stream_flags(self, ptr: int):
+        """cudaStreamNonBlocking (1) or 0, or None when the driver cannot tell."""
+        if self.lib is None:
+            return None
+        flags = ctypes.c_uint(0)
+        if self.lib.cuStreamGetFlags(ctypes.c_void_p(ptr), ctypes.byref(flags)) != 0:
+            return None
+        return int(flags.value)
+
+    def is_capturing(self, ptr: int):
+        """True/False, or None when the driver refuses to say (an invalidated capture)."""
+        if self.lib is None:
+            return None
+        status = ctypes.c_int(0)
+        if self.lib.cuStreamIsCapturing(ctypes.c_void_p(ptr), ctypes.byref(status)) != 0:
+            return None
+        return status.value != 0  # CU_STREAM_CAPTURE_STATUS_ACTIVE (1) or _INVALIDATED (2)
 
 
 def _library_dirs() -> tuple:
     dirs = []
-    for mod in ("cupy", "cupyx", "cupy_backends"):
+    for mod in ("cupy", "cupyx", "cupy_backends", "torch", "triton"):
         m = sys.modules.get(mod)
         if m is not None and getattr(m, "__file__", None):
             dirs.append(os.path.dirname(os.path.abspath(m.__file__)))
     return tuple(dirs)
 
 
-class CupyGpu:
-    """recorder.Gpu on CuPy."""
+def _span(ptr: int, shape, strides, itemsize: int) -> Optional[tuple]:
+    """(start, stop) addresses of a strided array (strides in bytes); None if it is empty."""
+    if any(n == 0 for n in shape):
+        return None
+    lo = hi = 0
+    for n, st in zip(shape, strides):
+        if n > 1:
+            if st >= 0:
+                hi += (n - 1) * st
+            else:
+                lo += (n - 1) * st
+    return ptr + lo, ptr + hi + itemsize
 
-    def __init__(self, cupy, on_external_memory=None):
+
+class CudaGpu:
+    """recorder.Gpu on the CUDA libraries a program uses: CuPy, torch, or both (either may be
+    None). The "current stream" of a call without one is CuPy's (torch's adapters always pass
+    torch's current stream explicitly: the two libraries keep separate current streams)."""
+
+    def __init__(self, cupy=None, torch=None, on_external_memory=None):
         self.cupy = cupy
-        self.ndarray = cupy.ndarray
-        self.runtime = cupy.cuda.runtime
-        self.current_stream = cupy.cuda.get_current_stream
+        self.torch = torch
+        self.ndarray = cupy.ndarray if cupy is not None else ()
+        self.tensor = torch.Tensor if torch is not None else ()
+        self.runtime = cupy.cuda.runtime if cupy is not None else None
         self.library_dirs = _library_dirs()
-        self._driver: Optional[CudaDriver] = None
+        self._driver = CudaDriver()
         self._spin = None
-        self._on_external_memory = on_external_memory  # first memory CuPy did not allocate (torch's, usually)
+        self._on_external_memory = on_external_memory  # first memory no recorded allocator handed out
+
+    def add_library(self, name: str, module) -> None:
+        """A library the program imported after the recording started."""
+        if name == "cupy" and self.cupy is None:
+            self.cupy, self.ndarray, self.runtime = module, module.ndarray, module.cuda.runtime
+        elif name == "torch" and self.torch is None:
+            self.torch, self.tensor = module, module.Tensor
+        self.library_dirs = _library_dirs()
+
+    def current_stream(self):
+        if self.cupy is not None:
+            return self.cupy.cuda.get_current_stream()
+        return self.torch.cuda.current_stream()
 
     def stream_ptr(self, stream) -> int:
+        if isinstance(stream, int):
+            return stream
         ptr = getattr(stream, "ptr", None)
         if ptr is None:
             ptr = getattr(stream, "cuda_stream", None)  # torch.cuda.Stream
@@ -73,32 +125,47 @@ class CupyGpu:
         return ptr
 
     def stream_kind(self, ptr: int) -> StreamKind:
-        rt = self.runtime
-        try:
-            flags = rt.streamGetFlags(ptr)
-        except Exception:  # unknown: assume non-blocking, the kind that implies the fewest edges
+        flags = self._driver.stream_flags(ptr)
+        if flags is None and self.runtime is not None:
+            try:
+                flags = self.runtime.streamGetFlags(ptr)
+            except Exception:
+                flags = None
+        if flags is None:  # unknown: assume non-blocking, the kind that implies the fewest edges
             return StreamKind.NON_BLOCKING
-        return StreamKind.NON_BLOCKING if flags & rt.streamNonBlocking else StreamKind.BLOCKING
+        return StreamKind.NON_BLOCKING if flags & 1 else StreamKind.BLOCKING  # cudaStreamNonBlocking
 
     def is_capturing(self, stream) -> bool:
-        ptr = stream if isinstance(stream, int) else getattr(stream, "ptr", None)
-        if ptr is None:
-            ptr = getattr(stream, "cuda_stream", 0)
-        try:
-            return bool(self.runtime.streamIsCapturing(ptr))
-        except Exception:  # an invalidated capture, or the legacy stream next to a blocking capture
-            return True
+        ptr = self.stream_ptr(stream)
+        capturing = self._driver.is_capturing(ptr)
+        if capturing is None and self.runtime is not None:
+            try:
+                capturing = bool(self.runtime.streamIsCapturing(ptr))
+            except Exception:
+                capturing = None
+        # None: an invalidated capture, or the legacy stream next to a blocking capture
+        return True if capturing is None else capturing
 
     def spin(self, stream, us: float) -> None:
-        if self._spin is None:
-            self._spin = gpu.SpinDelay.get()
-        self._spin.enqueue(stream, us)
+        if self.cupy is not None:
+            if self._spin is None:
+                self._spin = gpu.SpinDelay.get()
+            if isinstance(stream, int) or not hasattr(stream, "ptr"):
+                stream = gpu.external_stream(self.cupy, self.stream_ptr(stream))
+            self._spin.enqueue(stream, us)
+            return
+        torch = self.torch  # no CuPy: torch's own sleep kernel, bounded like ours
+        cycles = int(min(max(us, 0.0), gpu.MAX_DELAY_US) * 2000)  # ~2 GHz SM clock
+        with gpu.suppressed(), torch.cuda.stream(torch.cuda.ExternalStream(self.stream_ptr(stream))):
+            torch.cuda._sleep(cycles)
 
     def capture_mode(self, value):
+        if isinstance(value, str):  # torch: capture_error_mode="global" / "thread_local" / "relaxed"
+            return CaptureMode.parse(value)
         return gpu.capture_mode_of(value, self.runtime)
 
     def is_array(self, obj) -> bool:
-        if isinstance(obj, self.ndarray):
+        if isinstance(obj, self.ndarray) or isinstance(obj, self.tensor):
             return True
         return not isinstance(obj, _SCALARS) and hasattr(obj, "__cuda_array_interface__")
 
@@ -106,35 +173,26 @@ class CupyGpu:
         if isinstance(obj, self.ndarray):
             if obj.size == 0:
                 return None
-            ptr, shape, strides, itemsize = obj.data.ptr, obj.shape, obj.strides, obj.itemsize
-        else:
-            cai = getattr(obj, "__cuda_array_interface__", None)
-            if cai is None:
-                return None
-            ptr = cai["data"][0]
-            shape = tuple(cai["shape"])
-            itemsize = int(cai["typestr"][2:])
-            strides = cai.get("strides")
-            if strides is None:
-                strides, acc = [], itemsize
-                for n in reversed(shape):
-                    strides.append(acc)
-                    acc *= n
-                strides = tuple(reversed(strides))
-            if any(n == 0 for n in shape):
-                return None
-        lo = hi = 0
-        for n, st in zip(shape, strides):
-            if n > 1:
-                if st >= 0:
-                    hi += (n - 1) * st
-                else:
-                    lo += (n - 1) * st
-        return ptr + lo, ptr + hi + itemsize
+            return _span(obj.data.ptr, obj.shape, obj.strides, obj.itemsize)
+        if isinstance(obj, self.tensor):  # CUDA or pinned host memory; strides are in elements
+            size = obj.element_size()
+            return _span(obj.data_ptr(), obj.shape, [st * size for st in obj.stride()], size)
+        cai = getattr(obj, "__cuda_array_interface__", None)
+        if cai is None:
+            return None
+        shape = tuple(cai["shape"])
+        itemsize = int(cai["typestr"][2:])
+        strides = cai.get("strides")
+        if strides is None:
+            strides, acc = [], itemsize
+            for n in reversed(shape):
+                strides.append(acc)
+                acc *= n
+            strides = tuple(reversed(strides))
+        return _span(cai["data"][0], shape, strides, itemsize)
 
     def driver_range(self, ptr: int) -> Optional[tuple]:
-        if self._driver is None:
-            self._driver = CudaDriver()
-            if self._on_external_memory is not None:
-                self._on_external_memory()
+        if self._on_external_memory is not None:
+            seen, self._on_external_memory = self._on_external_memory, None
+            seen()
         return self._driver.range_of(ptr)

@@ -17,9 +17,17 @@ def _start(orig):
         run = self.run
 
         def run_registered():
-            if R.current is rec:
-                rec.thread_running(child)
-            run()
+            if R.current is not rec:
+                return run()
+            rec.thread_running(child)
+            contexts = [make() for make in rec.thread_contexts]  # per-thread state, e.g. torch's dispatch mode
+            for context in contexts:
+                context.__enter__()
+            try:
+                return run()
+            finally:
+                for context in reversed(contexts):
+                    context.__exit__(None, None, None)
         self.run = run_registered
         self._streamcheck_thread = child
         return orig(self)

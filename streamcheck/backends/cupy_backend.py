@@ -481,7 +481,7 @@ class CupyBackend(Backend):
     def warm_up(self, pool_bytes: int = 64 << 20) -> list:
         """Get implicit synchronizations out of the way before the program's first racy step
         (gpu.warm_up) and record each as an implicit sync. Returns the reasons recorded."""
-        reasons = _warm_up(self._cupy, spin=True, pool_bytes=pool_bytes)
+        reasons = _warm_up(cupy=self._cupy, spin=True, pool_bytes=pool_bytes)
         self._spin = SpinDelay.get()
         for reason in reasons:
             self._device.note_implicit_sync(reason)

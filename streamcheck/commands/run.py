@@ -69,7 +69,8 @@ def register(subparsers) -> None:
                    help="delay only before launches of this kernel (repeatable)")
     p.add_argument("--seed", type=int, default=0, help="seed for choosing delayed streams (default 0)")
     p.add_argument("--error-exitcode", type=_exit_code, default=None, metavar="CODE",
-                   help="exit with CODE when any race or refused stream capture was found (default: the script's own status)")
+                   help="exit with CODE when any race or refused stream capture was found "
+                        "(default: the script's own status)")
     p.add_argument("--no-warm-up", action="store_true",
                    help="skip the warm-up (first cuBLAS call, pool growth) before the script")
     p.add_argument("--report-json", metavar="FILE", help="also write the race reports as JSON to FILE")
@@ -116,17 +117,17 @@ def run(args) -> int:
               file=sys.stderr)
         return 2
 
-    from ..gpu import gpu_present_without_importing_cupy
+    from ..gpu import cuda_device_present, gpu_library_installed
 
-    if not gpu_present_without_importing_cupy():
-        print("streamcheck run: needs an NVIDIA GPU and CuPy (pip install 'streamcheck[gpu]'); none found here "
-              "(CuPy is missing or sees no CUDA device). Programs written against the device API can be checked "
-              "on the CPU with Device('sim').", file=sys.stderr)
+    if not (cuda_device_present() and gpu_library_installed()):
+        print("streamcheck run: needs an NVIDIA GPU and CuPy (pip install 'streamcheck[gpu]') or a CUDA build of "
+              "torch; none found here (no CUDA device, or neither library installed). Programs written against the "
+              "device API can be checked on the CPU with Device('sim').", file=sys.stderr)
         return 2
 
     from .. import instrument
 
-    # The recording starts when the script imports CuPy: CuPy reads its environment then.
+    # The recording starts when the script imports CuPy or torch: CuPy reads its environment then.
     hook = instrument.StartAtImport(delay_us=args.delay_us, delay_streams=args.delay_stream,
                                     delay_kernels=args.delay_kernel, seed=args.seed, warm_up=not args.no_warm_up)
     before = set(threading.enumerate())
@@ -172,7 +173,7 @@ def run(args) -> int:
     sys.stdout.flush()
     session = hook.session
     if session is None:
-        print("streamcheck: the program never imported CuPy; nothing was recorded", file=sys.stderr)
+        print("streamcheck: the program imported neither CuPy nor torch; nothing was recorded", file=sys.stderr)
         return status
     races = session.races
     print(session.summary(), file=sys.stderr)

@@ -1,0 +1,61 @@
+"""torch CUDA graphs: `torch.cuda.graph(g)` / `CUDAGraph.capture_begin`, `capture_end` and
+`replay`, recorded as CaptureBegin / CaptureEnd / GraphLaunch on torch's current stream (the
+capture stream inside `torch.cuda.graph`). While a capture is open the operators torch issues
+are captured, not run: the checker holds them as graph nodes, so a side stream forked into the
+capture and never joined back is CUDA's cudaErrorStreamCaptureUnjoined, named with its stream
+and last kernel. No spin is ever captured (recorder.maybe_spin asks the driver first).
+
+CUDAGraph is a Python subclass of torch._C._CUDAGraph: its methods are wrapped in place.
+"""
+from __future__ import annotations
+
+from .. import recorder as R
+from .patching import Patch, forwarding, quiet
+from .torch_runtime import current_stream_ptr
+
+
+def _capture_begin(orig):
+    def capture_begin(self, *args, **kwargs):
+        if quiet():
+            return orig(self, *args, **kwargs)
+        rec = R.current
+        mode = kwargs.get("capture_error_mode", args[1] if len(args) > 1 else "global")
+        stream = current_stream_ptr(rec.gpu.torch)
+        return rec.capture_begin(stream, mode, lambda: orig(self, *args, **kwargs))
+    return forwarding(orig, capture_begin)
+
+
+def _capture_end(orig):
+    def capture_end(self):
+        if quiet():
+            return orig(self)
+        rec = R.current
+        result, gid, names, buffers = rec.capture_end(current_stream_ptr(rec.gpu.torch), lambda: orig(self))
+        if gid is not None:
+            self._streamcheck_graph = (rec, gid, names)
+            if buffers:  # torch keeps the graph's memory in its private pool while the graph lives
+                rec.hold_for_graph(buffers)
+                import weakref
+
+                weakref.finalize(self, rec.release_graph, buffers)
+        return result
+    return forwarding(orig, capture_end)
+
+
+def _replay(orig):
+    def replay(self):
+        captured = getattr(self, "_streamcheck_graph", None)
+        if quiet() or captured is None or captured[0] is not R.current:
+            return orig(self)
+        rec, gid, names = captured
+        return rec.graph_launch(gid, names, current_stream_ptr(rec.gpu.torch), lambda: orig(self))
+    return forwarding(orig, replay)
+
+
+def patches() -> tuple:
+    """The entry points this adapter intercepts."""
+    return (
+        Patch("torch.cuda.graphs.CUDAGraph.capture_begin", _capture_begin),
+        Patch("torch.cuda.graphs.CUDAGraph.capture_end", _capture_end),
+        Patch("torch.cuda.graphs.CUDAGraph.replay", _replay),
+    )

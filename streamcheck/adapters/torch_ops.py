@@ -1,0 +1,253 @@
+"""torch's ATen operators, through a TorchDispatchMode: each operator on CUDA tensors is one
+launch on torch's current stream, reading its tensor arguments and writing what its schema
+marks as written (`Tensor(a!)`: in-place and `out=` arguments) plus the tensors it returns
+fresh. A view is a byte range of its storage, so two slices of one bucket are two ranges.
+
+Host memory: an operator on *pinned* CPU tensors is a host access by the calling thread, so a
+CPU `copy_`/`fill_` into a pinned buffer while a `non_blocking=True` copy from it is pending is
+a race. Copies between host and device (`copy_`, `.to()`, `.cuda()`, `.cpu()`):
+- from or to pinned memory with non_blocking=True: an async copy on the current stream, whose
+  host side the stream reads or writes when it gets there;
+- otherwise (pageable memory, or blocking): the host waits for the stream (a stream sync).
+`.item()`, `.tolist()` and printing read through `_local_scalar_dense`: a copy, then a sync.
+`tensor.record_stream(s)` marks the tensor's block as used on `s` for the caching allocator.
+
+Not seen: memory written through `.numpy()` or raw pointers (numpy writes are not ATen ops:
+declare them with streamcheck.declare_access), kernels of extensions that bypass the
+dispatcher, and tensor subclasses whose __torch_dispatch__ runs before ours.
+"""
+from __future__ import annotations
+
+from .. import recorder as R
+from ..core import trace as T
+from ..core.trace import CopyKind
+from ..gpu import is_suppressed
+from .torch_runtime import current_stream_ptr, state
+
+# Allocate without touching the bytes (their contents are undefined): no access.
+_NO_ACCESS = frozenset({"aten.empty.memory_format", "aten.empty_strided.default", "aten.empty_like.default",
+                        "aten.new_empty.default", "aten.new_empty_strided.default", "aten.set_.source_Storage",
+                        "aten.set_.source_Storage_storage_offset", "aten.resize_.default", "aten.is_pinned.default",
+                        "aten._pin_memory.default"})
+_COPIES = frozenset({"aten.copy_.default", "aten._to_copy.default", "aten._copy_from.default",
+                     "aten._copy_from_and_resize.default"})
+
+
+def _tensors(value, torch) -> list:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [v for v in value if isinstance(v, torch.Tensor)]
+    return []
+
+
+class _Schema:
+    """Per operator overload, computed once: argument names and which are written; whether
+    it only makes views (every return aliases an input, none written)."""
+
+    __slots__ = ("name", "arguments", "view")
+
+    def __init__(self, func):
+        schema = func._schema
+        self.name = str(func)
+        self.arguments = tuple((a.name, a.kwarg_only, bool(a.alias_info is not None and a.alias_info.is_write))
+                               for a in schema.arguments)
+        returns = schema.returns
+        self.view = bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
+
+
+_schemas: dict = {}
+
+
+def _schema(func) -> _Schema:
+    found = _schemas.get(func)
+    if found is None:
+        found = _schemas[func] = _Schema(func)
+    return found
+
+
+class Ops:
+    """Turns one operator call into trace records for `rec`."""
+
+    def __init__(self, rec, torch):
+        self.rec = rec
+        self.torch = torch
+        self._pinned: dict = {}  # storage address -> pinned (is_pinned is a driver query)
+
+    # --- tensors --------------------------------------------------------------------------
+    def _kind(self, t) -> str:
+        """'cuda', 'host' (pinned CPU memory) or '' (pageable CPU, meta, ...: not recorded)."""
+        if t.is_cuda:
+            return "cuda"
+        if t.device.type != "cpu" or t.numel() == 0:
+            return ""
+        ptr = t.untyped_storage().data_ptr()
+        pinned = self._pinned.get(ptr)
+        if pinned is None:
+            with _quiet_torch():
+                pinned = self._pinned[ptr] = bool(t.is_pinned())
+        return "host" if pinned else ""
+
+    def register(self, t, kind: str) -> None:
+        """Make sure the storage under `t` is a known allocation (its block, its stream)."""
+        rec = self.rec
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if not ptr or rec.allocation_at(ptr) is not None:
+            return
+        if kind == "cuda":
+            sid = state(rec).pending.pop(ptr, None)
+            if sid is None:  # allocated before the recording started: file it under the current stream
+                sid = rec.sid(current_stream_ptr(self.torch, t.device.index))
+            rec.alloc(ptr, storage.nbytes(), what="torch tensor", pool="torch", sid=sid)
+        else:
+            rec.alloc(ptr, storage.nbytes(), what="pinned host tensor", pool="pinned", sid=0)
+
+    # --- one operator ---------------------------------------------------------------------
+    def call(self, func, args, kwargs):
+        schema = _schema(func)
+        if schema.view:  # no kernel: a view is bytes of its base, seen when it is used
+            return func(*args, **kwargs)
+        name = schema.name
+        if name == "aten.record_stream.default":
+            return self._record_stream(func, args, kwargs)
+        torch, rec = self.torch, self.rec
+        reads, writes = [], []
+        for i, (arg_name, kwarg_only, written) in enumerate(schema.arguments):
+            value = kwargs.get(arg_name) if kwarg_only or i >= len(args) else args[i]
+            for t in _tensors(value, torch):
+                kind = self._kind(t)
+                if kind:
+                    (writes if written else reads).append((t, kind))
+        if name == "aten._local_scalar_dense.default" and reads and reads[0][1] == "cuda":
+            return self._host_read(func, args, kwargs, reads[0][0])
+        cuda = [t for t, k in reads + writes if k == "cuda"]
+        stream = sid = None
+        if cuda and name not in _NO_ACCESS:
+            stream = current_stream_ptr(torch, cuda[0].device.index)
+            sid = rec.sid(stream)
+            if rec.delay_us:
+                rec.maybe_spin(stream, sid, name)  # before the operator is issued
+        site, tid = rec.site(), rec.tid()
+        result = R.inside(func, *args, **kwargs)
+        fresh = []
+        for t in _tensors(result, torch):
+            if all(t is not w for w, _ in writes):  # in-place ops return their written argument
+                kind = self._kind(t)
+                if kind:
+                    fresh.append((t, kind))
+        for t, kind in reads + writes + fresh:
+            self.register(t, kind)
+        if name in _NO_ACCESS:
+            return result
+        writes += fresh
+        kinds = {k for _, k in reads + writes}
+        if not kinds:
+            return result
+        if name in _COPIES and ("host" in kinds or self._pageable_side(args, kwargs)):
+            self._copy(name, args, kwargs, reads, writes, site, tid)
+        elif kinds == {"host"}:
+            rec.record(T.HostAccess(tid, site, reads=rec.ranges(t for t, _ in reads),
+                                    writes=rec.ranges(t for t, _ in writes), name=name))
+        else:
+            if stream is None:  # a factory: its output says where it ran
+                stream = current_stream_ptr(torch, next(t for t, k in writes if k == "cuda").device.index)
+                sid = rec.sid(stream)
+            written = rec.ranges(t for t, _ in writes)
+            rec.record(T.Launch(tid, site, stream=sid, name=name,
+                                reads=tuple(r for r in rec.ranges(t for t, _ in reads) if r not in written),
+                                writes=written))
+        return result
+
+    def _pageable_side(self, args, kwargs) -> bool:
+        """A copy between a CUDA tensor and pageable CPU memory: synchronous for the host."""
+        tensors = _tensors(list(args) + list(kwargs.values()), self.torch)
+        kinds = [self._kind(t) for t in tensors]
+        return "cuda" in kinds and any(t.device.type == "cpu" and not k for t, k in zip(tensors, kinds))
+
+    def _copy(self, name, args, kwargs, reads, writes, site, tid) -> None:
+        """Host <-> device, already issued: async on the current stream from/to pinned memory
+        with non_blocking, else followed by a host wait for the stream (pageable memory goes
+        through a staging buffer the host waits for; non_blocking=False waits anyway)."""
+        rec, torch = self.rec, self.torch
+        non_blocking = bool(kwargs.get("non_blocking", args[2] if name == "aten.copy_.default" and len(args) > 2
+                                       else False))
+        src = [t for t, _ in reads]
+        dst = [t for t, _ in writes]
+        device_side = [t for t in src + dst if self._kind(t) == "cuda"]
+        if not device_side:  # between two host tensors: the host copies
+            rec.record(T.HostAccess(tid, site, reads=rec.ranges(src), writes=rec.ranges(dst), name=name))
+            return
+        sid = rec.sid(current_stream_ptr(torch, device_side[0].device.index))
+        kind = CopyKind.H2D if any(self._kind(t) == "cuda" for t in dst) else CopyKind.D2H
+        rec.record(T.Copy(tid, site, stream=sid, kind=kind, src=next(iter(rec.ranges(src)), None),
+                          dst=next(iter(rec.ranges(dst)), None)))
+        host = [t for t in src + dst if self._kind(t) != "cuda"]
+        if not (non_blocking and host and all(self._kind(t) == "host" for t in host)):
+            rec.record(T.StreamSync(tid, site, stream=sid))
+
+    def _host_read(self, func, args, kwargs, tensor):
+        """`.item()` & co.: a copy to the host on the current stream, then a wait for it."""
+        rec = self.rec
+        self.register(tensor, "cuda")
+        stream = current_stream_ptr(self.torch, tensor.device.index)
+        return rec.host_read("aten._local_scalar_dense", tensor, stream, True, lambda: func(*args, **kwargs))
+
+    def _record_stream(self, func, args, kwargs):
+        rec, torch = self.rec, self.torch
+        tensor, stream = args[0], args[1] if len(args) > 1 else kwargs["s"]
+        result = R.inside(func, *args, **kwargs)
+        if self._kind(tensor) == "cuda":
+            self.register(tensor, "cuda")
+            alloc = rec.allocation_of(tensor)
+            if alloc is not None:
+                cuda_stream = torch.cuda.Stream(stream_id=stream.stream_id, device_index=stream.device_index,
+                                                device_type=stream.device_type)
+                rec.record_stream(alloc, cuda_stream.cuda_stream)
+        return result
+
+
+class _quiet_torch:
+    """Run torch queries of our own without recording them."""
+
+    def __enter__(self):
+        R._tls.depth = getattr(R._tls, "depth", 0) + 1
+
+    def __exit__(self, *exc):
+        R._tls.depth -= 1
+
+
+def make_mode(rec, torch, ops=None):
+    """The TorchDispatchMode that records operators for `rec` (built when torch is loaded)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    ops = ops or Ops(rec, torch)
+
+    class RecordingMode(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if R.current is not rec or is_suppressed() or R.depth():
+                return func(*args, **kwargs)
+            return ops.call(func, args, kwargs)
+
+    return RecordingMode()
+
+
+def install(rec, patcher) -> None:
+    torch = rec.gpu.torch
+    if "torch" not in rec.state:  # torch_runtime refused this torch (notice given)
+        return
+    mode = make_mode(rec, torch)
+    mode.__enter__()
+    rec.thread_contexts.append(lambda: make_mode(rec, torch))  # modes are per thread
+
+    def leave():
+        try:
+            mode.__exit__(None, None, None)
+        except Exception:  # left on another thread's stack already: nothing to undo
+            pass
+    patcher.on_undo(leave)
+
+
+def patches() -> tuple:
+    return ()

@@ -1,0 +1,180 @@
+"""torch's streams, events, synchronizations and caching allocator, through torch's GPU-trace
+callbacks (torch.cuda._gpu_trace: what c10 reports from C++ as it happens, the hooks PyTorch's
+own CUDA sanitizer uses) rather than patches: `wait_stream`, `torch.cuda.synchronize`,
+`Stream.synchronize`, `Event.record / wait / synchronize`, the allocator's blocks.
+
+Streams come as cudaStream_t, events as cudaEvent_t, memory as block addresses. torch's
+default stream is the legacy stream (handle 0) unless per-thread default streams are on;
+its pool streams are non-blocking (the driver's stream flags say so). A block is filed under
+the stream current when it was allocated: the caching allocator reuses a freed block on that
+stream at once (`tensor.record_stream(s)` defers that until `s` passed the free; torch_ops.py
+records it). Block sizes are learnt when a tensor on the block is first seen.
+
+Supported: torch >= 2.4 (the callbacks and `torch._C._activate_gpu_trace` exist since 2.0;
+older versions are refused with a notice). The callbacks cannot be unregistered: they are
+registered once per process and forward to the recording that runs, if any.
+"""
+from __future__ import annotations
+
+import threading
+
+from .. import recorder as R
+from ..core import trace as T
+from ..gpu import is_suppressed
+
+_installed = threading.Lock()
+_active = False  # callbacks registered with torch (once per process)
+
+
+class TorchState:
+    """What a recording keeps about torch: blocks allocated but not yet seen as a tensor
+    (address -> stream id of the allocation)."""
+
+    def __init__(self):
+        self.pending: dict = {}
+
+
+def state(rec) -> TorchState:
+    found = rec.state.get("torch")
+    if found is None:
+        found = rec.state["torch"] = TorchState()
+    return found
+
+
+def _recording():
+    rec = R.current
+    if rec is None or is_suppressed() or "torch" not in rec.state:
+        return None
+    return rec
+
+
+def current_stream_ptr(torch, device=None) -> int:
+    """cudaStream_t of torch's current stream on `device` (None: the current device)."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    index = torch.cuda.current_device() if device is None else device
+    if raw is not None:
+        return raw(index)
+    return torch.cuda.current_stream(index).cuda_stream
+
+
+# --- the callbacks ------------------------------------------------------------------------
+
+def _event_created(event: int) -> None:
+    rec = _recording()
+    if rec is not None:
+        rec.event_handle(event, fresh=True)
+
+
+def _event_deleted(event: int) -> None:
+    rec = _recording()
+    if rec is not None:
+        rec.forget_event_handle(event)
+
+
+def _event_recorded(event: int, stream: int) -> None:
+    rec = _recording()
+    if rec is not None:
+        rec.record(T.EventRecord(rec.tid(), rec.site(), event=rec.event_handle(event), stream=rec.sid(stream)))
+
+
+def _event_waited(event: int, stream: int) -> None:
+    rec = _recording()
+    if rec is not None:
+        rec.record(T.StreamWait(rec.tid(), rec.site(), stream=rec.sid(stream), event=rec.event_handle(event)))
+
+
+def _stream_created(stream: int) -> None:
+    rec = _recording()
+    if rec is not None and stream not in (0, 1, 2):
+        rec.register_stream(stream, rec.site(), fresh=True)
+
+
+def _device_synchronized() -> None:
+    rec = _recording()
+    if rec is not None:
+        rec.record(T.DeviceSync(rec.tid(), rec.site()))
+
+
+def _stream_synchronized(stream: int) -> None:
+    rec = _recording()
+    if rec is not None:
+        rec.record(T.StreamSync(rec.tid(), rec.site(), stream=rec.sid(stream)))
+
+
+def _event_synchronized(event: int) -> None:
+    rec = _recording()
+    if rec is not None:
+        rec.record(T.EventSync(rec.tid(), rec.site(), event=rec.event_handle(event)))
+
+
+def _allocated(ptr: int) -> None:
+    rec = R.current  # also inside a recorded op (depth > 0): its outputs are allocated there
+    if rec is None or is_suppressed() or "torch" not in rec.state:
+        return
+    torch = rec.gpu.torch
+    state(rec).pending[ptr] = rec.sid(current_stream_ptr(torch))
+
+
+def _deallocated(ptr: int) -> None:
+    rec = R.current
+    if rec is None or is_suppressed() or "torch" not in rec.state:
+        return
+    state(rec).pending.pop(ptr, None)
+    alloc = rec.allocation_at(ptr)
+    if alloc is not None and alloc.pool == "torch":
+        rec.free(alloc)
+
+
+_CALLBACKS = (
+    ("register_callback_for_event_creation", _event_created),
+    ("register_callback_for_event_deletion", _event_deleted),
+    ("register_callback_for_event_record", _event_recorded),
+    ("register_callback_for_event_wait", _event_waited),
+    ("register_callback_for_stream_creation", _stream_created),
+    ("register_callback_for_device_synchronization", _device_synchronized),
+    ("register_callback_for_stream_synchronization", _stream_synchronized),
+    ("register_callback_for_event_synchronization", _event_synchronized),
+    ("register_callback_for_memory_allocation", _allocated),
+    ("register_callback_for_memory_deallocation", _deallocated),
+)
+
+
+def _activate(torch) -> None:
+    global _active
+    with _installed:
+        if _active:
+            return
+        from torch.cuda import _gpu_trace
+
+        for name, callback in _CALLBACKS:
+            getattr(_gpu_trace, name)(callback)
+        torch._C._activate_gpu_trace()
+        _active = True
+
+
+def supported(torch) -> str:
+    """Why this torch cannot be recorded (empty: it can)."""
+    version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2] if p.isdigit())
+    if version < (2, 4):
+        return f"torch {torch.__version__} is older than 2.4; torch work is not checked (upgrade torch)"
+    if not torch.cuda.is_available():
+        return "torch sees no CUDA device (a CPU build, or no GPU); torch work is not checked"
+    if not hasattr(torch._C, "_activate_gpu_trace"):
+        return f"torch {torch.__version__} has no GPU-trace hooks; torch streams and events are not checked"
+    return ""
+
+
+def install(rec, patcher) -> None:
+    torch = rec.gpu.torch
+    reason = supported(torch)
+    if reason:
+        rec.notice(reason)
+        return
+    state(rec)  # from here on the callbacks record for `rec`
+    _activate(torch)
+    patcher.on_undo(lambda: rec.state.pop("torch", None))
+
+
+def patches() -> tuple:
+    """Nothing to patch: torch reports what this adapter needs through its callbacks."""
+    return ()

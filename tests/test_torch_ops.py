@@ -1,0 +1,196 @@
+"""The torch adapter (streamcheck/adapters/torch_ops.py, torch_runtime.py) on the CPU: CPU tensors
+stand in for CUDA tensors (and a chosen few for pinned host memory), so the operator rules are
+checked without a GPU: schema writes, fresh outputs, views as byte ranges, host copies,
+`.item()`, the caching allocator's blocks and record_stream."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from streamcheck import recorder as R  # noqa: E402
+from streamcheck.adapters import torch_ops, torch_runtime  # noqa: E402
+from streamcheck.adapters.cuda_device import CudaGpu  # noqa: E402
+from streamcheck.core import trace as T  # noqa: E402
+
+A, B = 0x10, 0x20  # two torch streams (cudaStream_t)
+
+
+class CpuStandsInForCuda(torch_ops.Ops):
+    """Every CPU tensor is a CUDA tensor, except those in `pinned`: pinned host memory."""
+
+    def __init__(self, rec, torch):
+        super().__init__(rec, torch)
+        self.pinned: set = set()
+
+    def _kind(self, t):
+        if t.numel() == 0:
+            return ""
+        return "host" if t.untyped_storage().data_ptr() in self.pinned else "cuda"
+
+
+@pytest.fixture
+def run(monkeypatch):
+    """(recorder, ops, on(stream)): `with on(A): ...` runs torch code recorded on stream A."""
+    rec = R.Recorder(CudaGpu(torch=torch))
+    monkeypatch.setattr(R, "current", rec)
+    rec.state["torch"] = torch_runtime.TorchState()
+    current = {"stream": A}
+    monkeypatch.setattr(torch_ops, "current_stream_ptr", lambda torch, device=None: current["stream"])
+    monkeypatch.setattr(torch_runtime, "current_stream_ptr", lambda torch, device=None: current["stream"])
+    ops = CpuStandsInForCuda(rec, torch)
+    for s in (A, B):
+        rec.register_stream(s, T.UNKNOWN_SITE, fresh=True)
+
+    class on:
+        def __init__(self, stream):
+            self.stream = stream
+
+        def __enter__(self):
+            current["stream"] = self.stream
+            self.mode = torch_ops.make_mode(rec, torch, ops)
+            self.mode.__enter__()
+
+        def __exit__(self, *exc):
+            self.mode.__exit__(*exc)
+            current["stream"] = A
+    return rec, ops, on
+
+
+def launches(rec):
+    return [op for op in rec.trace.ops if type(op) is T.Launch]
+
+
+def test_an_in_place_op_on_a_slice_writes_those_bytes_only(run):
+    rec, _, on = run
+    x = torch.zeros(8)
+    with on(A):
+        x[2:4].add_(1)
+    (op,) = launches(rec)
+    assert op.name == "aten.add_.Tensor" and op.stream == rec.sid(A)
+    (written,) = op.writes
+    assert (written.start, written.stop) == (8, 16) and op.reads == ()
+    assert x.tolist() == [0, 0, 1, 1, 0, 0, 0, 0]  # the program's result, unchanged
+
+
+def test_an_op_reads_its_inputs_and_writes_its_fresh_output(run):
+    rec, _, on = run
+    x = torch.arange(4.0)
+    with on(A):
+        y = x * 2
+    (op,) = launches(rec)
+    assert op.name == "aten.mul.Tensor"
+    (read,), (written,) = op.reads, op.writes
+    assert read.buffer != written.buffer and (written.start, written.stop) == (0, 16)
+    assert y.tolist() == [0.0, 2.0, 4.0, 6.0]
+
+
+def test_views_launch_nothing(run):
+    rec, _, on = run
+    x = torch.zeros(8)
+    with on(A):
+        x.view(2, 4)
+        x[1:]
+        x.t() if x.dim() == 2 else x.unsqueeze(0)
+    assert launches(rec) == []
+
+
+def test_slices_of_one_bucket_written_from_two_streams_race_only_where_they_overlap(run):
+    rec, _, on = run
+    bucket = torch.zeros(8)
+    with on(A):
+        bucket[:4].fill_(1)
+    with on(B):
+        bucket[4:].fill_(2)  # disjoint: no race
+    assert rec.races == []
+    with on(B):
+        bucket[2:6].mul_(3)  # overlaps A's half with no wait
+    (race,) = rec.races
+    assert (race.kind, race.first.name, race.second.name) == ("WAW", "aten.fill_.Scalar", "aten.mul_.Tensor")
+    assert (race.start, race.stop) == (8, 16)
+
+
+def test_a_pinned_buffer_rewritten_by_the_host_while_its_async_copy_is_pending_races(run):
+    rec, ops, on = run
+    staging = torch.ones(16)
+    ops.pinned.add(staging.untyped_storage().data_ptr())
+    device = torch.zeros(16)
+    with on(A):
+        device.copy_(staging, non_blocking=True)  # H2D, async: stream A reads the pinned bytes later
+        staging.fill_(5)  # the host writes them now
+    copy = next(op for op in rec.trace.ops if type(op) is T.Copy)
+    assert copy.kind is T.CopyKind.H2D and copy.stream == rec.sid(A)
+    assert not any(type(op) is T.StreamSync for op in rec.trace.ops)  # non_blocking from pinned: no wait
+    (race,) = rec.races
+    assert (race.kind, race.first.name, race.second.name) == ("WAR", "copy H2D", "aten.fill_.Scalar")
+    assert race.second.actor == "host thread 0"
+
+
+def test_the_same_host_write_after_a_stream_sync_is_fine(run):
+    rec, ops, on = run
+    staging = torch.ones(16)
+    ops.pinned.add(staging.untyped_storage().data_ptr())
+    device = torch.zeros(16)
+    with on(A):
+        device.copy_(staging, non_blocking=True)
+    rec.stream_sync(A, lambda: None)  # what torch's stream-synchronization callback records
+    with on(A):
+        staging.fill_(5)
+    assert rec.races == []
+
+
+def test_a_blocking_copy_from_pageable_memory_is_followed_by_a_host_wait(run):
+    rec, ops, on = run
+    device = torch.zeros(4)
+    pinned = torch.ones(4)
+    ops.pinned.add(pinned.untyped_storage().data_ptr())
+    with on(A):
+        device.copy_(pinned)  # non_blocking=False: the host waits for the stream
+        pinned.fill_(2)
+    assert [type(op).__name__ for op in rec.trace.ops if type(op) in (T.Copy, T.StreamSync)] == ["Copy", "StreamSync"]
+    assert rec.races == []
+
+
+def test_item_reads_on_the_current_stream_and_waits_for_it(run):
+    rec, _, on = run
+    x = torch.arange(4.0)
+    with on(B):
+        value = x.sum().item()
+    assert value == 6.0
+    kinds = [type(op).__name__ for op in rec.trace.ops if type(op) in (T.Launch, T.Copy, T.StreamSync)]
+    assert kinds == ["Launch", "Copy", "StreamSync"]
+    assert all(op.stream == rec.sid(B) for op in rec.trace.ops if type(op) in (T.Copy, T.StreamSync))
+
+
+def test_a_block_freed_without_record_stream_races_with_its_side_stream_reader(run):
+    rec, _, on = run
+    x = torch.zeros(1024)
+    ptr = x.untyped_storage().data_ptr()
+    torch_runtime.state(rec).pending[ptr] = rec.sid(A)  # the allocator reported the block on stream A
+    with on(A):
+        x.fill_(1)
+    with on(B):
+        x.sum()  # read on a side stream, no record_stream
+    torch_runtime._deallocated(ptr)  # the program dropped x: the block goes back to A's pool
+    (free,) = [op for op in rec.trace.ops if type(op) is T.Free]
+    assert free.stream == rec.sid(A) and free.pool == "torch" and free.also == ()
+    race = next(r for r in rec.races if r.kind == "FREE")
+    assert race.first.name == "aten.sum.default" and "record_stream" in race.hint
+
+
+def test_record_stream_defers_the_reuse_past_the_side_streams_work(run):
+    rec, _, on = run
+    x = torch.zeros(1024)
+    ptr = x.untyped_storage().data_ptr()
+    torch_runtime.state(rec).pending[ptr] = rec.sid(A)
+    with on(A):
+        x.fill_(1)
+    torch_runtime._event_recorded(0xE1, A)  # side.wait_stream(A), as torch reports it: record, then wait
+    torch_runtime._event_waited(0xE1, B)
+    with on(B):
+        x.sum()
+    rec.record_stream(rec.allocation_of(x), B)  # x.record_stream(side)
+    torch_runtime._deallocated(ptr)
+    (free,) = [op for op in rec.trace.ops if type(op) is T.Free]
+    assert free.also == (rec.sid(B),)
+    assert rec.races == []
