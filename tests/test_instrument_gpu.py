@@ -136,3 +136,35 @@ def test_each_host_thread_gets_its_own_per_thread_default_stream(tmp_path):
     assert len(per_thread) >= 3 and len(per_thread & launched) == 3, proc.stderr
     assert "streamcheck: no races found" in proc.stderr, proc.stderr
     assert "internal error" not in proc.stderr
+
+
+def test_the_streamcheck_gpu_fixture_fails_a_test_whose_gpu_code_races(pytester):
+    pytester.makepyfile(r'''
+        import cupy
+
+        def test_racy(streamcheck_gpu):
+            a, b = cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)
+            x = cupy.zeros(1 << 16, dtype=cupy.float32)
+            cupy.cuda.Device().synchronize()
+            with a:
+                x.fill(1)
+            with b:
+                y = x * 2  # no wait for a
+            cupy.cuda.Device().synchronize()
+
+        def test_fixed(streamcheck_gpu):
+            a, b = cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)
+            x = cupy.zeros(1 << 16, dtype=cupy.float32)
+            cupy.cuda.Device().synchronize()
+            with a:
+                x.fill(1)
+            b.wait_event(a.record())
+            with b:
+                y = x * 2
+            cupy.cuda.Device().synchronize()
+    ''')
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--streamcheck-policy=eager")
+    result.assert_outcomes(passed=1, failed=1)
+    out = result.stdout.str()
+    assert "streamcheck: the happens-before checker found 1 race in the test's GPU work" in out
+    assert "RAW race" in out and "ndarray.fill" in out and "replay: pytest" in out and "test_racy" in out

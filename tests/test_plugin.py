@@ -506,3 +506,14 @@ def test_compare_reports_the_first_difference():
     assert "float64[2, 3], the reference is float32[2, 3]" in compare(a, b.astype(np.float64))
     assert compare({"out": [a, 1]}, {"out": [a, 2]}) == "result['out'][1]: got 2, want 1"
     assert compare((a,), (a, a)) == "result: 2 items, the reference has 1"
+
+
+def test_streamcheck_gpu_skips_with_the_reason_without_a_gpu(pytester, monkeypatch):
+    monkeypatch.setattr("streamcheck.gpu.cuda_device_present", lambda: False)
+    pytester.makepyfile("""
+        def test_uses_the_gpu(streamcheck_gpu):
+            raise AssertionError("must not run without a GPU")
+    """)
+    result = pytester.runpytest_inprocess("-rs", "-p", "no:cacheprovider")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*streamcheck_gpu needs an NVIDIA GPU*"])

@@ -7,7 +7,7 @@ each feature is a plugin module of its own, over public hooks:
 - options: the `--streamcheck-…` options and their ini twins, validated at start-up;
 - seeds: the base seed (random, given, `last`, the controller's under xdist), per-test and
   per-schedule seeds, the replay command;
-- fixtures: streamcheck_seed, streamcheck_device, run_schedules and the streamcheck marker;
+- fixtures: streamcheck_seed, streamcheck_device, run_schedules, streamcheck_gpu and the streamcheck marker;
 - reporting: the header, race reports in failures, the junitxml property, the summary, the
   trace files of failing tests;
 - profiles: our hypothesis profiles, when asked for.

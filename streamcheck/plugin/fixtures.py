@@ -1,4 +1,4 @@
-"""The fixtures (streamcheck_seed, streamcheck_device, run_schedules) and the
+"""The fixtures (streamcheck_seed, streamcheck_device, run_schedules, streamcheck_gpu) and the
 @pytest.mark.streamcheck marker that overrides the options for one test.
 
 The device API is imported inside the fixtures, so a plain `pytest` run pays nothing for it.
@@ -97,6 +97,39 @@ def streamcheck_device(request, streamcheck_seed):
     found.replay = replay_command(config, request.node.nodeid, spec)
     yield device
     found.add_races(device.races)
+
+
+@pytest.fixture
+def streamcheck_gpu(request, streamcheck_seed):
+    """Record and check the test's own GPU work — CuPy, torch, Triton, unmodified — with
+    streamcheck.instrument(), and fail the test on a race or a capture CUDA refuses, with the
+    report and the replay line. When the test's policies include `delay`, seed-chosen streams
+    get a bounded spin of --streamcheck-delay-us before each launch, so races strike.
+    Yields the recording (streamcheck.instrument.Session). Skips without a GPU."""
+    from .. import gpu
+
+    if not gpu.cuda_device_present():
+        pytest.skip("streamcheck_gpu needs an NVIDIA GPU with CuPy or a CUDA build of torch (none found here); "
+                    "tests of device-API programs run on the CPU with the streamcheck_device fixture")
+    from .. import instrument
+
+    config = request.config
+    settings = config.stash[SETTINGS_KEY]
+    tconf = _test_config(request.node, settings)
+    delay_us = float(settings.delay_us) if "delay" in tconf.policies else 0.0
+    found = findings(request.node)
+    found.schedules += 1
+    found.check = tconf.check
+    found.replay = replay_command(config, request.node.nodeid, None)
+    session = found.recording = instrument.start(delay_us=delay_us, seed=streamcheck_seed)
+    try:
+        yield session
+    finally:
+        instrument.stop()
+    if session.capture_errors:
+        from ..recorder import format_capture_errors
+
+        pytest.fail(format_capture_errors(session.capture_errors) + f"\nreplay: {found.replay}", pytrace=False)
 
 
 @dataclass(frozen=True)

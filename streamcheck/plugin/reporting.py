@@ -33,6 +33,7 @@ class Findings:
     replay: str = ""
     schedule: str = ""  # the failing schedule with its full decisions (the message may elide them)
     device: Any = None  # the streamcheck_device fixture's device, if used
+    recording: Any = None  # the streamcheck_gpu fixture's recording (instrument.Session), if used
     spec: Optional[ScheduleSpec] = None  # and the schedule it runs
     check: str = "on"  # the test's check mode (option, or its marker)
 
@@ -42,6 +43,11 @@ class Findings:
 
 
 FINDINGS_KEY = pytest.StashKey[Findings]()
+
+
+def check_races(found: Findings) -> bool:
+    """Whether races fail or are shown for this test (its check mode is not off)."""
+    return found.check != "off"
 
 
 def findings(item) -> Findings:
@@ -225,11 +231,20 @@ def pytest_runtest_makereport(item, call):
     if device is not None:
         found.add_races(device.races)
         found.schedule = found.schedule or describe_schedule(found.spec, device)
+    recording = found.recording
+    if recording is not None and check_races(found):
+        found.add_races(recording.races)
     races = list(found.races.values())
     check = found.check
     width = terminal_width(config)
     ours = call.excinfo is not None and call.excinfo.errisinstance(ScheduleFailure)
-    if device is not None and races and check == "on" and report.passed:
+    if recording is not None and races and report.passed:
+        report.outcome = "failed"
+        report.longrepr = "\n".join([
+            f"streamcheck: the happens-before checker found {len(races)} race{'s' if len(races) != 1 else ''} "
+            "in the test's GPU work (streamcheck_gpu)",
+            f"  {recording.summary()}", format_races(races, width), f"  replay: {found.replay}"])
+    elif device is not None and races and check == "on" and report.passed:
         # The race did not strike on this schedule, but nothing orders the accesses.
         report.outcome = "failed"
         report.longrepr = failure_text(
