@@ -1,0 +1,46 @@
+"""Shared by the PyTorch bug programs in this folder: their sizes, the reads that check the
+result, and the result line tests/test_torch_programs_gpu.py parses.
+
+Each program repeats its pattern for STEPS steps (first launches, allocator growth and lazy
+module loading synchronize implicitly, so a single shot may never strike) on buffers of N
+float32 (4 MiB: copies and kernels long enough, and steps close enough, that a 2 ms spin on
+one stream makes the race strike), and ends with `report(observed, expected)`, which prints
+one line
+
+    RESULT {"observed": [...], "expected": [...], "wrong": <values that differ or are missing>}
+
+where `expected` is what a correctly synchronized run gives. The program exits 0: the exit
+status belongs to `streamcheck run --error-exitcode`.
+
+The reads here synchronize the whole device first: the check itself must not race. Every
+access that belongs to a bug is written out in the program itself, never here, so that a race
+report's call sites point into the program. torch and CuPy are imported only by the helper
+that needs them, so a CuPy-only program stays CuPy-only.
+"""
+import json
+
+N = 1 << 20  # float32 elements per buffer: 4 MiB
+STEPS = 8
+
+
+def column(t, index=0) -> list:
+    """t[:, index] of a 2-D torch tensor (CUDA, or pinned host memory that async copies wrote)
+    as floats, read after a device-wide synchronize."""
+    import torch
+
+    torch.cuda.synchronize()
+    return [float(v) for v in t[:, index].tolist()]
+
+
+def cupy_column(a, index=0) -> list:
+    """a[:, index] of a 2-D CuPy array as floats, read after a device-wide synchronize."""
+    import cupy
+
+    cupy.cuda.Device().synchronize()
+    return [float(v) for v in cupy.asnumpy(a[:, index]).tolist()]
+
+
+def report(observed, expected) -> None:
+    """Print the RESULT line; a value missing from `observed` counts as wrong."""
+    wrong = sum(1 for o, e in zip(observed, expected) if o != e) + abs(len(observed) - len(expected))
+    print("RESULT " + json.dumps({"observed": observed, "expected": expected, "wrong": wrong}), flush=True)

@@ -1,0 +1,31 @@
+"""`side.wait_stream(torch.cuda.default_stream())` while the producer ran on another current
+stream (RAW).
+
+Rebuilds a bug of library helpers (data prefetchers, asynchronous checkpoint and offload hooks)
+that make their side stream wait for `torch.cuda.default_stream()`, assuming the caller works
+on the default stream. The caller's loop runs under `with torch.cuda.stream(main)`, so its
+kernels are on `main`; waiting for the default stream orders nothing, and the side stream
+reads the tensor before the caller's kernel wrote it.
+The fix the projects shipped: wait for `torch.cuda.current_stream()`, the caller's stream
+(fixed_wait_on_default_stream.py).
+"""
+# expect: RAW
+# delay: --delay-stream s1
+# strikes: yes
+import torch
+
+from _torch_common import N, STEPS, column, report
+
+main = torch.cuda.Stream()  # s1: the caller's current stream
+side = torch.cuda.Stream()  # s2: the library's side stream
+x = torch.zeros(N, device="cuda")
+outs = torch.zeros(STEPS, N, device="cuda")
+torch.cuda.synchronize()
+with torch.cuda.stream(main):
+    for step in range(1, STEPS + 1):
+        x.fill_(float(step))  # the caller's producer, on its current stream s1
+        side.wait_stream(torch.cuda.default_stream())  # BUG: the producer ran on s1, not the default stream
+        with torch.cuda.stream(side):
+            torch.mul(x, 2.0, out=outs[step - 1])  # the library reads x on s2
+        torch.cuda.current_stream().wait_stream(side)  # x is rewritten only after the read
+report(column(outs), [2.0 * s for s in range(1, STEPS + 1)])
