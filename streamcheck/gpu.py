@@ -20,7 +20,17 @@ from .core.trace import CaptureMode
 SPIN_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuda", "spin_delay.cu")
 MAX_DELAY_US = 50_000  # the spin kernel's hard cap (STREAMCHECK_SPIN_MAX_NS): nothing can hang
 
-_tls = threading.local()  # suppress: work streamcheck issues itself, never the program's
+
+class _ThreadState(threading.local):
+    """Per host thread, with class defaults so reading needs no getattr fallback (hot path):
+    `suppress`: inside work streamcheck issues itself, never the program's; `depth`: inside a
+    recorded library call, whose own library calls are part of it (recorder.inside)."""
+
+    suppress = 0
+    depth = 0
+
+
+thread_state = _ThreadState()
 
 
 def gpu_available() -> bool:
@@ -57,15 +67,15 @@ def gpu_library_installed() -> bool:
 def suppressed():
     """Record nothing issued by this thread inside the block: the cupy backend's spins, timing
     events and fills, work a streamcheck Device checks itself, the warm-up."""
-    _tls.suppress = getattr(_tls, "suppress", 0) + 1
+    thread_state.suppress += 1
     try:
         yield
     finally:
-        _tls.suppress -= 1
+        thread_state.suppress -= 1
 
 
 def is_suppressed() -> bool:
-    return bool(getattr(_tls, "suppress", 0))
+    return bool(thread_state.suppress)
 
 
 # --- stream capture -----------------------------------------------------------------------

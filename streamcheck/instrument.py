@@ -63,6 +63,7 @@ class Session(Recorder):
             return
         self.libraries.add(name)
         self.gpu.add_library(name, module)
+        self.refresh_library_dirs()
         install(self, {name}, self.patcher)
 
     def warm_up(self, pool_bytes: int = 64 << 20) -> None:
@@ -250,8 +251,11 @@ def torch_stream():
     if ptr == 0:
         return cupy.cuda.Stream.null  # torch's default stream is the legacy default stream
     rec = R.current
-    if rec is not None and not rec.knows_stream(ptr):
-        rec.register_stream(ptr, rec.site(), short="torch")  # `--delay-stream torch` targets it
+    if rec is not None:  # `--delay-stream torch` targets it
+        if rec.knows_stream(ptr):
+            rec.alias_stream(rec.sid(ptr), "torch")
+        else:
+            rec.register_stream(ptr, rec.site(), short="torch")
     return external_stream(cupy, ptr)
 
 

@@ -86,9 +86,9 @@ def declared(name: str) -> Optional[dict]:
     return _DECLARED.get(name)
 
 
-def forget_declarations() -> None:
-    """Drop every declare_kernel (tests; a program that redefines its kernels)."""
-    _DECLARED.clear()
+def forget_declaration(name: str) -> None:
+    """Drop what declare_kernel said of `name`: its signature decides again."""
+    _DECLARED.pop(name, None)
 
 
 def access_spec(name: str, code: Optional[str]) -> dict:

@@ -25,10 +25,10 @@ from . import kernel_access
 from .core import trace as T
 from .core.hb import Checker, TraceError, format_report
 from .core.schedule import graph_delay_name, seed_delays
+from .gpu import thread_state as _state
 from .core.trace import UNKNOWN_SITE, CallSite, CaptureMode, CopyKind, Range, SiteResolver, StreamKind
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-_tls = threading.local()  # depth: inside a recorded call, whose own library calls are part of it
 
 current: Optional["Recorder"] = None  # the recording adapters feed; set by activate()
 
@@ -59,18 +59,18 @@ class Gpu(Protocol):
 
 
 def depth() -> int:
-    return getattr(_tls, "depth", 0)
+    return _state.depth
 
 
 def inside(call, *args, **kwargs):
     """Run a library call on the program's behalf: what it calls in turn is part of it, not
     recorded again."""
-    tls = _tls
-    tls.depth = getattr(tls, "depth", 0) + 1
+    state = _state
+    state.depth += 1
     try:
         return call(*args, **kwargs)
     finally:
-        tls.depth -= 1
+        state.depth -= 1
 
 
 def format_capture_errors(errors) -> str:
@@ -162,6 +162,7 @@ class Recorder:
         self._streams: dict = {}  # key (ptr, or (2, thread) for per-thread) -> stream id
         self._stream_names: dict = {}  # stream id -> short name (delay targeting)
         self._delayed: dict = {}  # stream id -> targeted by the delay (cache)
+        self._aliases: dict = {}  # stream id -> more names delays target it by
         self._next_stream = 1
         self._named_streams = 0
         self._events = weakref.WeakKeyDictionary()
@@ -315,7 +316,9 @@ class Recorder:
         """Trace id of a stream object, a raw pointer, or None (the library's current stream)."""
         if stream is None:
             stream = self.gpu.current_stream()
-        ptr = stream if isinstance(stream, int) else self.gpu.stream_ptr(stream)
+        ptr = stream if isinstance(stream, int) else getattr(stream, "ptr", None)
+        if ptr is None:
+            ptr = self.gpu.stream_ptr(stream)  # torch's, or another library's
         if ptr > 2:  # hot path: a stream the program created
             sid = self._streams.get(ptr)
             if sid is not None:
@@ -514,13 +517,22 @@ class Recorder:
         if self.delay_kernels and name not in self.delay_kernels:
             return False
         if self.delay_streams:
-            return "all" in self.delay_streams or self._stream_names.get(sid, "") in self.delay_streams
+            return ("all" in self.delay_streams or self._stream_names.get(sid, "") in self.delay_streams
+                    or bool(self._aliases.get(sid, set()) & self.delay_streams))
         if self.delay_kernels:
             return True
         delayed = self._delayed.get(sid)
         if delayed is None:
             delayed = self._delayed[sid] = seed_delays(self.seed, self._stream_names.get(sid, ""))
         return delayed
+
+    def alias_stream(self, sid: int, name: str) -> None:
+        """One more name `delay_streams` can target stream `sid` by (torch_stream(): "torch")."""
+        self._aliases.setdefault(sid, set()).add(name)
+
+    def refresh_library_dirs(self) -> None:
+        """The program imported another library: its frames are not the user's either."""
+        self.site = SiteResolver(d + os.sep for d in (_PACKAGE_DIR,) + tuple(self.gpu.library_dirs))
 
     def maybe_spin(self, stream, sid: int, name: str) -> None:
         """Spin before the operation `name` on `stream` if the delay targets it."""

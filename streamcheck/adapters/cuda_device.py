@@ -100,6 +100,13 @@ class CudaGpu:
         self._driver = CudaDriver()
         self._spin = None
         self._on_external_memory = on_external_memory  # first memory no recorded allocator handed out
+        self._bind()
+
+    def _bind(self) -> None:
+        # Bound once: looked up on every recorded call without a stream.
+        self.current_stream = (self.cupy.cuda.get_current_stream if self.cupy is not None
+                               else self.torch.cuda.current_stream)
+        self.array_types = tuple(t for t in (self.ndarray, self.tensor) if isinstance(t, type))
 
     def add_library(self, name: str, module) -> None:
         """A library the program imported after the recording started."""
@@ -108,11 +115,7 @@ class CudaGpu:
         elif name == "torch" and self.torch is None:
             self.torch, self.tensor = module, module.Tensor
         self.library_dirs = _library_dirs()
-
-    def current_stream(self):
-        if self.cupy is not None:
-            return self.cupy.cuda.get_current_stream()
-        return self.torch.cuda.current_stream()
+        self._bind()
 
     def stream_ptr(self, stream) -> int:
         if isinstance(stream, int):
@@ -165,15 +168,22 @@ class CudaGpu:
         return gpu.capture_mode_of(value, self.runtime)
 
     def is_array(self, obj) -> bool:
-        if isinstance(obj, self.ndarray) or isinstance(obj, self.tensor):
+        if isinstance(obj, self.array_types):
             return True
         return not isinstance(obj, _SCALARS) and hasattr(obj, "__cuda_array_interface__")
 
     def array_span(self, obj) -> Optional[tuple]:
-        if isinstance(obj, self.ndarray):
+        if isinstance(obj, self.ndarray):  # the hot path, inline
             if obj.size == 0:
                 return None
-            return _span(obj.data.ptr, obj.shape, obj.strides, obj.itemsize)
+            ptr, lo, hi = obj.data.ptr, 0, 0
+            for n, st in zip(obj.shape, obj.strides):
+                if n > 1:
+                    if st >= 0:
+                        hi += (n - 1) * st
+                    else:
+                        lo += (n - 1) * st
+            return ptr + lo, ptr + hi + obj.itemsize
         if isinstance(obj, self.tensor):  # CUDA or pinned host memory; strides are in elements
             size = obj.element_size()
             return _span(obj.data_ptr(), obj.shape, [st * size for st in obj.stride()], size)

@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .. import recorder
-from ..gpu import is_suppressed
+from ..gpu import thread_state
 
 
 def quiet() -> bool:
     """True when wrappers must pass straight through: no recording, nested call, or suppressed."""
-    return recorder.current is None or recorder.depth() or is_suppressed()
+    return recorder.current is None or thread_state.depth or thread_state.suppress
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from __future__ import annotations
 from .. import recorder as R
 from ..core import trace as T
 from ..core.trace import CopyKind
-from ..gpu import is_suppressed
+from ..gpu import is_suppressed, thread_state
 from .torch_runtime import current_stream_ptr, state
 
 # Allocate without touching the bytes (their contents are undefined): no access.
@@ -211,10 +211,10 @@ class _quiet_torch:
     """Run torch queries of our own without recording them."""
 
     def __enter__(self):
-        R._tls.depth = getattr(R._tls, "depth", 0) + 1
+        thread_state.depth += 1
 
     def __exit__(self, *exc):
-        R._tls.depth -= 1
+        thread_state.depth -= 1
 
 
 def make_mode(rec, torch, ops=None):

@@ -83,12 +83,6 @@ def _event_waited(event: int, stream: int) -> None:
         rec.record(T.StreamWait(rec.tid(), rec.site(), stream=rec.sid(stream), event=rec.event_handle(event)))
 
 
-def _stream_created(stream: int) -> None:
-    rec = _recording()
-    if rec is not None and stream not in (0, 1, 2):
-        rec.register_stream(stream, rec.site(), fresh=True)
-
-
 def _device_synchronized() -> None:
     rec = _recording()
     if rec is not None:
@@ -130,7 +124,6 @@ _CALLBACKS = (
     ("register_callback_for_event_deletion", _event_deleted),
     ("register_callback_for_event_record", _event_recorded),
     ("register_callback_for_event_wait", _event_waited),
-    ("register_callback_for_stream_creation", _stream_created),
     ("register_callback_for_device_synchronization", _device_synchronized),
     ("register_callback_for_stream_synchronization", _stream_synchronized),
     ("register_callback_for_event_synchronization", _event_synchronized),
@@ -175,6 +168,22 @@ def install(rec, patcher) -> None:
     patcher.on_undo(lambda: rec.state.pop("torch", None))
 
 
+def _stream_new(orig):
+    # torch.cuda.Stream() hands out streams of a pool (created all at once, which is all its
+    # creation callback reports): name a stream when the program first asks for it, in that
+    # order (s1, s2, ...), and keep the id of a pool stream handed out again.
+    def __new__(cls, *args, **kwargs):
+        stream = orig(cls, *args, **kwargs)
+        rec = _recording()
+        if rec is not None and stream.cuda_stream not in (0, 1, 2):
+            rec.register_stream(stream.cuda_stream, rec.site())
+        return stream
+    return staticmethod(__new__)
+
+
 def patches() -> tuple:
-    """Nothing to patch: torch reports what this adapter needs through its callbacks."""
-    return ()
+    """torch reports streams, events, syncs and memory through its callbacks; only the names
+    of the streams the program creates come from here."""
+    from .patching import Patch
+
+    return (Patch("torch.cuda.streams.Stream.__new__", _stream_new),)

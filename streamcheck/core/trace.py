@@ -16,6 +16,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Optional, Union
 
+
 def _parse_choice(cls, value, what: str):
     """A member of the str enum `cls` from itself or its value ("non-blocking" works too)."""
     if isinstance(value, cls):
