@@ -47,7 +47,7 @@ class Session(Recorder):
             raise InstrumentError(f"instrument: delay_us must be in [0, {MAX_DELAY_US}] µs (the spin kernel's cap), "
                                   f"got {delay_us!r}")
         libraries = loaded_libraries()
-        if not libraries:
+        if not ({"cupy", "torch"} & set(libraries)):
             raise InstrumentError("streamcheck.instrument: neither CuPy nor torch is installed; install "
                                   "'streamcheck[gpu]' (CuPy) or a CUDA build of torch")
         super().__init__(CudaGpu(libraries.get("cupy"), libraries.get("torch")), delay_us=delay_us,
@@ -88,9 +88,9 @@ def loaded_libraries() -> dict:
             found["cupy"] = cupy
         except ImportError:
             pass
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        found["torch"] = torch
+    for name in ("torch", "triton"):
+        if name in sys.modules:
+            found[name] = sys.modules[name]
     return found
 
 
@@ -147,7 +147,8 @@ def stop() -> Optional[Session]:
 
 
 class StartAtImport:
-    """Start recording when the program imports CuPy or torch, not before (`streamcheck run`):
+    """Start recording when the program imports CuPy or torch, not before (`streamcheck run`);
+    triton, imported before or after, joins the recording:
     CuPy reads its environment (CUPY_CUDA_PER_THREAD_DEFAULT_STREAM, ...) at import, and a
     program may set it first. A finder on sys.meta_path lets the normal import run, then starts
     the session; when the other library is imported later, the session adapts it too. `session`
@@ -156,8 +157,8 @@ class StartAtImport:
     def __init__(self, **options):
         self.options = options
         self.session: Optional[Session] = None
-        self.waiting = {name for name in ("cupy", "torch") if name not in sys.modules}
-        if len(self.waiting) < 2:  # one is loaded already (e.g. by a sitecustomize): start now
+        self.waiting = {name for name in ("cupy", "torch", "triton") if name not in sys.modules}
+        if not {"cupy", "torch"} <= self.waiting:  # one is loaded already (e.g. by a sitecustomize): start now
             self.session = start(**options)
         if self.waiting:
             sys.meta_path.insert(0, self)
@@ -180,10 +181,10 @@ class StartAtImport:
         return spec
 
     def imported(self, name: str, module) -> None:
-        if self.session is None:
-            self.session = start(**self.options)
-        else:
+        if self.session is not None:
             self.session.library_loaded(name, module)
+        elif name != "triton":  # triton alone launches nothing: it joins when torch or CuPy starts
+            self.session = start(**self.options)
 
     def remove(self) -> None:
         if self in sys.meta_path:

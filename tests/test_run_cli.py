@@ -241,7 +241,8 @@ def test_recording_starts_when_the_program_imports_cupy_so_cupy_sees_its_environ
     (fake / "__init__.py").write_text("import os\nPTDS = os.environ.get('CUPY_CUDA_PER_THREAD_DEFAULT_STREAM')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "cupy", raising=False)
-    monkeypatch.delitem(sys.modules, "torch", raising=False)  # neither library imported yet
+    monkeypatch.delitem(sys.modules, "torch", raising=False)  # no library imported yet
+    monkeypatch.delitem(sys.modules, "triton", raising=False)
     started = []
     monkeypatch.setattr(instrument, "start", lambda **options: started.append((options, sys.modules["cupy"].PTDS))
                         or "the session")
@@ -251,7 +252,7 @@ def test_recording_starts_when_the_program_imports_cupy_so_cupy_sees_its_environ
         monkeypatch.setenv("CUPY_CUDA_PER_THREAD_DEFAULT_STREAM", "1")  # the program's first line
         module = importlib.import_module("cupy")
         assert started == [({"seed": 4}, "1")]  # started after CuPy ran, which saw the program's setting
-        assert hook.session == "the session" and hook.waiting == {"torch"}  # torch, if imported later, joins it
+        assert hook.session == "the session" and hook.waiting == {"torch", "triton"}  # imported later, they join it
         assert module.__spec__.loader.get_filename("cupy").endswith("__init__.py")  # the real loader answers
     finally:
         hook.remove()

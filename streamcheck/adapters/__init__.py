@@ -24,10 +24,10 @@ ADAPTERS = (
     ("torch_runtime", "torch"),  # streams, events, syncs, the caching allocator (GPU-trace callbacks)
     ("torch_ops", "torch"),  # ATen operators (a TorchDispatchMode), host copies, record_stream
     ("torch_graphs", "torch"),  # torch.cuda.graph / CUDAGraph capture and replay
-    ("triton_launch", "torch"),  # Triton's JITFunction.run (jit, autotune, heuristics), if triton is loaded
+    ("triton_launch", "triton"),  # Triton's JITFunction.run (jit, autotune, heuristics)
     ("threads", None),  # threading.Thread start / join
 )
-LIBRARIES = ("cupy", "torch")
+LIBRARIES = ("cupy", "torch", "triton")
 
 
 def adapter(name: str):
