@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.paths import ROOT
+
 FENCE = re.compile(r"```(\w*)\n(.*?)```", re.S)
 
 

@@ -6,5 +6,5 @@
 - schedule: the sim's scheduling policies and the one delay-choice rule.
 - compare: token sequences of long generations against a sequential reference.
 
-tests/test_layering.py fails if anything here imports from outside it.
+tests/streamcheck/test_layering.py fails if anything here imports from outside it.
 """

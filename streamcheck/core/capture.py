@@ -21,7 +21,7 @@ simulated device (backends/sim.py), so both agree on what a capture contains. Th
 - a capture not begun in relaxed mode must end on the thread that began it
   (cudaErrorStreamCaptureWrongThread), and on the stream that began it
   (cudaErrorStreamCaptureUnmatched);
-- tests/test_capture_rules_gpu.py holds these error codes against CUDA's on a GPU.
+- tests/streamcheck/core/test_capture_rules_gpu.py holds these error codes against CUDA's on a GPU.
 An error invalidates the capture, as in CUDA: its end_capture then fails too.
 
 Inside a capture, graph order is tracked with per-capture vector clocks over member

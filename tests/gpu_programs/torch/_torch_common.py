@@ -1,5 +1,5 @@
 """Shared by the PyTorch bug programs in this folder: their sizes, the reads that check the
-result, and the result line tests/test_torch_programs_gpu.py parses.
+result, and the result line tests/streamcheck/adapters/test_torch_programs_gpu.py parses.
 
 Each program repeats its pattern for STEPS steps (first launches, allocator growth and lazy
 module loading synchronize implicitly, so a single shot may never strike) on buffers of N

@@ -6,7 +6,7 @@ delay on the stream named, must really produce wrong values; none of the correct
 twins (ok_*.py) may be reported or go wrong under the same delay. The Device("cupy")
 backend is tested directly with the consumer-reads-stale pattern.
 
-    pytest -m gpu tests/test_cupy_backend_gpu.py
+    pytest -m gpu tests/streamcheck/backends/test_cupy_backend_gpu.py
 """
 from __future__ import annotations
 
@@ -19,18 +19,18 @@ import numpy as np
 import pytest
 
 from streamcheck.backends import gpu_available
+from tests.paths import GPU_PROGRAMS
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not gpu_available(), reason="needs an NVIDIA GPU and CuPy (CuPy missing or no CUDA device)"),
 ]
 
-PROGRAMS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_programs")
 DELAY_US = 20_000  # long enough that the delayed stream loses every race, far below the 50 ms cap
 
 
 def streamcheck_run(script: str, *options: str, args=()) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "streamcheck.cli", "run", *options, os.path.join(PROGRAMS, script), *args]
+    cmd = [sys.executable, "-m", "streamcheck.cli", "run", *options, os.path.join(GPU_PROGRAMS, script), *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=240)
 
 

@@ -13,8 +13,7 @@ import pytest
 from streamcheck.core.capture import CaptureError, CaptureTracker
 from streamcheck.core.hb import Checker, TraceError
 from streamcheck.core.trace import CaptureBegin, CaptureEnd, CaptureMode, GraphLaunch, Trace
-
-from test_hb_rules import Prog
+from tests.streamcheck.core.test_hb_rules import Prog
 
 
 class CaptureProg(Prog):
@@ -279,7 +278,7 @@ def test_end_capture_on_a_forked_stream_is_unmatched_and_on_a_stream_not_capturi
     p.begin("main")
     p.record("fork", "main")
     p.wait("A", "fork")
-    p.end("A")  # invalidates the capture (measured: tests/test_capture_rules_gpu.py)
+    p.end("A")  # invalidates the capture (measured: tests/streamcheck/core/test_capture_rules_gpu.py)
     p.end("B")
     p.end("main")
     assert codes(p) == ["cudaErrorStreamCaptureUnmatched", "cudaErrorIllegalState",

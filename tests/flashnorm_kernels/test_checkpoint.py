@@ -30,6 +30,7 @@ from flashnorm_kernels.checkpoint import (  # noqa: E402
 )
 from flashnorm_kernels.cli import main  # noqa: E402
 from flashnorm_kernels.fold import AlreadyFoldedError, UnsupportedArchitectureError  # noqa: E402
+from tests.paths import ROOT  # noqa: E402
 
 TOKENIZER_JSON = '{"version": "1.0", "model": {"type": "WordLevel"}}\n'
 GENERATION_CONFIG = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "max_new_tokens": 17}
@@ -220,7 +221,7 @@ def test_destination_appearing_during_the_fold_is_not_overwritten(src, tmp_path,
 
 # ------------------------------------------------------- damaged or inconsistent source checkpoints
 
-FIXTURES = Path(__file__).resolve().parent.parent / "flashnorm_kernels" / "models"
+FIXTURES = ROOT / "flashnorm_kernels" / "models"
 
 
 @pytest.fixture

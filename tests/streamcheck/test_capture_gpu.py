@@ -3,7 +3,7 @@
 GPU tests (marked gpu) run the graph scripts of tests/gpu_programs/ under `streamcheck run`
 as users do, and compare a fork/join graph on Device("cupy") with the sim:
 
-    pytest -m gpu tests/test_capture_gpu.py
+    pytest -m gpu tests/streamcheck/test_capture_gpu.py
 
 The CPU tests (unmarked) drive the same recording and backend code with stand-ins for
 CuPy's streams, runtime and Graph: which graph id a launch gets, what is recorded when
@@ -35,6 +35,7 @@ from streamcheck.backends.cupy_backend import (
 from streamcheck.core.capture import CapturedGraph, CapturedNode, CaptureError
 from streamcheck.device import DeviceError
 from streamcheck.core.trace import UNKNOWN_SITE, CaptureMode, StreamKind
+from tests.paths import GPU_PROGRAMS
 
 NEEDS_GPU = pytest.mark.skipif(not gpu_available(), reason="needs an NVIDIA GPU and CuPy (CuPy missing or no CUDA "
                                                            "device)")
@@ -44,7 +45,6 @@ def gpu(test):
     return pytest.mark.gpu(NEEDS_GPU(test))
 
 
-PROGRAMS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_programs")
 LAUNCHES = 5  # tests/gpu_programs/_graph_common.py: graph launches per script
 
 
@@ -421,7 +421,7 @@ def test_cupy_backend_refused_end_capture_says_what_to_do_and_abort_ends_cudas_c
 # --- GPU: streamcheck run on the graph scripts ----------------------------------------------------
 
 def streamcheck_run(script, *options):
-    cmd = [sys.executable, "-m", "streamcheck.cli", "run", *options, os.path.join(PROGRAMS, script)]
+    cmd = [sys.executable, "-m", "streamcheck.cli", "run", *options, os.path.join(GPU_PROGRAMS, script)]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=240)
 
 

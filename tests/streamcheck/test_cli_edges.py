@@ -7,7 +7,6 @@ subprocess, so the blocked module and the real stderr are that process's alone.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -17,8 +16,8 @@ import pytest
 
 from flashnorm_kernels.testing.fixtures import fixture_dir
 from streamcheck import cli
+from tests.paths import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BLOCK_MATPLOTLIB = "import sys; sys.modules['matplotlib'] = None; "  # `import matplotlib` now raises ImportError
 MAIN = "from streamcheck.cli import main; sys.exit(main(sys.argv[1:]))"
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from flashnorm_kernels.testing.fixtures import FIXTURE_NAMES
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 BUILT_FROM = ("pyproject.toml", "README.md", "streamcheck", "flashnorm_kernels")
 MODEL_FILES = ("config.json", "generation_config.json", "metadata.json", "model.safetensors")
 

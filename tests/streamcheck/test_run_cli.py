@@ -1,12 +1,11 @@
 """`streamcheck run` and the instrumentation's CPU-testable parts (no GPU needed).
 
 The GPU behaviour (races reported, values wrong under delay) is in
-test_cupy_backend_gpu.py; here: usage errors, the no-GPU exit, missing scripts,
+backends/test_cupy_backend_gpu.py; here: usage errors, the no-GPU exit, missing scripts,
 lazy imports, and the pure pieces (CUDA signature parsing, delay targeting).
 """
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -18,8 +17,8 @@ from streamcheck.backends.cupy_backend import MAX_DELAY_US, _Policy
 from streamcheck.core.schedule import Delay
 from streamcheck.kernel_access import kernel_signature, param_names
 from streamcheck.core.schedule import ScheduleError
+from tests.paths import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NO_CUPY = "import sys; sys.modules['cupy'] = None; "  # `import cupy` now raises ImportError
 
 

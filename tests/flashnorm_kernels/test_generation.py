@@ -99,7 +99,7 @@ def test_bad_generation_arguments(model):
 @pytest.mark.parametrize("arch", ["gemma2", "phi3", "qwen2"])
 def test_attach_routes_other_layouts_through_the_pipeline(arch):
     # Gemma's 1 + w gain and pre_feedforward_layernorm, Phi-3's fused projections, Qwen2's q/k/v biases.
-    from tests.test_fold import tiny_model
+    from tests.flashnorm_kernels.test_fold import tiny_model
 
     model = tiny_model(arch)
     ids = torch.tensor([[5, 17, 42, 7, 99, 3]])

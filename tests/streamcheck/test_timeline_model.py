@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from streamcheck import export, timeline_model
 from streamcheck.export import to_chrome_trace
 from streamcheck.timeline_model import build_model
-from tests.test_export import captured_missing_join, implicit_join, trace_event_errors
+from tests.streamcheck.test_export import captured_missing_join, implicit_join, trace_event_errors
 
 MODEL_SOURCE = Path(timeline_model.__file__)
 

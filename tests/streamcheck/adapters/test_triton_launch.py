@@ -11,7 +11,6 @@ import textwrap
 import types
 
 import pytest
-from test_recorder import FakeArray, FakeGpu, FakeStream
 
 from streamcheck import kernel_access
 from streamcheck import recorder as R
@@ -19,6 +18,7 @@ from streamcheck.adapters import triton_launch
 from streamcheck.adapters.patching import Patcher
 from streamcheck.core import trace as T
 from streamcheck.triton_access import analyze
+from tests.streamcheck.test_recorder import FakeArray, FakeGpu, FakeStream
 
 tl = None  # the kernels below are parsed, never run: `tl` is only a name in them
 

@@ -20,7 +20,7 @@ Wall times (the second plain run and the streamcheck run) are printed as a Markd
 the session ends and, if STREAMCHECK_TRANSPARENCY_LOG names a file, written there (under xdist,
 one file per worker, suffixed with the worker's id):
 
-    STREAMCHECK_TRANSPARENCY_LOG=transparency.md pytest -m gpu -s tests/test_transparency_gpu.py
+    STREAMCHECK_TRANSPARENCY_LOG=transparency.md pytest -m gpu -s tests/streamcheck/test_transparency_gpu.py
 """
 from __future__ import annotations
 
@@ -36,14 +36,14 @@ from pathlib import Path
 import pytest
 
 from streamcheck.backends import gpu_available
+from tests.paths import GPU_PROGRAMS, ROOT
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not gpu_available(), reason="needs an NVIDIA GPU and CuPy (CuPy missing or no CUDA device)"),
 ]
 
-ROOT = Path(__file__).resolve().parent.parent
-PROGRAMS_DIR = ROOT / "tests" / "gpu_programs" / "transparency"
+PROGRAMS_DIR = GPU_PROGRAMS / "transparency"
 PROGRAMS = sorted(PROGRAMS_DIR.glob("*.py"))
 TIMEOUT_S = 300  # per run: a hung program fails its test instead of the session
 HEADER_LINES = 20

@@ -5,7 +5,7 @@ streamcheck anywhere, where CUDA's own error names are read from the CUDARuntime
 step raises, and on Device("sim"), where streamcheck's CaptureTracker decides. The error
 code of every step must agree. A disagreement means the model is wrong about CUDA.
 
-    pytest -m gpu tests/test_capture_rules_gpu.py
+    pytest -m gpu tests/streamcheck/core/test_capture_rules_gpu.py
 """
 from __future__ import annotations
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import ast
 import os
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.paths import ROOT
+
 PACKAGES = ("streamcheck", "flashnorm_kernels")
 CORE = "streamcheck.core"
 # What the core may import besides itself: the standard library and numpy, nothing that

@@ -29,7 +29,7 @@ show in the output; those are checked by their report alone.
 The header check at the bottom runs on the CPU too: every program's header parses, every racy
 program has exactly one twin with the same delay, and every program compiles.
 
-    pytest -m gpu tests/test_torch_programs_gpu.py
+    pytest -m gpu tests/streamcheck/adapters/test_torch_programs_gpu.py
 """
 from __future__ import annotations
 
@@ -47,8 +47,9 @@ from typing import Optional
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-PROGRAMS_DIR = ROOT / "tests" / "gpu_programs" / "torch"
+from tests.paths import GPU_PROGRAMS, ROOT
+
+PROGRAMS_DIR = GPU_PROGRAMS / "torch"
 PROGRAMS = sorted(p for p in PROGRAMS_DIR.glob("*.py") if not p.name.startswith("_"))
 TIMEOUT_S = 300  # per run: a hung program fails its test instead of the session
 DELAY_US = "2000"  # 2 ms: far longer than the other stream's work on 4 MiB buffers

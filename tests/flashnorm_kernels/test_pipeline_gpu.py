@@ -2,7 +2,7 @@
 values for every dtype and shape class, correct() identical to sequential execution,
 and the implicit join reading the previous step's Y under injected delay.
 
-Run on a GPU machine:  pytest -m gpu tests/test_pipeline_gpu.py
+Run on a GPU machine:  pytest -m gpu tests/flashnorm_kernels/test_pipeline_gpu.py
 """
 from __future__ import annotations
 

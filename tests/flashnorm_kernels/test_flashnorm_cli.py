@@ -18,8 +18,9 @@ import transformers  # noqa: E402
 from transformers.utils import logging as transformers_logging  # noqa: E402
 
 from flashnorm_kernels.cli import main  # noqa: E402
+from tests.paths import ROOT  # noqa: E402
 
-FIXTURES = Path(__file__).resolve().parent.parent / "flashnorm_kernels" / "models"
+FIXTURES = ROOT / "flashnorm_kernels" / "models"
 
 
 @pytest.fixture
