@@ -105,12 +105,31 @@ class Ops:
 
     # --- one operator ---------------------------------------------------------------------
     def call(self, func, args, kwargs):
+        """Run the operator once, recorded. Our own bookkeeping never breaks the program: if it
+        fails, the operator still runs (or its result is kept) and the recording notes an
+        internal error; the operator's own exception reaches the program unchanged."""
+        started, ran = [], []
+
+        def run():
+            started.append(True)
+            result = R.inside(func, *args, **kwargs)
+            ran.append(result)
+            return result
+        try:
+            return self._record(func, args, kwargs, run)
+        except Exception as exc:
+            if started and not ran:
+                raise  # the operator's own error: the program's
+            self.rec.errors.append(f"{_schema(func).name}: {type(exc).__name__}: {exc} (not recorded)")
+            return ran[0] if ran else func(*args, **kwargs)
+
+    def _record(self, func, args, kwargs, run):
         schema = _schema(func)
         if schema.view:  # no kernel: a view is bytes of its base, seen when it is used
-            return func(*args, **kwargs)
+            return run()
         name = schema.name
         if name == "aten.record_stream.default":
-            return self._record_stream(func, args, kwargs)
+            return self._record_stream(run, args, kwargs)
         torch, rec = self.torch, self.rec
         reads, writes = [], []
         for i, (arg_name, kwarg_only, written) in enumerate(schema.arguments):
@@ -120,7 +139,7 @@ class Ops:
                 if kind:
                     (writes if written else reads).append((t, kind))
         if name == "aten._local_scalar_dense.default" and reads and reads[0][1] == "cuda":
-            return self._host_read(func, args, kwargs, reads[0][0])
+            return self._host_read(run, reads[0][0])
         cuda = [t for t, k in reads + writes if k == "cuda"]
         stream = sid = None
         if cuda and name not in _NO_ACCESS:
@@ -129,7 +148,7 @@ class Ops:
             if rec.delay_us:
                 rec.maybe_spin(stream, sid, name)  # before the operator is issued
         site, tid = rec.site(), rec.tid()
-        result = R.inside(func, *args, **kwargs)
+        result = run()
         fresh = []
         for t in _tensors(result, torch):
             if all(t is not w for w, _ in writes):  # in-place ops return their written argument
@@ -186,17 +205,17 @@ class Ops:
         if not (non_blocking and host and all(self._kind(t) == "host" for t in host)):
             rec.record(T.StreamSync(tid, site, stream=sid))
 
-    def _host_read(self, func, args, kwargs, tensor):
+    def _host_read(self, run, tensor):
         """`.item()` & co.: a copy to the host on the current stream, then a wait for it."""
         rec = self.rec
         self.register(tensor, "cuda")
         stream = current_stream_ptr(self.torch, tensor.device.index)
-        return rec.host_read("aten._local_scalar_dense", tensor, stream, True, lambda: func(*args, **kwargs))
+        return rec.host_read("aten._local_scalar_dense", tensor, stream, True, run)
 
-    def _record_stream(self, func, args, kwargs):
+    def _record_stream(self, run, args, kwargs):
         rec, torch = self.rec, self.torch
         tensor, stream = args[0], args[1] if len(args) > 1 else kwargs["s"]
-        result = R.inside(func, *args, **kwargs)
+        result = run()
         if self._kind(tensor) == "cuda":
             self.register(tensor, "cuda")
             alloc = rec.allocation_of(tensor)

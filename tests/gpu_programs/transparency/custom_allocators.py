@@ -37,9 +37,8 @@ def main():
     dev = cupy.asarray(host)
     back = cupy.asnumpy(cupy.abs(dev))
     print("pinned pool round trip", f"{back.sum():.4f}")
-    del host
-    cupy.cuda.Device().synchronize()  # the upload from the pooled buffer is done before it is reused
-    print("pinned pool keeps the freed buffer", pinned_pool.n_free_blocks() >= 1)
+    del host  # when the pool gets it back depends on the collector and CuPy's events: not printed
+    cupy.cuda.Device().synchronize()
     cupy.cuda.set_pinned_memory_allocator(None)  # back to CuPy's default pinned allocator
 
 

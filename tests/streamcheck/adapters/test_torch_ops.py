@@ -194,3 +194,24 @@ def test_record_stream_defers_the_reuse_past_the_side_streams_work(run):
     (free,) = [op for op in rec.trace.ops if type(op) is T.Free]
     assert free.also == (rec.sid(B),)
     assert rec.races == []
+
+
+def test_a_failure_in_the_bookkeeping_never_breaks_the_program(run, monkeypatch):
+    rec, ops, on = run
+    x = torch.arange(4.0)
+
+    def broken(t):
+        raise RuntimeError("bookkeeping bug")
+    monkeypatch.setattr(ops, "_kind", broken)
+    with on(A):
+        y = x * 3  # the operator still runs, once, and returns its value
+    assert y.tolist() == [0.0, 3.0, 6.0, 9.0]
+    assert rec.errors == ["aten.mul.Tensor: RuntimeError: bookkeeping bug (not recorded)"]
+
+
+def test_the_operators_own_error_reaches_the_program_unchanged(run):
+    rec, _, on = run
+    a, b = torch.zeros(3), torch.zeros(4)
+    with on(A), pytest.raises(RuntimeError, match="size of tensor a"):
+        a + b
+    assert rec.errors == []  # not ours
