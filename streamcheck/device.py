@@ -237,6 +237,11 @@ class Device:
     def schedule(self):
         return self.backend.schedule
 
+    def buffer(self, id: int) -> Optional[Buffer]:
+        """The live Buffer with trace id `id` (a trace's ranges name buffers by id), or None
+        once the program dropped it."""
+        return self._buffers.get(id)
+
     # --- validation ---------------------------------------------------------------------
     def _region(self, obj, what: str, site: CallSite, name: str = "") -> Region:
         """`obj` as a live Region of this device. `what` names the call in errors; a `{}`

@@ -65,13 +65,13 @@ _BOOKKEEPING = -(1 << 62)  # issued_at of a graph's end marker: "long ago", so n
 
 class _Pending:
     """One operation waiting on its stream. Policies read `stream`, `stream_name`,
-    `name`, `kind` ("launch", "copy", "record", "wait", "graph") and `issued_at`.
+    `name`, `kind` ("launch", "copy", "record", "wait", "graph"), `site` and `issued_at`.
     `trace_index`: the trace index of its call; (graph launch's index, node index) for
     a graph node; None for a graph's end marker."""
 
-    __slots__ = ("sim", "seq", "deps", "run", "args", "name", "kind", "issued_at", "trace_index", "release")
+    __slots__ = ("sim", "seq", "deps", "run", "args", "name", "kind", "issued_at", "trace_index", "release", "site")
 
-    def __init__(self, sim, seq, deps, run, args, name, kind, issued_at, trace_index):
+    def __init__(self, sim, seq, deps, run, args, name, kind, issued_at, trace_index, site=None):
         self.sim = sim
         self.seq = seq
         self.deps = deps  # ((_SimStream, seq), ...): executes after those have
@@ -82,6 +82,7 @@ class _Pending:
         self.issued_at = issued_at
         self.trace_index = trace_index
         self.release = _UNKNOWN  # the policy's release_at(), asked once
+        self.site = site
 
     @property
     def stream(self) -> int:
@@ -90,6 +91,21 @@ class _Pending:
     @property
     def stream_name(self) -> str:
         return self.sim.name
+
+
+class _HostOp:
+    """What Policy.starting() gets for an access the host makes itself (host read or write,
+    a free): it executes when issued, so it has no stream of its own."""
+
+    __slots__ = ("stream", "stream_name", "name", "kind", "site", "trace_index")
+
+    def __init__(self, op, trace_index: int, stream: int, name: str):
+        self.stream = stream
+        self.stream_name = "host"
+        self.name = name
+        self.kind = "host"
+        self.site = op.site
+        self.trace_index = trace_index
 
 
 class _SimStream:
@@ -184,6 +200,8 @@ class SimBackend(Backend):
         # one with release_at() is asked once per operation rather than at every decision.
         self._hold = self.policy.hold if type(self.policy).hold is not Policy.hold else None
         self._release_at = getattr(self.policy, "release_at", None)
+        # Told before each operation executes, only if the policy wants to know (Confirm).
+        self._starting = self.policy.starting if type(self.policy).starting is not Policy.starting else None
         # With nothing ready the host goes on; only a replay must be asked (it consumes the `h`).
         self._ask_when_idle = isinstance(self.policy, Replay)
         self.now = 0  # host calls so far: the unit of injected delay
@@ -240,7 +258,13 @@ class SimBackend(Backend):
     def free(self, buf, stream) -> None:
         # The storage stays: work still pending on other streams may touch it (the checker
         # reports that as a FREE race); a real allocator would hand the bytes to someone else.
-        pass
+        self._host_starting("free", HOST if stream is None else stream.id)
+
+    def _host_starting(self, name: str, stream: int = HOST) -> None:
+        """Tell the policy (if it asks) that the call the device just recorded executes now."""
+        if self._starting is not None:
+            index = len(self._trace.ops) - 1
+            self._starting(_HostOp(self._trace.ops[index], index, stream, name))
 
     # --- issuing ------------------------------------------------------------------------
     def _enqueue(self, stream, run, args: tuple, name: str, kind: str, deps: tuple = ()) -> tuple:
@@ -256,7 +280,8 @@ class SimBackend(Backend):
         seq = sim.issued = sim.issued + 1
         # The device recorded this operation just before calling us; it is issued at
         # the coming host step (tick() advances `now` after the call).
-        op = _Pending(sim, seq, deps, run, args, name, kind, self.now + 1, len(self._trace.ops) - 1)
+        index = len(self._trace.ops) - 1
+        op = _Pending(sim, seq, deps, run, args, name, kind, self.now + 1, index, self._trace.ops[index].site)
         sim.queue.append(op)
         if deps:
             sim.with_deps.append(op)
@@ -407,7 +432,7 @@ class SimBackend(Backend):
             deps = tuple([(lanes[s], n) for s, n in deps])
             if seq == 1:
                 deps += (start,)  # after everything issued to the launch stream before the launch
-            op = _Pending(lane, seq, deps, run, args, name, kind, issued_at, (index, node.index))
+            op = _Pending(lane, seq, deps, run, args, name, kind, issued_at, (index, node.index), node.op.site)
             lane.queue.append(op)
             if deps:
                 lane.with_deps.append(op)
@@ -418,6 +443,7 @@ class SimBackend(Backend):
                                "graph", done)
         end = sim.queue[-1]
         end.trace_index = None
+        end.site = None
         end.issued_at = _BOOKKEEPING
 
     def _graph_start(self, lanes: tuple) -> None:
@@ -440,9 +466,11 @@ class SimBackend(Backend):
         return self._order + lanes
 
     def host_read(self, region) -> np.ndarray:
+        self._host_starting("host read")
         return np.array(region.array(), copy=True)
 
     def host_write(self, region, value) -> None:
+        self._host_starting("host write")
         region.array()[...] = value
 
     # --- the scheduler ------------------------------------------------------------------
@@ -485,6 +513,8 @@ class SimBackend(Backend):
         op = sim.queue.popleft()
         self._pending -= 1
         run = op.run
+        if self._starting is not None:
+            self._starting(op)
         try:
             if run is not None:
                 run(*op.args)

@@ -246,6 +246,7 @@ class Checker:
         self._joiners: list[_Stream] = []  # streams that synchronize with the legacy stream
         self._races: dict[tuple, Race] = {}
         self._counts: dict[tuple, int] = {}
+        self._witnesses: dict[tuple, tuple] = {}  # Race.key -> (first op, second op) of its first report
         self._capture = CaptureTracker()
         self._graph_buffers: dict = {}  # active graph id -> buffer id -> _Buffer holding its accesses
         self._in_graph: Optional[int] = None  # set while checking a captured node, for the report
@@ -278,6 +279,12 @@ class Checker:
         counts = self._counts
         return [race if counts[key] == 1 else replace(race, count=counts[key])
                 for key, race in self._races.items()]
+
+    def witness(self, race: Race) -> Optional[tuple]:
+        """The two trace operations (first, second) of the first time `race` was seen: the
+        occurrence race-directed confirmation reruns (streamcheck.confirm). None if this
+        checker did not report it."""
+        return self._witnesses.get(race.key)
 
     def feed(self, op: Op) -> None:
         handler = self._dispatch.get(type(op))
@@ -674,8 +681,9 @@ class Checker:
         second = self._access_of(owner, op, write, free)
         edge, hint = self._explain(first, first_access, owner, second, kind, op)
         self._counts[key] = 1
-        self._races[key] = Race(kind, buf.name, buf.site, max(start, first[_START]), min(stop, first[_STOP]),
-                                first_access, second, edge, hint)
+        race = self._races[key] = Race(kind, buf.name, buf.site, max(start, first[_START]),
+                                       min(stop, first[_STOP]), first_access, second, edge, hint)
+        self._witnesses[race.key] = (first[_OP], op)
 
     @staticmethod
     def _hint(src: _Stream, first_access: Access, dst: _Stream, second: Access) -> str:

@@ -19,7 +19,7 @@ from typing import Optional, Sequence
 
 HOST = -1  # the decision "let the host go on"
 
-POLICIES = ("sequential", "eager", "delay", "random", "pct", "replay")
+POLICIES = ("sequential", "eager", "delay", "random", "pct", "replay")  # by name; `Confirm` is built, not named
 
 _TOKEN = re.compile(r"(h|[0-9]+)(?:x([0-9]+))?")
 
@@ -120,6 +120,13 @@ class Policy:
     def choose(self, ready: Sequence[int], host_may_continue: bool) -> int:
         # An unloaded GPU: anything ready runs before the host issues more.
         return ready[0] if ready else HOST
+
+    def starting(self, op) -> None:
+        """Optional: called just before an operation executes, for a policy whose holds end
+        when some operation has run (Confirm). `op` has `stream` (HOST for the host's own
+        accesses and frees, which execute when issued), `stream_name`, `name`, `kind`, `site`
+        and `trace_index`. The sim executes one operation at a time, so whatever is chosen
+        after this call runs after `op`. The sim calls it only if a policy overrides it."""
 
 
 class Sequential(Policy):
@@ -286,6 +293,95 @@ class PCT(Policy):
         return best
 
 
+@dataclass(frozen=True)
+class Target:
+    """One access of a reported race as the scheduler sees it: the operation named `name`
+    issued at `site` on stream id `stream` (HOST: the host), the `occurrence`-th such one
+    (from 0) in stream order. `label` is how reports name the stream ("stream A")."""
+
+    stream: int
+    label: str
+    name: str
+    site: object  # a CallSite
+    occurrence: int = 0
+
+    @property
+    def key(self) -> tuple:
+        return (self.stream, self.name, self.site)
+
+    def describe(self) -> str:
+        nth = f" (occurrence {self.occurrence + 1})" if self.occurrence else ""
+        return f"`{self.name}` on {self.label} at {self.site}{nth}"
+
+
+class Confirm(Policy):
+    """Race-directed scheduling (RaceFuzzer, Sen 2008) for the sim: hold the race's `first`
+    access until its `second` has started, everything else as `base` (eager by default).
+
+    Bounded without a timer: a host synchronize that waits for the first releases it (the
+    sim never holds what the host waits for), so the program cannot deadlock; if the second
+    is never issued, the first stays pending until such a synchronize (the program's own,
+    or the one after it). Afterwards `second_before_first` says whether the inversion
+    happened. `hold=False` only watches (the sequential reference run: where the accesses
+    executed, for the values). `observe(op, role)` is called before every operation
+    executes, role "first", "second" or None, so a caller can read the memory involved."""
+
+    name = "confirm"
+
+    def __init__(self, first: Target, second: Target, base: Optional[Policy] = None, hold: bool = True,
+                 observe=None):
+        base = base if base is not None else Eager()
+        super().__init__(base.seed)
+        self.base = base
+        self.first, self.second = first, second
+        self.holding = hold
+        self.observe = observe
+        self._seen: dict = {}  # (stream, name, site) -> how many such operations started
+        self._started = 0
+        self.first_started: Optional[int] = None  # how many operations started before it
+        self.second_started: Optional[int] = None
+        self.first_held = False  # the first reached the head of its stream and was held
+
+    def describe(self) -> str:
+        verb = "hold" if self.holding else "watch"
+        return f"confirm({verb} {self.first.describe()} until {self.second.describe()}; {self.base.describe()})"
+
+    def params(self) -> dict:
+        return {}
+
+    @property
+    def second_before_first(self) -> bool:
+        return self.second_started is not None and (self.first_started is None
+                                                    or self.second_started < self.first_started)
+
+    def _is(self, target: Target, op) -> bool:
+        return (op.stream == target.stream and op.name == target.name and op.site == target.site
+                and self._seen.get(target.key, 0) == target.occurrence)
+
+    def hold(self, op, now: int) -> bool:
+        # Asked for operations at the head of their stream: every earlier one on it has started,
+        # so `_seen` counts exactly the occurrences before this one.
+        if self.holding and self.second_started is None and self._is(self.first, op):
+            self.first_held = True
+            return True
+        return self.base.hold(op, now)
+
+    def choose(self, ready, host_may_continue):
+        return self.base.choose(ready, host_may_continue)
+
+    def starting(self, op) -> None:
+        role = None
+        if self.second_started is None and self._is(self.second, op):
+            self.second_started, role = self._started, "second"
+        elif self.first_started is None and self._is(self.first, op):
+            self.first_started, role = self._started, "first"
+        key = (op.stream, op.name, op.site)
+        self._seen[key] = self._seen.get(key, 0) + 1
+        self._started += 1
+        if self.observe is not None:
+            self.observe(op, role)
+
+
 class Replay(Policy):
     """Follow a recorded decision string exactly; raise ScheduleError where it does not fit."""
 
@@ -434,7 +530,7 @@ class Schedule:
 
     def seed_args(self) -> Optional[dict]:
         """Keyword arguments for Device(...) that rebuild the policy from its seed (None for a replay)."""
-        if not self.name or self.name == "replay":
+        if not self.name or self.name in ("replay", Confirm.name):  # Confirm is built, not named
             return None
         return {"policy": self.name, "seed": self.seed, **self.params}
 
