@@ -61,8 +61,9 @@ class _Watch:
     """Reads the raced bytes at the moment that matters for the race's kind (see the module
     docstring); `observe` of the Confirm policy."""
 
-    def __init__(self, kind: str, buffer_id: int, lo: int, hi: int):
-        self.kind, self.buffer_id, self.lo, self.hi = kind, buffer_id, lo, hi
+    def __init__(self, kind: str, buffer_id: int, start: int, stop: int):
+        self.kind, self.buffer_id, self.start, self.stop = kind, buffer_id, start, stop
+        self.lo = 0  # the first element read (the raced bytes widened to whole elements)
         self.device: Optional[Device] = None
         self.buffer = None  # kept alive from the first snapshot on: the program may drop it
         self.value: Optional[np.ndarray] = None
@@ -74,8 +75,10 @@ class _Watch:
         if buf is None or buf.storage is None:
             return None
         self.buffer = buf
+        size = buf.storage.dtype.itemsize
+        self.lo = self.start // size
         data = np.ascontiguousarray(buf.storage).reshape(-1)
-        return data[self.lo:self.hi].copy()
+        return data[self.lo:-(-self.stop // size)].copy()
 
     def __call__(self, op, role) -> None:
         if self._armed:
@@ -172,11 +175,9 @@ def confirm(program: Callable, race: Race, *, policy: str = "eager", seed: int =
         return Confirmation(race, False, f"the first access is the host's own ({first.describe()}): it executes "
                                          "when issued, so no schedule can hold it")
     buffer_id = _raced_buffer(trace, race, witness)
-    dtype = np.dtype(reference.buffer(buffer_id).dtype) if reference.buffer(buffer_id) is not None else np.uint8
-    lo, hi = race.start // dtype.itemsize, -(-race.stop // dtype.itemsize)
 
     def run(hold: bool, base_policy):
-        watch = _Watch(race.kind, buffer_id, lo, hi)
+        watch = _Watch(race.kind, buffer_id, race.start, race.stop)
         device = Device("sim", policy=Confirm(first, second, base_policy, hold=hold, observe=watch))
         watch.device = device
         _run(program, device)
@@ -191,12 +192,12 @@ def confirm(program: Callable, race: Race, *, policy: str = "eager", seed: int =
         return Confirmation(race, False, f"the directed rerun raised {type(exc).__name__}: {exc}")
     directed = device.backend.policy
     replay = f"Device(\"sim\", policy={device.schedule.replay_policy()!r})"
-    if race.key not in {r.key for r in device.races}:
-        return Confirmation(race, False, "the race's call sites differ in the directed rerun (the program is not "
-                                         "deterministic between runs); not claimed", held=held, replay=replay)
     if directed.second_started is None:
         return Confirmation(race, False, f"the second access was never issued in the rerun ({second.describe()})",
                             held=held, replay=replay)
+    if race.key not in {r.key for r in device.races}:
+        return Confirmation(race, False, "the race's call sites differ in the directed rerun (the program is not "
+                                         "deterministic between runs); not claimed", held=held, replay=replay)
     if not directed.second_before_first:
         return Confirmation(race, False, f"a host synchronize between them held the host: it waited for "
                                          f"{first.describe()}, which therefore ran before {second.describe()} was "
@@ -215,7 +216,7 @@ def confirm(program: Callable, race: Race, *, policy: str = "eager", seed: int =
         return Confirmation(race, False, f"the inversion was forced, but {what} the same values as in the sequential "
                                          "run (the raced bytes held equal values either way)", held=held, replay=replay)
     buf = got.buffer
-    flat = lo + k
+    flat = got.lo + k
     at = np.unravel_index(flat, buf.shape) if buf.shape else ()
     element = f"{race.buffer}[{', '.join(str(int(i)) for i in at)}]"
     return Confirmation(race, True, reader=reader, element=element, got=got.value[k].item(),
