@@ -22,11 +22,14 @@ the end), so value-racy is a subset of checker-racy.
 """
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import lru_cache, partial
 
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
+from flashnorm_kernels.commands.fuzz import run_program
+from flashnorm_kernels.testing.strategies import Shape, unsafe_plans
+from streamcheck.confirm import confirm_races
 from streamcheck.core.hb import check, format_report
 from streamcheck.core.trace import (Alloc, CallSite, DeviceSync, EventCreate, EventRecord, EventSync, HostAccess, Launch,
                                Range, StreamCreate, StreamKind, StreamSync, StreamWait, Trace)
@@ -370,3 +373,21 @@ def test_oracle_lets_the_consumer_read_the_stale_value():
     preds = must_happen_before(kinds, ops)
     assert not allowed([2, 3, 0, 1, 4, 5], preds)  # a wait issued after the record waits for it
     assert not allowed([1, 2, 3, 0, 4, 5], preds)  # the record follows the matmul on its stream
+
+
+# --- race-directed confirmation against the FlashNorm plan oracle ---------------------------
+# flashnorm_kernels.testing.oracle decides by graph reachability which sync plans of the
+# dual-stream decode loop leave two accesses unordered. For each such plan, holding a reported
+# race's first access until its second has run (streamcheck.confirm) must make a value differ
+# from the sequential run: a read, or the bytes both writes left.
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(plan=unsafe_plans())
+def test_confirmation_makes_every_plan_the_oracle_calls_racy_strike(plan):
+    results = confirm_races(partial(run_program, plan, Shape(2, 8, 4)))
+    assert results, f"{plan.describe()}: the oracle calls it racy, the checker reports nothing"
+    confirmed = [c for c in results if c.confirmed]
+    assert confirmed, f"{plan.describe()}: no race struck\n" + "\n".join(c.format() for c in results)
+    for c in confirmed:  # the line a CI log shows carries both values
+        assert f"= {c.got!r}, the sequential run " in c.format() and f" {c.expected!r} (held `" in c.format()
+    event(f"{len(confirmed)} of {len(results)} races confirmed")
