@@ -102,6 +102,30 @@ def _print_script_traceback(exc: BaseException, script: str) -> None:
     traceback.print_exception(type(exc), exc, first or tb)
 
 
+def strike_hints(races, seed: int, script: str, script_args) -> list:
+    """"to make them strike" lines: per distinct first access on a stream, the race-directed delay
+    (its stream and kernel), which makes the second access run first; the seed's delays where no
+    first access can be delayed (the host's own)."""
+    from ..core.schedule import directed_delay
+
+    tail = " ".join([script, *script_args])
+    lines, seen = [], set()
+    for race in races:
+        target = directed_delay(race)
+        if target is None or target in seen:
+            continue
+        seen.add(target)
+        stream, kernel = target
+        flags = f"--delay-stream {stream}" + (f" --delay-kernel {kernel}" if kernel else "")
+        lines.append(f"streamcheck: to make them strike, rerun with delays: streamcheck run --delay-us 200 {flags} "
+                     f"{tail}  (delays {race.first.describe()}, so that `{race.second.name}` "
+                     f"({race.second.site}) runs first)")
+    if not lines:
+        lines.append(f"streamcheck: to make them strike, rerun with delays: streamcheck run --delay-us 200 "
+                     f"--seed {seed} {tail}".rstrip())
+    return lines
+
+
 def run(args) -> int:
     script = args.script
     if os.path.isdir(script):
@@ -181,8 +205,8 @@ def run(args) -> int:
         print(f"streamcheck: not intercepted: {problem}", file=sys.stderr)
     print(session.report(width=report_width(sys.stderr)), file=sys.stderr)
     if races and args.delay_us == 0:
-        print(f"streamcheck: to make them strike, rerun with delays: streamcheck run --delay-us 200 "
-              f"--seed {args.seed} {script} {' '.join(args.args)}".rstrip(), file=sys.stderr)
+        for line in strike_hints(races, args.seed, script, args.args):
+            print(line, file=sys.stderr)
     if args.report_json:
         from ..core.hb import reports_to_json
 

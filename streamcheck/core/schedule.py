@@ -66,6 +66,24 @@ def graph_delay_name(node_names, kernels) -> str:
     return GRAPH_LAUNCH_NAME
 
 
+def directed_delay(race) -> Optional[tuple]:
+    """The race-directed delay for a reported race (a core.hb.Race): (stream name, kernel name
+    or None) of its first access, which a delay there makes run after the second; None where the
+    first access is the host's (nothing to delay). Stream names as delay targets take them:
+    `A` for "stream A", `legacy` for the legacy default stream. Copies are delayed by stream."""
+    actor = race.first.actor
+    if actor.startswith("stream "):
+        stream = actor[len("stream "):].split(" (")[0]  # `streamcheck run` adds "(created at f.py:3)"
+    elif actor == "legacy default stream":
+        stream = "legacy"
+    elif actor.startswith("per-thread default stream of thread "):
+        stream = "ptds" + actor.rsplit(" ", 1)[1]  # `streamcheck run`'s name for it
+    else:  # a host thread
+        return None
+    name = race.first.name
+    return stream, (None if name.startswith("copy ") or name == "free" else name)
+
+
 def describe_delay(amount: str, streams, kernels, after: int, every: int) -> str:
     """`delay(steps=8, streams=A, kernels=matmul, after=4, every=97)`, the same on both backends."""
     parts = [amount]

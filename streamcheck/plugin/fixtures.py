@@ -11,8 +11,8 @@ from typing import Any, Callable, Optional, Sequence
 import pytest
 
 from .options import CHECK_MODES, SETTINGS_KEY, Settings, backend_name, bad_value, parse_policies
-from .reporting import (EXCEPTION_MARGIN, EXCEPTION_NAME, ScheduleFailure, describe_schedule, failure_text, findings,
-                        format_races, terminal_width, trace_note, write_trace)
+from .reporting import (EXCEPTION_MARGIN, EXCEPTION_NAME, ScheduleFailure, confirmation_text, describe_schedule,
+                        failure_text, findings, format_races, strike_hint, terminal_width, trace_note, write_trace)
 from .results import compare
 from .seeds import ScheduleSpec, base_seed, per_test_seed, replay_command, schedule_specs
 
@@ -197,6 +197,10 @@ def run_schedules(request, streamcheck_seed):
         outcome = ScheduleRun(reference, tuple(results), races)
         width = terminal_width(config) - EXCEPTION_MARGIN
 
+        if (first_wrong is not None or (races and check_mode == "on")) and races:
+            confirmed = "\n" + _confirmations(config, fn, races, streamcheck_seed)
+        else:
+            confirmed = ""
         if first_wrong is not None:
             spec, schedule, diff, device = first_wrong
             found.schedule = schedule
@@ -206,7 +210,7 @@ def run_schedules(request, streamcheck_seed):
                 f"schedule {spec.label} gave values that differ from the sequential reference "
                 f"({wrong} of {len(results)} schedules wrong)",
                 spec, describe_schedule(spec, device, elide=True), diff,
-                (device.report() if check_mode != "off" else "") + written, found.replay, width,
+                (device.report() + confirmed if check_mode != "off" else "") + written, found.replay, width,
                 len(EXCEPTION_NAME)))
         if races and check_mode == "on":
             # The trace files and the schedule line name the same run: the first schedule.
@@ -217,11 +221,26 @@ def run_schedules(request, streamcheck_seed):
             raise ScheduleFailure(failure_text(
                 f"the happens-before checker found {len(races)} race{'s' if len(races) != 1 else ''}; "
                 f"values matched the reference {matched} (the race has not struck yet)",
-                spec, describe_schedule(spec, first_device, elide=True), None, format_races(races) + written,
+                spec, describe_schedule(spec, first_device, elide=True), None, format_races(races) + confirmed + written,
                 found.replay, width, len(EXCEPTION_NAME)))
         return outcome
 
     return run
+
+
+def _confirmations(config, fn, races, seed: int) -> str:
+    """The failure's confirmation section (--streamcheck-confirm), or the "to make them strike" hint."""
+    if not config.stash[SETTINGS_KEY].confirm:
+        return strike_hint(races)
+    if backend_name(config) != "sim":
+        return ("  confirmation (--streamcheck-confirm): not attempted: it runs on the sim backend "
+                "(--streamcheck-backend=sim); confirming on a GPU is not built")
+    from ..confirm import confirm_races
+
+    try:
+        return confirmation_text(confirm_races(fn, races, seed=seed))
+    except Exception as exc:  # a program that cannot run again must not hide the failure itself
+        return f"  confirmation (--streamcheck-confirm): the rerun raised {type(exc).__name__}: {exc}"
 
 
 def _call(fn, device, spec: ScheduleSpec, config, nodeid: str):

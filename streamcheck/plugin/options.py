@@ -29,6 +29,7 @@ class Settings:
     check: str
     trace_dir: Optional[str]  # absolute (see _trace_dir)
     replay: Optional[tuple]  # (policy, index): run only that schedule
+    confirm: bool = False  # a failing test's races are confirmed on the sim (streamcheck.confirm)
 
 
 SETTINGS_KEY = pytest.StashKey[Settings]()
@@ -53,13 +54,21 @@ _OPTIONS = (
      "the directory pytest was started in (as --junitxml), in an ini file to the rootdir.", ""),
     ("--streamcheck-replay", "streamcheck_replay", "POLICY:INDEX",
      "run only that schedule of each test (as printed by a failure).", ""),
+    ("--streamcheck-confirm", "streamcheck_confirm", "",
+     "sim: a failing run_schedules test's report says, per race, whether holding its first access until "
+     "its second ran made a value differ, with the values (docs/confirm.md).", "false"),
 )
+_BOOLS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     """Each option, with its ini twin."""
     group = parser.getgroup("streamcheck", "streamcheck: CUDA stream race checking")
     for flag, ini, metavar, help, default in _OPTIONS:
+        if ini == "streamcheck_confirm":  # a switch (a value after it would swallow a test path)
+            group.addoption(flag, dest=ini, action="store_const", const="true", default=None, help=help)
+            parser.addini(ini, help=f"default for {flag}: {help}", default=default)
+            continue
         group.addoption(flag, dest=ini, metavar=metavar, default=None, help=help)
         parser.addini(ini, help=f"default for {flag}: {help}", default=default)
 
@@ -144,7 +153,15 @@ def _read_settings(config) -> Settings:
         check=check,
         trace_dir=_trace_dir(config),
         replay=_replay(*option_value(config, "streamcheck_replay")),
+        confirm=_bool(config, "streamcheck_confirm"),
     )
+
+
+def _bool(config, ini: str) -> bool:
+    value, source = option_value(config, ini)
+    if value.lower() not in _BOOLS:
+        raise bad_value(source, value, "true, false (also yes/no, on/off, 1/0)")
+    return _BOOLS[value.lower()]
 
 
 def backend_name(config) -> str:

@@ -136,6 +136,31 @@ def format_races(races, width: Optional[int] = None) -> str:
     return format_report(list(races), width)
 
 
+def confirmation_text(confirmations) -> str:
+    """The failure's confirmation section: per race, confirmed or not, with the values."""
+    lines = ["  confirmation (--streamcheck-confirm):"]
+    for c in confirmations:
+        race = c.race
+        lines.append(f"    {race.kind} on `{race.buffer}` ({race.first.site} -> {race.second.site}): {c.format()}")
+    return "\n".join(lines)
+
+
+def strike_hint(races) -> str:
+    """The "to make them strike" line after a report whose races did not strike: the
+    race-directed delay of the first race that has one, and --streamcheck-confirm."""
+    from ..core.schedule import directed_delay
+
+    for race in races:
+        target = directed_delay(race)
+        if target is None:
+            continue
+        stream, kernel = target
+        delay = f"streams=[{stream!r}]" + (f", kernels=[{kernel!r}]" if kernel else "")
+        return (f"  to make them strike: --streamcheck-confirm holds {race.first.describe()} until "
+                f"`{race.second.name}` ran; by hand: Device(\"sim\", policy=\"delay\", {delay}, steps=8)")
+    return "  to make them strike: --streamcheck-confirm (reruns each race with its first access held)"
+
+
 def failure_text(headline: str, spec: ScheduleSpec, schedule: str, diff: Optional[str], report: str,
                  replay: str, width: Optional[int] = None, first_line_taken: int = 0) -> str:
     """The failure message. With `width`, lines are wrapped at it, the headline `first_line_taken`
@@ -247,11 +272,16 @@ def pytest_runtest_makereport(item, call):
     elif device is not None and races and check == "on" and report.passed:
         # The race did not strike on this schedule, but nothing orders the accesses.
         report.outcome = "failed"
+        if config.stash[SETTINGS_KEY].confirm:
+            extra = ("  confirmation (--streamcheck-confirm): not attempted: a streamcheck_device test's body cannot "
+                     "be rerun from the start; write it as a run_schedules program to have its races confirmed")
+        else:
+            extra = strike_hint(races)
         report.longrepr = failure_text(
             f"the happens-before checker found {len(races)} race{'s' if len(races) != 1 else ''} "
             "(streamcheck_device: values are the test's to check)",
-            found.spec, describe_schedule(found.spec, device, elide=True), None, format_races(races),
-            found.replay, width)
+            found.spec, describe_schedule(found.spec, device, elide=True), None,
+            format_races(races) + "\n" + extra, found.replay, width)
     elif races and not ours:
         # Races beside some other outcome (warn mode, or the test failed for its own reason).
         text = format_races(races, width)

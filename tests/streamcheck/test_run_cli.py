@@ -256,3 +256,27 @@ def test_recording_starts_when_the_program_imports_cupy_so_cupy_sees_its_environ
     finally:
         hook.remove()
         sys.modules.pop("cupy", None)
+
+
+def test_the_strike_hint_names_the_race_directed_delay_of_each_first_access():
+    from dataclasses import replace
+
+    from streamcheck.commands.run import strike_hints
+    from streamcheck.device import Device
+
+    dev = Device("sim")
+    s1, s2 = dev.stream("s1"), dev.stream("s2")
+    x = dev.alloc(4, fill=0.0, name="x")
+    dev.launch(lambda v: None, (x,), stream=s1, writes=[x], name="matmul")
+    dev.launch(lambda v: None, (x,), stream=s2, reads=[x], name="postscale")
+    (race,) = dev.races
+    # As `streamcheck run` labels its streams: the short name, then where it was created.
+    race = replace(race, first=replace(race.first, actor="stream s1 (created at prog.py:3)"))
+    (line,) = strike_hints([race, race], 0, "prog.py", ["--steps", "4"])
+    assert line.startswith("streamcheck: to make them strike, rerun with delays: streamcheck run --delay-us 200 "
+                           "--delay-stream s1 --delay-kernel matmul prog.py --steps 4  (delays stream s1 (created at "
+                           "prog.py:3): `matmul` writes at test_run_cli.py:")
+    assert line.endswith("so that `postscale` (test_run_cli.py:" + str(race.second.site.line) + ") runs first)")
+    host_first = replace(race, first=replace(race.first, actor="host thread 0"))
+    assert strike_hints([host_first], 3, "prog.py", []) == [
+        "streamcheck: to make them strike, rerun with delays: streamcheck run --delay-us 200 --seed 3 prog.py"]
