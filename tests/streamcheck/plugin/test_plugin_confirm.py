@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from streamcheck.core.schedule import seed_delays
+from streamcheck.plugin import per_test_seed, schedule_specs
 from tests.streamcheck.plugin.test_plugin import PROGRAMS, _failure_block, _notes_dir, _run  # noqa: F401
 
 RACY = PROGRAMS + '''
@@ -13,7 +15,7 @@ def test_racy(run_schedules):
 
 STRIKES = PROGRAMS + '''
 def test_strikes(run_schedules):
-    run_schedules(lambda dev: program(dev, join=False), policies=["delay"], schedules=2)
+    run_schedules(lambda dev: program(dev, join=False), policies=["delay"], schedules=1)
 '''
 
 FIXED = PROGRAMS + '''
@@ -44,9 +46,19 @@ def test_a_race_that_did_not_strike_is_confirmed_with_the_stale_read(pytester, t
             "policy='replay:") in text
 
 
+def _striking_base_seed() -> int:
+    """A base seed whose first delay schedule of test_strikes holds stream A and not B (the seed
+    picks the streams), so the race strikes in the run itself."""
+    for base in range(1000):
+        spec = schedule_specs(per_test_seed(base, "test_strikes.py::test_strikes"), ("delay",), 1, None)[0]
+        if seed_delays(spec.seed, "A") and not seed_delays(spec.seed, "B"):
+            return base
+    raise AssertionError("no base seed holds A alone")
+
+
 def test_a_race_that_struck_is_confirmed_too(pytester, tmp_path):
     pytester.makepyfile(test_strikes=STRIKES)
-    result = _run(pytester, tmp_path, "-o", "streamcheck_confirm=yes")
+    result = _run(pytester, tmp_path, "-o", "streamcheck_confirm=yes", f"--streamcheck-seed={_striking_base_seed()}")
     result.assert_outcomes(failed=1)
     text = _text(result)
     assert "gave values that differ from the sequential reference" in text
