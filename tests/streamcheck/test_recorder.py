@@ -233,3 +233,17 @@ def test_a_missing_entry_point_is_reported_not_raised(fake_library):
     unpatched: list = []
     assert not Patcher(unpatched).apply(Patch("fakelib.core.Kernel.launch_async", lambda f: f))
     assert "fakelib.core.Kernel.launch_async: not in this library version" in unpatched[0]
+
+
+def test_a_new_stream_at_a_destroyed_streams_address_is_another_stream(rec):
+    # CUDA may hand a destroyed stream's handle to the next stream created: work on the two is
+    # not ordered, so they must not be confused as one stream.
+    rec.alloc(0x1000, 64)
+    data = FakeArray(0x1000, 64)
+    old = rec.register_stream(0x10, T.UNKNOWN_SITE, fresh=True)
+    launch(rec, "write", FakeStream(0x10), writes=(data,))
+    new = rec.register_stream(0x10, T.UNKNOWN_SITE, fresh=True)  # Stream() after the old one was destroyed
+    assert new != old and rec.sid(FakeStream(0x10)) == new
+    launch(rec, "read", FakeStream(0x10), reads=(data,))
+    (race,) = rec.races
+    assert (race.kind, race.first.name, race.second.name) == ("RAW", "write", "read")
