@@ -181,7 +181,6 @@ class Recorder:
         self._signatures: dict = {}
         self._next_graph = 1
         self._capture_origin: dict = {}  # stream id -> (graph id, trace index of its CaptureBegin)
-        self.captures = 0  # captures CUDA holds open: the only time spins and failed calls need a look
         self._append = self.trace.ops.append
         self._feed = self.checker.feed if self.checker is not None else None
         self.record(T.StreamCreate(0, self.site(), stream=0, kind=StreamKind.LEGACY, name="legacy default stream"))
@@ -423,7 +422,7 @@ class Recorder:
         with self._lock:
             if alloc.id in self._graph_held:
                 # CUDA rule: memory a graph's nodes use lives as long as the graph; the free
-                # takes effect when the last such graph is gone (release_graph).
+                # takes effect when the last such graph is gone (hold_for_graph).
                 self._freed_while_held[alloc.id] = (alloc, tid, site)
                 return
             i = bisect.bisect_left(self._starts, alloc.start)
@@ -540,7 +539,7 @@ class Recorder:
             return
         if stream is None:
             stream = self.gpu.current_stream()
-        if self.captures and self.gpu.is_capturing(stream):
+        if self._capture_origin and self.gpu.is_capturing(stream):
             # Captured work does not run now, so a spin would delay nothing; it would be baked
             # into the graph and replayed at every launch. Graph launches are delayed instead.
             return
@@ -559,7 +558,7 @@ class Recorder:
         try:
             result = inside(call)
         except BaseException:
-            if self.captures:  # refused during a capture (e.g. the legacy stream): the checker says why
+            if self._capture_origin:  # refused during a capture (e.g. the legacy stream): the checker says why
                 self.record(T.Launch(tid, site, stream=sid, name=name, reads=self.ranges(reads),
                                      writes=self.ranges(writes)))
             raise
@@ -656,7 +655,7 @@ class Recorder:
         try:
             return inside(call)
         except BaseException:
-            if self.captures and op is not None:
+            if self._capture_origin and op is not None:
                 self.record(op)
             raise
 
@@ -730,7 +729,7 @@ class Recorder:
         op = T.CaptureBegin(tid, site, stream=sid, graph=gid, mode=capture_mode)
         # The refusals the checker knows (the legacy stream, a stream already capturing) are
         # recorded so its report names the call; anything else CUDA refuses began nothing.
-        known_refusal = sid == 0 or sid in self._capture_origin or bool(self.captures and
+        known_refusal = sid == 0 or sid in self._capture_origin or bool(self._capture_origin and
                                                                         self.gpu.is_capturing(stream))
         try:
             result = inside(call)
@@ -740,7 +739,6 @@ class Recorder:
             raise
         with self._lock:
             self._capture_origin[sid] = (gid, len(self.trace))
-            self.captures += 1
         self.record(op)
         return result
 
@@ -773,16 +771,24 @@ class Recorder:
 
     def _capture_ended(self, sid: int) -> None:
         with self._lock:
-            if self._capture_origin.pop(sid, None) is not None:
-                self.captures -= 1
+            self._capture_origin.pop(sid, None)
 
-    def hold_for_graph(self, buffers) -> None:
-        """A graph whose nodes use `buffers` exists: their frees wait until it is released."""
+    @property
+    def captures(self) -> int:
+        """Captures CUDA holds open: the only time spins and failed calls need a look."""
+        return len(self._capture_origin)
+
+    def hold_for_graph(self, graph, buffers) -> None:
+        """`graph` (the library's object) has nodes that use `buffers`: their frees wait until the
+        graph is garbage (CUDA rule: memory graph nodes use lives as long as the graph)."""
+        if not buffers:
+            return
         with self._lock:
             for bid in buffers:
                 self._graph_held[bid] = self._graph_held.get(bid, 0) + 1
+        weakref.finalize(graph, self._release_graph, buffers)
 
-    def release_graph(self, buffers) -> None:
+    def _release_graph(self, buffers) -> None:
         """That graph is gone: frees it deferred take effect now, on their allocating stream."""
         due = []
         with self._lock:

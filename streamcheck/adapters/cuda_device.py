@@ -173,17 +173,8 @@ class CudaGpu:
         return not isinstance(obj, _SCALARS) and hasattr(obj, "__cuda_array_interface__")
 
     def array_span(self, obj) -> Optional[tuple]:
-        if isinstance(obj, self.ndarray):  # the hot path, inline
-            if obj.size == 0:
-                return None
-            ptr, lo, hi = obj.data.ptr, 0, 0
-            for n, st in zip(obj.shape, obj.strides):
-                if n > 1:
-                    if st >= 0:
-                        hi += (n - 1) * st
-                    else:
-                        lo += (n - 1) * st
-            return ptr + lo, ptr + hi + obj.itemsize
+        if isinstance(obj, self.ndarray):
+            return _span(obj.data.ptr, obj.shape, obj.strides, obj.itemsize)
         if isinstance(obj, self.tensor):  # CUDA or pinned host memory; strides are in elements
             size = obj.element_size()
             return _span(obj.data_ptr(), obj.shape, [st * size for st in obj.stride()], size)

@@ -90,10 +90,11 @@ def _set_allocator(orig_set):
     return forwarding(orig_set, set_allocator)
 
 
-def _get_allocator(orig_get):
-    def get_allocator():
+def _unwrapped(orig_get):
+    """get_allocator / _get_thread_local_allocator: what the program set, not our wrapper."""
+    def getter():
         return unwrap(orig_get())
-    return forwarding(orig_get, get_allocator)
+    return forwarding(orig_get, getter)
 
 
 def _set_thread_local(orig_set):
@@ -101,12 +102,6 @@ def _set_thread_local(orig_set):
         rec = R.current
         return orig_set(wrap(rec, allocator) if rec is not None else allocator)
     return forwarding(orig_set, _set_thread_local_allocator)
-
-
-def _get_thread_local(orig_get):
-    def _get_thread_local_allocator():
-        return unwrap(orig_get())
-    return forwarding(orig_get, _get_thread_local_allocator)
 
 
 def install(rec, patcher) -> None:
@@ -123,7 +118,7 @@ def patches() -> tuple:
     """The entry points this adapter intercepts."""
     return (
         Patch("cupy.cuda.memory.set_allocator", _set_allocator, also=("cupy.cuda.set_allocator",)),
-        Patch("cupy.cuda.memory.get_allocator", _get_allocator, also=("cupy.cuda.get_allocator",)),
+        Patch("cupy.cuda.memory.get_allocator", _unwrapped, also=("cupy.cuda.get_allocator",)),
         Patch("cupy.cuda.memory._set_thread_local_allocator", _set_thread_local),
-        Patch("cupy.cuda.memory._get_thread_local_allocator", _get_thread_local),
+        Patch("cupy.cuda.memory._get_thread_local_allocator", _unwrapped),
     )

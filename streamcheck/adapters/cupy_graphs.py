@@ -8,8 +8,6 @@ as long as the graph (CUDA rule), so a free of it while the graph lives is defer
 """
 from __future__ import annotations
 
-import weakref
-
 from .. import recorder as R
 from .patching import Patch, forwarding, quiet
 
@@ -26,9 +24,7 @@ class RecordedGraph:
         self.graph_id = graph_id
         self.kernel_names = kernel_names
         self._recorder = rec
-        if buffers:
-            rec.hold_for_graph(buffers)
-            weakref.finalize(self, rec.release_graph, buffers)
+        rec.hold_for_graph(self, buffers)
 
     def launch(self, stream=None):
         graph = self.graph

@@ -33,11 +33,7 @@ def _capture_end(orig):
         result, gid, names, buffers = rec.capture_end(current_stream_ptr(rec.gpu.torch), lambda: orig(self))
         if gid is not None:
             self._streamcheck_graph = (rec, gid, names)
-            if buffers:  # torch keeps the graph's memory in its private pool while the graph lives
-                rec.hold_for_graph(buffers)
-                import weakref
-
-                weakref.finalize(self, rec.release_graph, buffers)
+            rec.hold_for_graph(self, buffers)
         return result
     return forwarding(orig, capture_end)
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from .. import recorder as R
 from ..core import trace as T
 from ..core.trace import CopyKind
-from ..gpu import is_suppressed, thread_state
+from ..gpu import is_suppressed
 from .torch_runtime import current_stream_ptr, state
 
 # Allocate without touching the bytes (their contents are undefined): no access.
@@ -83,9 +83,8 @@ class Ops:
             return ""
         ptr = t.untyped_storage().data_ptr()
         pinned = self._pinned.get(ptr)
-        if pinned is None:
-            with _quiet_torch():
-                pinned = self._pinned[ptr] = bool(t.is_pinned())
+        if pinned is None:  # our own query: not an operator of the program's
+            pinned = self._pinned[ptr] = bool(R.inside(t.is_pinned))
         return "host" if pinned else ""
 
     def register(self, t, kind: str) -> None:
@@ -224,16 +223,6 @@ class Ops:
                                                 device_type=stream.device_type)
                 rec.record_stream(alloc, cuda_stream.cuda_stream)
         return result
-
-
-class _quiet_torch:
-    """Run torch queries of our own without recording them."""
-
-    def __enter__(self):
-        thread_state.depth += 1
-
-    def __exit__(self, *exc):
-        thread_state.depth -= 1
 
 
 def make_mode(rec, torch, ops=None):

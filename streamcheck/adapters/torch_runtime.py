@@ -102,16 +102,14 @@ def _event_synchronized(event: int) -> None:
 
 
 def _allocated(ptr: int) -> None:
-    rec = R.current  # also inside a recorded op (depth > 0): its outputs are allocated there
-    if rec is None or is_suppressed() or "torch" not in rec.state:
-        return
-    torch = rec.gpu.torch
-    state(rec).pending[ptr] = rec.sid(current_stream_ptr(torch))
+    rec = _recording()  # also inside a recorded op: its outputs are allocated there
+    if rec is not None:
+        state(rec).pending[ptr] = rec.sid(current_stream_ptr(rec.gpu.torch))
 
 
 def _deallocated(ptr: int) -> None:
-    rec = R.current
-    if rec is None or is_suppressed() or "torch" not in rec.state:
+    rec = _recording()
+    if rec is None:
         return
     state(rec).pending.pop(ptr, None)
     alloc = rec.allocation_at(ptr)

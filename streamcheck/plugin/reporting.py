@@ -45,11 +45,6 @@ class Findings:
 FINDINGS_KEY = pytest.StashKey[Findings]()
 
 
-def check_races(found: Findings) -> bool:
-    """Whether races fail or are shown for this test (its check mode is not off)."""
-    return found.check != "off"
-
-
 def findings(item) -> Findings:
     """The item's Findings, made on first use."""
     found = item.stash.get(FINDINGS_KEY, None)
@@ -257,7 +252,7 @@ def pytest_runtest_makereport(item, call):
         found.add_races(device.races)
         found.schedule = found.schedule or describe_schedule(found.spec, device)
     recording = found.recording
-    if recording is not None and check_races(found):
+    if recording is not None and found.check != "off":
         found.add_races(recording.races)
     races = list(found.races.values())
     check = found.check
