@@ -120,7 +120,10 @@ class _CudaStreamProtocol:
 
 
 def external_stream(cupy, ptr: int):
-    """A CuPy stream object for a stream CuPy did not create (e.g. torch's)."""
+    """A CuPy stream object for a stream CuPy did not create (e.g. torch's); handle 0 is the
+    legacy default stream (torch's default stream), CuPy's Stream.null."""
+    if ptr == 0:
+        return cupy.cuda.Stream.null
     from_external = getattr(cupy.cuda.Stream, "from_external", None)
     if from_external is not None:
         return from_external(_CudaStreamProtocol(ptr))

@@ -249,10 +249,8 @@ def torch_stream():
     import torch
 
     ptr = torch.cuda.current_stream().cuda_stream
-    if ptr == 0:
-        return cupy.cuda.Stream.null  # torch's default stream is the legacy default stream
     rec = R.current
-    if rec is not None:  # `--delay-stream torch` targets it
+    if rec is not None and ptr != 0:  # `--delay-stream torch` targets it (the legacy stream keeps its name)
         if rec.knows_stream(ptr):
             rec.alias_stream(rec.sid(ptr), "torch")
         else:

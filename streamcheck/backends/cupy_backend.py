@@ -272,11 +272,7 @@ class CupyBackend(Backend):
         """torch's current stream as a CuPy stream: the caller's stream of a module inside a torch model."""
         import torch
 
-        cupy = self._cupy
-        ptr = torch.cuda.current_stream().cuda_stream
-        if ptr == 0:
-            return cupy.cuda.Stream.null
-        return external_stream(cupy, ptr)
+        return external_stream(self._cupy, torch.cuda.current_stream().cuda_stream)
 
     def _trace_index(self) -> int:
         return len(self._device.trace) - 1  # the device recorded this operation just before calling us
