@@ -21,3 +21,5 @@ fi
 step bench_sim 45 python3 benchmarks/bench_sim.py --ops 50000 --repeats 5 --policy random
 step bench_instrument 70 python3 benchmarks/bench_instrument_overhead.py --repeats 7
 step repro_gpu 70 python3 -m streamcheck.cli repro implicit-join --backend cupy --tokens 200 --timeline "$OUT/repro_gpu.png"
+# End-to-end decode, 7B-shaped random model (bench_e2e_decode.py keeps itself to --budget-s 210).
+step bench_e2e_decode 300 env OUT="$OUT" python3 benchmarks/bench_e2e_decode.py
