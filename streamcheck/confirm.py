@@ -26,7 +26,7 @@ import numpy as np
 
 from .core.hb import Race
 from .core.schedule import HOST, Confirm, Sequential, Target, make_policy
-from .core.trace import Free, HostAccess, StreamCreate, stream_label
+from .core.trace import Free
 from .device import Device
 
 MAX_RACES = 8  # distinct races confirmed per call of confirm_races; the rest are listed as not attempted
@@ -96,31 +96,6 @@ class _Watch:
             self.value, self._armed = self._read(), False
 
 
-def _stream_labels(trace) -> dict:
-    labels = {}
-    for op in trace.ops:
-        if type(op) is StreamCreate:
-            labels[op.stream] = stream_label(op.kind, op.name, op.stream, op.thread)
-    return labels
-
-
-def _target(trace, index: int, labels: dict) -> Target:
-    """The Target of the trace operation at `index`: its stream, name and site, and how many
-    operations of that stream, name and site came before it."""
-    def key(op):
-        if type(op) is HostAccess:
-            return HOST, op.name
-        if type(op) is Free:
-            return (HOST if op.stream is None else op.stream), "free"
-        return getattr(op, "stream", HOST), getattr(op, "name", type(op).__name__)
-
-    op = trace.ops[index]
-    stream, name = key(op)
-    occurrence = sum(1 for other in trace.ops[:index] if other.site == op.site and key(other) == (stream, name))
-    label = f"host thread {op.thread}" if stream == HOST else labels.get(stream, f"stream{stream}")
-    return Target(stream, label, name, op.site, occurrence)
-
-
 def _raced_buffer(trace, race: Race, ops) -> Optional[int]:
     names = {op.buffer: op.name for op in trace.ops if type(op).__name__ == "Alloc"}
     for op in ops:
@@ -169,8 +144,7 @@ def confirm(program: Callable, race: Race, *, policy: str = "eager", seed: int =
     if id(witness[0]) not in index or id(witness[1]) not in index:
         return Confirmation(race, False, "an access of the race is a captured graph node; confirmation of races "
                                          "inside CUDA graphs is not built on the sim")
-    labels = _stream_labels(trace)
-    first, second = (_target(trace, index[id(op)], labels) for op in witness)
+    first, second = (Target.at(trace, index[id(op)]) for op in witness)
     if first.stream == HOST:
         return Confirmation(race, False, f"the first access is the host's own ({first.describe()}): it executes "
                                          "when issued, so no schedule can hold it")

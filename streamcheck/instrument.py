@@ -40,7 +40,7 @@ class Session(Recorder):
     the adapters of the libraries it uses (CuPy, torch) patched in while it is active."""
 
     def __init__(self, *, delay_us: float = 0.0, delay_streams=(), delay_kernels=(), seed: int = 0,
-                 check: bool = True):
+                 check: bool = True, probe=None):
         from .adapters.cuda_device import CudaGpu
 
         if not isinstance(delay_us, (int, float)) or not 0 <= delay_us <= MAX_DELAY_US:
@@ -56,6 +56,8 @@ class Session(Recorder):
         self.patcher = None
         self.started_at = self.site()
         self.started_by = threading.current_thread()
+        if probe is not None:  # a race-confirmation rerun (confirm_gpu.Probe)
+            self.set_probe(probe)
 
     def library_loaded(self, name: str, module) -> None:
         """The program imported `name` (cupy, torch) after the recording started: adapt it too."""
@@ -70,7 +72,7 @@ class Session(Recorder):
         """Get implicit synchronizations out of the way before the program runs (gpu.warm_up);
         record each as such."""
         gpu = self.gpu
-        for reason in warm_up(cupy=gpu.cupy, torch=gpu.torch, spin=bool(self.delay_us), pool_bytes=pool_bytes):
+        for reason in warm_up(cupy=gpu.cupy, torch=gpu.torch, spin=self.intercepts, pool_bytes=pool_bytes):
             self.implicit(f"warm-up: {reason}")
 
 
@@ -105,7 +107,7 @@ def current_session() -> Optional[Session]:
 
 
 def start(*, delay_us: float = 0.0, delay_streams=(), delay_kernels=(), seed: int = 0, warm_up: bool = True,
-          check: bool = True) -> Session:
+          check: bool = True, probe=None) -> Session:
     """Begin recording (see instrument()). Raises InstrumentError without a GPU or if a session
     is already active."""
     running = R.current
@@ -121,7 +123,7 @@ def start(*, delay_us: float = 0.0, delay_streams=(), delay_kernels=(), seed: in
                               "'streamcheck[gpu]') or a CUDA build of torch; none found here. The device API's sim "
                               "backend (Device('sim')) checks stream programs on the CPU.")
     session = Session(delay_us=delay_us, delay_streams=delay_streams, delay_kernels=delay_kernels, seed=seed,
-                      check=check)
+                      check=check, probe=probe)
     session.patcher = install(session, session.libraries)
     session.activate()
     if warm_up:

@@ -156,6 +156,8 @@ class Recorder:
         self.delay_kernels = frozenset(delay_kernels)
         self.seed = seed
         self.delays = 0  # spins injected
+        self.probe = None  # confirm_gpu.Probe of a race-confirmation rerun (streamcheck run --confirm)
+        self.intercepts = bool(self.delay_us)  # something runs before each issue: a spin or the probe
         self._lock = threading.RLock()
         self._threads: dict = {threading.get_ident(): 0}
         self._next_thread = 1
@@ -250,6 +252,8 @@ class Recorder:
                     self._feed(op)
                 except TraceError as exc:  # a trace we built wrong: keep the program running
                     self.errors.append(str(exc))
+            if self.probe is not None:
+                self.probe.issued(self, op)
         if self._deferred and not self._lock._is_owned():
             self._drain_frees()
 
@@ -533,6 +537,18 @@ class Recorder:
         """The program imported another library: its frames are not the user's either."""
         self.site = SiteResolver(d + os.sep for d in (_PACKAGE_DIR,) + tuple(self.gpu.library_dirs))
 
+    def set_probe(self, probe) -> None:
+        """Confirm one race in this run: `probe.issuing` before each issue, `probe.issued` after."""
+        self.probe = probe
+        self.intercepts = True
+
+    def before_issue(self, stream, sid: int, name: str) -> None:
+        """What runs right before an operation is issued on `stream`: the delay, the probe."""
+        if self.delay_us:
+            self.maybe_spin(stream, sid, name)
+        if self.probe is not None:
+            self.probe.issuing(self, stream, sid)
+
     def maybe_spin(self, stream, sid: int, name: str) -> None:
         """Spin before the operation `name` on `stream` if the delay targets it."""
         if not self._targets(sid, name):
@@ -553,8 +569,8 @@ class Recorder:
         site = site or self.site()
         tid = self.tid()
         sid = self.sid(stream)
-        if self.delay_us:
-            self.maybe_spin(stream, sid, name)
+        if self.intercepts:
+            self.before_issue(stream, sid, name)
         try:
             result = inside(call)
         except BaseException:
@@ -573,8 +589,8 @@ class Recorder:
         tid = self.tid()
         sid = self.sid(stream)
         serial0 = self._alloc_serial
-        if self.delay_us:
-            self.maybe_spin(stream, sid, name)
+        if self.intercepts:
+            self.before_issue(stream, sid, name)
         result = inside(fn, *args, **kwargs)
         out = kwargs.get("out")
         written = list(inplace) + self.arrays(out if isinstance(out, (tuple, list)) else (out,))
@@ -600,8 +616,8 @@ class Recorder:
         site = self.site()
         tid = self.tid()
         sid = self.sid(stream)
-        if self.delay_us:
-            self.maybe_spin(stream, sid, name)
+        if self.intercepts:
+            self.before_issue(stream, sid, name)
         result = inside(call)
         rng = self.range_of(array)
         if rng is not None:
@@ -615,8 +631,8 @@ class Recorder:
         site = self.site()
         tid = self.tid()
         sid = self.sid(stream)
-        if self.delay_us:
-            self.maybe_spin(stream, sid, "copy H2D")
+        if self.intercepts:
+            self.before_issue(stream, sid, "copy H2D")
         result = inside(call)
         rng = self.range_of(array)
         if rng is not None:
@@ -704,6 +720,8 @@ class Recorder:
         site = self.site()
         tid = self.tid()
         sid = self.sid(stream)
+        if self.probe is not None:
+            self.probe.issuing(self, stream, sid)
         self.record(T.Launch(tid, site, stream=sid, name=name, reads=self.ranges(self.arrays(reads)),
                              writes=self.ranges(self.arrays(writes))))
 
@@ -810,8 +828,8 @@ class Recorder:
         site = self.site()
         tid = self.tid()
         sid = self.sid(stream)
-        if self.delay_us:
-            self.maybe_spin(stream, sid, graph_delay_name(names, self.delay_kernels))
+        if self.intercepts:
+            self.before_issue(stream, sid, graph_delay_name(names, self.delay_kernels))
         result = inside(call)
         self.record(T.GraphLaunch(tid, site, stream=sid, graph=gid))
         return result

@@ -61,6 +61,38 @@ class CudaDriver:
             return None
         return status.value != 0  # CU_STREAM_CAPTURE_STATUS_ACTIVE (1) or _INVALIDATED (2)
 
+    # Timing events for race confirmation (confirm_gpu.Probe). Through the driver, so that no
+    # library adapter records them: they are the checker's, not the program's.
+    def _checked(self, what: str, status: int) -> None:
+        if status != 0:
+            raise RuntimeError(f"CUDA driver {what} failed with CUresult {status}")
+
+    def event_create(self) -> int:
+        if self.lib is None:
+            raise RuntimeError("the CUDA driver (libcuda.so.1) could not be loaded")
+        event = ctypes.c_void_p()
+        self._checked("cuEventCreate", self.lib.cuEventCreate(ctypes.byref(event), ctypes.c_uint(0)))  # timing on
+        return int(event.value or 0)
+
+    def event_record(self, event: int, stream_ptr: int) -> None:
+        self._checked("cuEventRecord", self.lib.cuEventRecord(ctypes.c_void_p(event), ctypes.c_void_p(stream_ptr)))
+
+    def elapsed_us(self, start: int, end: int) -> float:
+        """Microseconds from `start` to `end` (negative when `end` completed first); waits for both."""
+        for event in (start, end):
+            self._checked("cuEventSynchronize", self.lib.cuEventSynchronize(ctypes.c_void_p(event)))
+        ms = ctypes.c_float(0.0)
+        elapsed = getattr(self.lib, "cuEventElapsedTime_v2", None) or self.lib.cuEventElapsedTime
+        self._checked("cuEventElapsedTime", elapsed(ctypes.byref(ms), ctypes.c_void_p(start), ctypes.c_void_p(end)))
+        return float(ms.value) * 1000.0
+
+    def stream_create(self) -> int:
+        """A non-blocking stream no program work runs on: an event recorded there completes when
+        the GPU reaches it, which is the host's issue time seen on the GPU's clock."""
+        stream = ctypes.c_void_p()
+        self._checked("cuStreamCreate", self.lib.cuStreamCreate(ctypes.byref(stream), ctypes.c_uint(1)))
+        return int(stream.value or 0)
+
 
 def _library_dirs() -> tuple:
     dirs = []
@@ -161,6 +193,10 @@ class CudaGpu:
         cycles = int(min(max(us, 0.0), gpu.MAX_DELAY_US) * 2000)  # ~2 GHz SM clock
         with gpu.suppressed(), torch.cuda.stream(torch.cuda.ExternalStream(self.stream_ptr(stream))):
             torch.cuda._sleep(cycles)
+
+    @property
+    def driver(self) -> CudaDriver:
+        return self._driver
 
     def capture_mode(self, value):
         if isinstance(value, str):  # torch: capture_error_mode="global" / "thread_local" / "relaxed"

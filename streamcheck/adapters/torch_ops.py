@@ -144,8 +144,8 @@ class Ops:
         if cuda and name not in _NO_ACCESS:
             stream = current_stream_ptr(torch, cuda[0].device.index)
             sid = rec.sid(stream)
-            if rec.delay_us:
-                rec.maybe_spin(stream, sid, name)  # before the operator is issued
+            if rec.intercepts:
+                rec.before_issue(stream, sid, name)  # before the operator is issued
         site, tid = rec.site(), rec.tid()
         result = run()
         fresh = []

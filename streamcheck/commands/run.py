@@ -51,6 +51,16 @@ def _exit_code(text: str) -> int:
     return value
 
 
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text}")
+    return value
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "run", help="run an unmodified CuPy script and report its stream races",
@@ -73,6 +83,13 @@ def register(subparsers) -> None:
                         "(default: the script's own status)")
     p.add_argument("--no-warm-up", action="store_true",
                    help="skip the warm-up (first cuBLAS call, pool growth) before the script")
+    p.add_argument("--confirm", action="store_true",
+                   help="after the run, confirm each distinct race: rerun the script once per race with a bounded "
+                        "delay exactly before its first access and CUDA events around both accesses, and say whether "
+                        "the second started before the first finished")
+    p.add_argument("--confirm-max", type=_count, default=None, metavar="N",
+                   help="confirm at most N races (default 8); the rest are listed as not attempted")
+    p.add_argument("--confirm-probe", metavar="JSON", help=argparse.SUPPRESS)  # one rerun of --confirm (its replay)
     p.add_argument("--report-json", metavar="FILE", help="also write the race reports as JSON to FILE")
     p.add_argument("--trace-json", metavar="FILE", help="also write the recorded trace as JSON to FILE")
     p.add_argument("script", metavar="script.py", help="the Python script to run")
@@ -141,19 +158,38 @@ def run(args) -> int:
               file=sys.stderr)
         return 2
 
+    from .. import confirm_gpu
     from ..gpu import cuda_device_present, gpu_library_installed
+
+    if args.confirm_max is not None and not args.confirm:
+        print("streamcheck run: --confirm-max limits --confirm; add --confirm (or drop --confirm-max)", file=sys.stderr)
+        return 2
+    probe = None
+    if args.confirm_probe is not None:
+        try:
+            probe = confirm_gpu.Probe(confirm_gpu.ProbeSpec.from_json(args.confirm_probe))
+        except ValueError as exc:
+            print(f"streamcheck run: {exc}", file=sys.stderr)
+            return 2
+        if args.delay_us or args.confirm:
+            print("streamcheck run: --confirm-probe is one confirmation rerun: nothing else is delayed in it, and "
+                  "it confirms nothing itself; drop --delay-us and --confirm", file=sys.stderr)
+            return 2
 
     if not (cuda_device_present() and gpu_library_installed()):
         print("streamcheck run: needs an NVIDIA GPU and CuPy (pip install 'streamcheck[gpu]') or a CUDA build of "
               "torch; none found here (no CUDA device, or neither library installed). Programs written against the "
-              "device API can be checked on the CPU with Device('sim').", file=sys.stderr)
+              "device API can be checked on the CPU with Device('sim')."
+              + (" --confirm reruns the script on the GPU, so it needs one too." if args.confirm else ""),
+              file=sys.stderr)
         return 2
 
     from .. import instrument
 
     # The recording starts when the script imports CuPy or torch: CuPy reads its environment then.
     hook = instrument.StartAtImport(delay_us=args.delay_us, delay_streams=args.delay_stream,
-                                    delay_kernels=args.delay_kernel, seed=args.seed, warm_up=not args.no_warm_up)
+                                    delay_kernels=args.delay_kernel, seed=args.seed, warm_up=not args.no_warm_up,
+                                    probe=probe)
     before = set(threading.enumerate())
     saved_argv, saved_path0, saved_main = sys.argv, sys.path[0] if sys.path else None, sys.modules.get("__main__")
     os.environ["STREAMCHECK_RUN"] = "1"
@@ -204,14 +240,32 @@ def run(args) -> int:
     for problem in session.unpatched:
         print(f"streamcheck: not intercepted: {problem}", file=sys.stderr)
     print(session.report(width=report_width(sys.stderr)), file=sys.stderr)
-    if races and args.delay_us == 0:
+    if probe is not None:
+        result = probe.result(session)
+        confirm_gpu.write_result(result)
+        print(confirm_gpu.probe_line(result), file=sys.stderr)
+    elif races and args.delay_us == 0 and not args.confirm:
         for line in strike_hints(races, args.seed, script, args.args):
             print(line, file=sys.stderr)
+    verdicts = []
+    if args.confirm and races:
+        limit = confirm_gpu.MAX_RACES if args.confirm_max is None else args.confirm_max
+        print(f"streamcheck: confirming {min(len(races), limit)} of {len(races)} race(s): one rerun each, with a "
+              "delay before its first access", file=sys.stderr)
+        verdicts = confirm_gpu.confirm_races(session.checker, session.trace, races, script, args.args,
+                                             seed=args.seed, warm_up=not args.no_warm_up, max_races=limit)
+        for i, verdict in enumerate(verdicts, 1):
+            race = verdict.race
+            print(f"streamcheck: race {i} ({race.kind} on `{race.buffer}`, {race.first.site} -> {race.second.site}): "
+                  f"{verdict.format()}", file=sys.stderr)
     if args.report_json:
-        from ..core.hb import reports_to_json
+        import json
 
+        data = [race.to_dict() for race in races]  # core.hb.reports_to_json's entries
+        for entry, verdict in zip(data, verdicts):  # each gains what its confirmation found
+            entry["confirmation"] = verdict.to_dict()
         with open(args.report_json, "w", encoding="utf-8") as f:
-            f.write(reports_to_json(races))
+            f.write(json.dumps(data, indent=2))
     if args.trace_json:
         with open(args.trace_json, "w", encoding="utf-8") as f:
             f.write(session.trace.to_json())

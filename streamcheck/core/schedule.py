@@ -17,6 +17,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
+from .trace import stream_label
+
 HOST = -1  # the decision "let the host go on"
 
 POLICIES = ("sequential", "eager", "delay", "random", "pct", "replay")  # by name; `Confirm` is built, not named
@@ -330,6 +332,32 @@ class Target:
     def describe(self) -> str:
         nth = f" (occurrence {self.occurrence + 1})" if self.occurrence else ""
         return f"`{self.name}` on {self.label} at {self.site}{nth}"
+
+    @staticmethod
+    def key_of(op) -> tuple:
+        """(stream, name) by which an operation is targeted: host accesses and host frees by
+        HOST, graph launches by the name "GraphLaunch"."""
+        kind = type(op).__name__
+        if kind == "HostAccess":
+            return HOST, op.name
+        if kind == "Free":
+            return (HOST if op.stream is None else op.stream), "free"
+        return getattr(op, "stream", HOST), getattr(op, "name", kind)
+
+    @classmethod
+    def at(cls, trace, index: int) -> "Target":
+        """The Target of the trace operation at `index`: its stream, name and site, and how many
+        operations of that stream, name and site came before it (what a rerun counts)."""
+        op = trace.ops[index]
+        stream, name = cls.key_of(op)
+        occurrence = sum(1 for other in trace.ops[:index]
+                         if other.site == op.site and cls.key_of(other) == (stream, name))
+        if stream == HOST:
+            label = f"host thread {op.thread}"
+        else:
+            label = next((stream_label(o.kind, o.name, o.stream, o.thread) for o in trace.ops
+                          if type(o).__name__ == "StreamCreate" and o.stream == stream), f"stream{stream}")
+        return cls(stream, label, name, op.site, occurrence)
 
 
 class Confirm(Policy):

@@ -1,0 +1,366 @@
+"""Race-directed confirmation on the GPU: rerun a `streamcheck run` program once per reported
+race, delay exactly the race's first access, and prove with CUDA events that the second
+access started before the first finished.
+
+The sim's twin is confirm.py (values read on numpy arrays); this module is its GPU half:
+
+- `plan_probe(checker, trace, race)`: which trace operations to target in the rerun, as two
+  `core.schedule.Target`s (stream, name, call site, occurrence), or why the race cannot be
+  confirmed by a rerun (its first access is the host's own; both are nodes of one graph). A
+  captured access is targeted at its graph's launch: no spin and no event is ever put inside
+  a capture (CUDA would bake them into the graph).
+- `Probe`: what the rerun's recorder runs (Recorder.set_probe). Right before the first
+  access is issued it enqueues a bounded spin on the first's stream; right after, it records
+  timing event A there. Right before the second is issued it records event B on the second's
+  stream (B completes when everything before the second on its stream has: when the second
+  can start). A host-side second (a free, a host access) records B on an idle stream of its
+  own, i.e. at the host's issue time. elapsed(B → A) > 0 means the second started that many
+  microseconds before the first finished: the race struck.
+- `confirm_races(...)`: the reruns (fresh processes, same arguments, seed and warm-up,
+  nothing else delayed), and `Verdict`s in the words of the report.
+
+A rerun is trusted only if it reports the same race (by its two call sites) and issued both
+accesses; otherwise the program is not deterministic between runs and nothing is claimed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+from .core.schedule import HOST, Target
+from .core.trace import CallSite, GraphLaunch
+from .gpu import MAX_DELAY_US
+
+MAX_RACES = 8  # distinct races confirmed per run (--confirm-max); the rest listed as not attempted
+FIRST_DELAY_US = 2000.0  # the first try: longer than the host takes between most racing calls
+RERUN_TIMEOUT_S = 600
+
+
+# --- what to target ----------------------------------------------------------------------
+def _graph_of(checker, trace, op) -> Optional[int]:
+    """The graph id whose captured nodes include `op`, or None."""
+    for gid in {o.graph for o in trace.ops if type(o) is GraphLaunch}:
+        graph = checker.captured_graph(gid)
+        if graph is not None and any(node.op is op for node in graph.nodes):
+            return gid
+    return None
+
+
+def _launches(trace, gid: int) -> list:
+    return [i for i, o in enumerate(trace.ops) if type(o) is GraphLaunch and o.graph == gid]
+
+
+def plan_probe(checker, trace, race):
+    """(first Target, second Target) to aim a rerun at, or a string: why no rerun can confirm it."""
+    witness = checker.witness(race) if checker is not None else None
+    if witness is None:
+        return "the checker kept no witness of this race"
+    index = {id(op): i for i, op in enumerate(trace.ops)}
+    graphs = [_graph_of(checker, trace, op) for op in witness]
+    if graphs[0] is not None and graphs[0] == graphs[1]:
+        return ("both accesses are nodes of one CUDA graph: a delay before its launch delays both, and a spin "
+                "inside the capture would change the graph")
+    at = [index.get(id(op)) for op in witness]
+    # A captured access ran when its graph was launched: the launch that raced is the last one
+    # before the other access (first), or the first one after it (second).
+    if graphs[0] is not None:
+        before = [i for i in _launches(trace, graphs[0]) if at[1] is None or i < at[1]]
+        at[0] = before[-1] if before else None
+    if graphs[1] is not None:
+        after = [i for i in _launches(trace, graphs[1]) if at[0] is None or i > at[0]]
+        at[1] = after[0] if after else None
+    if None in at:
+        return "an access of the race is a captured node whose graph launch is not in the trace"
+    first, second = Target.at(trace, at[0]), Target.at(trace, at[1])
+    if first.stream == HOST:
+        return (f"the first access is the host's own ({first.describe()}): it runs when issued, so no delay can "
+                "hold it back")
+    return first, second
+
+
+def _target_json(t: Target) -> dict:
+    return {"stream": t.stream, "label": t.label, "name": t.name, "occurrence": t.occurrence,
+            "site": [t.site.file, t.site.line, t.site.function]}
+
+
+def _target_from(d: dict) -> Target:
+    file, line, function = d["site"]
+    return Target(int(d["stream"]), str(d["label"]), str(d["name"]), CallSite(file, int(line), function),
+                  int(d["occurrence"]))
+
+
+def _race_key(race) -> list:
+    return [race.kind, race.first.site.file, race.first.site.line, race.second.site.file, race.second.site.line]
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    """What one rerun targets: `--confirm-probe` carries it as JSON, so the replay line is whole."""
+
+    first: Target
+    second: Target
+    delay_us: float
+    race_key: tuple
+
+    def to_json(self) -> str:
+        return json.dumps({"first": _target_json(self.first), "second": _target_json(self.second),
+                           "delay_us": self.delay_us, "race": list(self.race_key)}, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> "ProbeSpec":
+        try:
+            d = json.loads(text)
+            spec = cls(_target_from(d["first"]), _target_from(d["second"]), float(d["delay_us"]), tuple(d["race"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"--confirm-probe: not a probe written by streamcheck run --confirm ({exc})") from None
+        if not 0 < spec.delay_us <= MAX_DELAY_US:
+            raise ValueError(f"--confirm-probe: delay_us must be in (0, {MAX_DELAY_US}] µs, got {spec.delay_us}")
+        return spec
+
+
+# --- in the rerun ------------------------------------------------------------------------
+class Probe:
+    """Recorder hooks of one rerun (see the module docstring). Never raises into the program:
+    a CUDA error here is kept in `error` and the probe stops."""
+
+    def __init__(self, spec: ProbeSpec):
+        self.spec = spec
+        self.targets = (("first", spec.first), ("second", spec.second))
+        self.streams = {spec.first.stream, spec.second.stream}
+        self.counts = {"first": 0, "second": 0}  # recorded operations of each target's key so far
+        self.done = {"first": False, "second": False}
+        self.events: dict = {}  # role -> cuEvent
+        self.first_stream = None  # where the spin went: event A is recorded there
+        self.spun_at = self.first_issued_at = self.second_issued_at = None  # host perf_counter()
+        self.error: Optional[str] = None
+        self.captured: set = set()  # roles met only inside a capture: nothing recorded for them
+        self._idle_stream = None
+        self._lock = threading.Lock()
+
+    def _event(self, role: str, rec) -> int:
+        if role not in self.events:
+            self.events[role] = rec.gpu.driver.event_create()
+        return self.events[role]
+
+    def issuing(self, rec, stream, sid: int) -> None:
+        """Right before an operation on stream `sid` is issued (Recorder.before_issue)."""
+        if sid not in self.streams or self.error is not None:
+            return
+        site = rec.site()
+        with self._lock:
+            for role, t in self.targets:
+                if self.done[role] or t.stream != sid or t.site != site or self.counts[role] != t.occurrence:
+                    continue
+                # Matched by stream and line, not name: one line may issue several operations
+                # (a copy's name is known only once it is recorded). Spinning before an earlier
+                # one of them still delays the target, which comes later on the same stream;
+                # event B is recorded again before each, so it marks the last one's start.
+                try:
+                    if stream is None:
+                        stream = rec.gpu.current_stream()
+                    if rec.gpu.is_capturing(stream):
+                        self.captured.add(role)
+                        continue  # never inside a capture: the graph's launch is targeted instead
+                    ptr = rec.gpu.stream_ptr(stream)
+                    if role == "first":
+                        if self.first_stream is None:
+                            rec.gpu.spin(stream, self.spec.delay_us)
+                            self.first_stream, self.spun_at = ptr, time.perf_counter()
+                    else:
+                        rec.gpu.driver.event_record(self._event("second", rec), ptr)
+                        self.second_issued_at = time.perf_counter()
+                except Exception as exc:  # noqa: BLE001 - the program must not see our failure
+                    self.error = f"{type(exc).__name__}: {exc}"
+
+    def issued(self, rec, op) -> None:
+        """Right after an operation was recorded (Recorder.record)."""
+        if self.error is not None:
+            return
+        stream, name = Target.key_of(op)
+        for role, t in self.targets:
+            if (stream, name) != (t.stream, t.name) or op.site != t.site:
+                continue
+            with self._lock:
+                if self.counts[role] == t.occurrence and not self.done[role]:
+                    self.done[role] = True
+                    try:
+                        self._issued(role, rec)
+                    except Exception as exc:  # noqa: BLE001
+                        self.error = f"{type(exc).__name__}: {exc}"
+                self.counts[role] += 1
+
+    def _issued(self, role: str, rec) -> None:
+        driver = rec.gpu.driver
+        if role == "first":
+            if self.first_stream is not None:
+                driver.event_record(self._event("first", rec), self.first_stream)
+                self.first_issued_at = time.perf_counter()
+        elif self.second_issued_at is None and "second" not in self.captured:  # a host-side second: its issue time
+            if self._idle_stream is None:
+                self._idle_stream = driver.stream_create()
+            driver.event_record(self._event("second", rec), self._idle_stream)
+            self.second_issued_at = time.perf_counter()
+
+    def result(self, rec) -> dict:
+        """What the parent needs, JSON-ready (the rerun's races by call sites included)."""
+        out = {"first_issued": self.first_issued_at is not None, "second_issued": self.second_issued_at is not None,
+               "delay_us": self.spec.delay_us, "error": self.error,
+               "races": [_race_key(r) for r in rec.races]}
+        if self.spun_at is not None and self.first_issued_at is not None:
+            out["first_issue_us"] = (self.first_issued_at - self.spun_at) * 1e6  # how long issuing it held the host
+        if self.first_issued_at is not None and self.second_issued_at is not None:
+            out["host_gap_us"] = (self.second_issued_at - self.first_issued_at) * 1e6
+        if self.error is None and out["first_issued"] and out["second_issued"]:
+            try:
+                out["elapsed_us"] = rec.gpu.driver.elapsed_us(self.events["second"], self.events["first"])
+            except Exception as exc:  # noqa: BLE001
+                out["error"] = f"{type(exc).__name__}: {exc}"
+        return out
+
+
+def probe_line(result: dict) -> str:
+    """The rerun's own one-line account (stderr), for a user replaying it by hand."""
+    if "elapsed_us" in result:
+        e = result["elapsed_us"]
+        how = f"started {e:.1f} µs before the first finished" if e > 0 else f"started {-e:.1f} µs after it finished"
+        return f"streamcheck: probe: delay {result['delay_us']:g} µs before the first access; the second {how}"
+    return f"streamcheck: probe: no timing (first issued: {result['first_issued']}, second issued: " \
+           f"{result['second_issued']}{', error: ' + result['error'] if result.get('error') else ''})"
+
+
+# --- in the parent -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome of confirming one race on the GPU."""
+
+    race: object  # core.hb.Race
+    confirmed: bool
+    text: str  # the line after "confirmed: " / "not confirmed: "
+    elapsed_us: Optional[float] = None
+    delay_us: Optional[float] = None
+    replay: str = ""
+
+    def format(self) -> str:
+        head = "confirmed" if self.confirmed else "not confirmed"
+        return f"{head}: {self.text}"
+
+    def to_dict(self) -> dict:
+        return {"kind": self.race.kind, "first": str(self.race.first.site), "second": str(self.race.second.site),
+                "confirmed": self.confirmed, "text": self.text, "elapsed_us": self.elapsed_us,
+                "delay_us": self.delay_us, "replay": self.replay}
+
+
+def judge(race, spec: ProbeSpec, result: Optional[dict], replay: str, failure: str = "") -> tuple:
+    """(Verdict, delay to retry with or None) from one rerun's probe result."""
+    first, second = spec.first.describe(), spec.second.describe()
+    d = spec.delay_us
+
+    def no(text, retry=None):
+        return Verdict(race, False, text, result.get("elapsed_us") if result else None, d, replay), retry
+
+    if result is None:
+        return no(f"the rerun did not report back ({failure or 'it exited without a result'})")
+    if result.get("error"):
+        return no(f"the probe failed in the rerun ({result['error']})")
+    if not result["first_issued"]:
+        return no(f"the first access ({first}) was never issued in the rerun (the program is not deterministic "
+                  "between runs); not claimed")
+    if not result["second_issued"]:
+        return no(f"the second access ({second}) was never issued in the rerun")
+    if list(spec.race_key) not in [list(k) for k in result["races"]]:
+        return no("the race's call sites differ in the rerun (the program is not deterministic between runs); "
+                  "not claimed")
+    elapsed = result["elapsed_us"]
+    if elapsed > 0:
+        return Verdict(race, True, f"`{spec.second.name}` ({spec.second.site}) started {elapsed:.1f} µs before "
+                                   f"`{spec.first.name}` ({spec.first.site}) finished (delay {d:g} µs before "
+                                   f"{first}, replay: {replay})", elapsed, d, replay), None
+    held = result.get("first_issue_us", 0.0)
+    if held >= 0.8 * d:
+        return no(f"a host synchronize between them held the host: issuing {first} returned only after it ran "
+                  f"({held:.0f} µs, the delay was {d:g} µs), so {second} was issued after it finished")
+    needed = d - elapsed + result.get("host_gap_us", 0.0)  # what the delay lacked, plus the host's own time
+    if d >= MAX_DELAY_US:
+        return no(f"the inversion was not observed within the delay cap: with {d:g} µs (the cap) before {first}, "
+                  f"{second} still started {-elapsed:.1f} µs after it finished; it would take about "
+                  f"{needed:.0f} µs")
+    return no(f"the inversion was not observed: with {d:g} µs before {first}, {second} started {-elapsed:.1f} µs "
+              f"after it finished", retry=min(float(MAX_DELAY_US), max(2 * d, 2 * needed)))
+
+
+def rerun_command(spec: ProbeSpec, script: str, script_args, seed: int, warm_up: bool) -> list:
+    cmd = [sys.executable, "-m", "streamcheck", "run", "--confirm-probe", spec.to_json(), "--seed", str(seed)]
+    if not warm_up:
+        cmd.append("--no-warm-up")
+    return cmd + [script, *script_args]
+
+
+def _replay(cmd: list) -> str:
+    return " ".join(shlex.quote(w) for w in ["streamcheck", *cmd[3:]])
+
+
+def _rerun(spec: ProbeSpec, script: str, script_args, seed: int, warm_up: bool) -> tuple:
+    cmd = rerun_command(spec, script, script_args, seed, warm_up)
+    fd, path = tempfile.mkstemp(prefix="streamcheck-probe-", suffix=".json")
+    os.close(fd)
+    env = dict(os.environ, STREAMCHECK_PROBE_RESULT=path)
+    env.pop("STREAMCHECK_RUN", None)
+    try:
+        proc = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                              errors="replace", timeout=RERUN_TIMEOUT_S)
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        if not text:
+            tail = proc.stderr.strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
+            return cmd, None, tail[0]
+        return cmd, json.loads(text), ""
+    except subprocess.TimeoutExpired:
+        return cmd, None, f"no result within {RERUN_TIMEOUT_S} s"
+    finally:
+        os.unlink(path)
+
+
+def confirm_races(checker, trace, races, script: str, script_args=(), *, seed: int = 0, warm_up: bool = True,
+                  max_races: int = MAX_RACES, rerun=_rerun) -> list:
+    """One Verdict per race: up to `max_races` confirmed by reruns (a second, longer delay if the
+    first was too short), the rest not attempted. `rerun(spec, script, args, seed, warm_up)` ->
+    (command, result dict or None, failure text): a parameter so the logic is testable without a GPU."""
+    verdicts = []
+    for i, race in enumerate(races):
+        if i >= max_races:
+            verdicts.append(Verdict(race, False, f"not attempted (over --confirm-max {max_races})"))
+            continue
+        planned = plan_probe(checker, trace, race)
+        if isinstance(planned, str):
+            verdicts.append(Verdict(race, False, planned))
+            continue
+        delay = FIRST_DELAY_US
+        while True:
+            spec = ProbeSpec(planned[0], planned[1], delay, tuple(_race_key(race)))
+            cmd, result, failure = rerun(spec, script, list(script_args), seed, warm_up)
+            verdict, retry = judge(race, spec, result, _replay(cmd), failure)
+            if retry is None or retry <= delay:
+                break
+            delay = retry
+        verdicts.append(verdict)
+    return verdicts
+
+
+def write_result(result: dict) -> None:
+    """The rerun's result, where the parent asked for it (STREAMCHECK_PROBE_RESULT)."""
+    path = os.environ.get("STREAMCHECK_PROBE_RESULT")
+    if path:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(result, f)
+
+
+__all__ = ["MAX_RACES", "Probe", "ProbeSpec", "Verdict", "confirm_races", "judge", "plan_probe", "probe_line",
+           "write_result"]
