@@ -33,6 +33,19 @@ a Graph that runs all of it, as one unit of work on a stream, every time it is l
 The device's CaptureTracker (capture.py) decides what a capture holds; what CUDA refuses
 during capture raises its CaptureError, with CUDA's error name, after the call has been
 recorded into the trace (so the checker sees the same call and collects the same error).
+
+Several devices (the sim models them on the CPU): `Device("sim", devices=2)` has cuda:0 and
+cuda:1; streams and buffers take `device=`, each device has its own legacy stream
+(`legacy_stream(1)`), events cross devices, `copy`/`copy_peer` copy between devices, a kernel
+touching another device's memory needs `enable_peer_access` (else PeerAccessError), and
+`all_reduce` / `reduce_scatter` / `all_to_all` model one NCCL collective over the ranks' comm
+streams, returning a Work whose `wait(streams)` is torch's `work.wait()`.
+
+    dev = Device("sim", devices=2)
+    comm = [dev.stream("comm", device=k) for k in range(2)]
+    grads = [dev.alloc((4,), device=k, fill=1.0) for k in range(2)]
+    work = dev.all_reduce(grads, comm, wait_for=[dev.legacy_stream(k) for k in range(2)])
+    work.wait([dev.legacy_stream(k) for k in range(2)])
 """
 from __future__ import annotations
 
@@ -44,12 +57,14 @@ import numpy as np
 
 from .core import trace as T
 from .core.capture import CaptureError, CapturedGraph, CaptureTracker
-from .core.hb import Checker, format_report
+from .core.hb import Checker, PeerAccessError, format_report, peer_access_error
 from .core.trace import CallSite, StreamKind
 from .device_objects import Buffer, DeviceError, KernelError, Region, UndeclaredWriteError, caller_site
 
 __all__ = ["Buffer", "CaptureError", "Device", "DeviceError", "DeviceThread", "Event", "Graph", "KernelError",
-           "Region", "Stream", "UndeclaredWriteError"]
+           "PeerAccessError", "Region", "Stream", "UndeclaredWriteError", "Work"]
+
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_to_all")
 
 
 def _type_name(obj) -> str:
@@ -86,8 +101,10 @@ def _exactly(values: np.ndarray, dtype: np.dtype, what: str, holder: str, data: 
 
 
 class Stream:
-    def __init__(self, device: "Device", id: int, kind: StreamKind, name: str, priority: int = 0):
+    def __init__(self, device: "Device", id: int, kind: StreamKind, name: str, priority: int = 0,
+                 device_index: int = 0):
         self.device = device
+        self.device_index = device_index  # cuda:N the stream belongs to
         self.id = id
         self.kind = kind
         self.name = name
@@ -126,7 +143,8 @@ class Stream:
         return self.device.capture_tracker.capturing(self.id) is not None
 
     def __repr__(self) -> str:
-        return f"Stream({self.name!r}, {self.kind.value})"
+        on = f", device={self.device_index}" if self.device_index else ""
+        return f"Stream({self.name!r}, {self.kind.value}{on})"
 
 
 class Event:
@@ -184,10 +202,42 @@ class Graph:
                 f"at {self.captured.begin_site}..{self.captured.end_site})")
 
 
+class Work:
+    """What a collective returns, as torch.distributed's `async_op=True` does: `events[k]` was
+    recorded on rank k's comm stream right after the collective (ProcessGroupNCCL records its
+    work events there)."""
+
+    def __init__(self, device: "Device", name: str, streams: tuple, events: tuple, site: CallSite):
+        self.device = device
+        self.name = name
+        self.streams = streams
+        self.events = events
+        self.site = site
+
+    def wait(self, streams: Sequence[Stream]) -> None:
+        """torch's `work.wait()`: each rank's stream (its current stream, one per rank, in rank
+        order) waits for the collective; an ordinary event wait, so later work on those streams
+        is ordered after it. The host does not wait."""
+        site = caller_site()
+        streams = self.device._rank_streams(streams, f"{self.name} work.wait", site, len(self.events))
+        for stream, event in zip(streams, self.events):
+            self.device._wait(stream, event, site)
+
+    def synchronize(self) -> None:
+        """The host waits until every rank's part of the collective has run."""
+        site = caller_site()
+        for event in self.events:
+            self.device._sync_event(event, site)
+
+    def __repr__(self) -> str:
+        return f"Work({self.name!r}, {len(self.events)} ranks, issued at {self.site})"
+
+
 class Device:
     """Front end: validates, records, forwards to the backend."""
 
-    def __init__(self, backend="sim", *, check: bool = True, policy="eager", seed: int = 0, **policy_params):
+    def __init__(self, backend="sim", *, check: bool = True, policy="eager", seed: int = 0, devices: int = 1,
+                 **policy_params):
         from .backends import make_backend  # late: cupy is imported only if asked for
 
         site = caller_site()
@@ -195,6 +245,10 @@ class Device:
             raise DeviceError(f"Device() at {site}: check must be True or False, got {check!r}")
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise DeviceError(f"Device() at {site}: seed must be an integer, got {seed!r}")
+        if isinstance(devices, bool) or not isinstance(devices, (int, np.integer)) or devices < 1:
+            raise DeviceError(f"Device() at {site}: devices must be an integer >= 1 (how many of cuda:0, cuda:1, ... "
+                              f"the program uses), got {devices!r}")
+        self.devices = int(devices)
         self.trace = T.Trace()
         # Always on, even with check=False: the sim backend asks it what a capture holds,
         # and CUDA's capture errors must be raised whether or not races are checked.
@@ -202,7 +256,14 @@ class Device:
         self._stream_names: dict = {}  # stream id -> name, for Graph's repr
         self._buffers = weakref.WeakValueDictionary()  # buffer id -> Buffer, for what a graph touches
         self.backend = make_backend(backend, device=self, policy=policy, seed=int(seed), **policy_params)
+        limit = self.backend.max_devices
+        if limit is not None and self.devices > limit:
+            raise DeviceError(f"Device({self.backend.name!r}, devices={self.devices}) at {site}: the "
+                              f"{self.backend.name} backend drives {limit} device{'s' if limit != 1 else ''} "
+                              f"here, fewer than the {self.devices} asked for; several devices run on the sim "
+                              f"(Device('sim', devices={self.devices}))")
         self.checker: Optional[Checker] = Checker() if check else None
+        self._peers: set = set()  # (device, peer): enable_peer_access(device, peer) was called
         self._lock = threading.RLock()
         self._next = {"stream": 1, "event": 1, "buffer": 1, "graph": 1}
         self._threads: dict = {threading.get_ident(): 0}
@@ -210,6 +271,10 @@ class Device:
         # Named "legacy" for delay targets; recorded without a name so reports say
         # "legacy default stream".
         self.legacy = self._new_stream(StreamKind.LEGACY, "", 0, site, id=0, label="legacy")
+        # One legacy default stream per device; cuda:0's keeps id 0 and the name "legacy".
+        self.legacies = (self.legacy,) + tuple(
+            self._new_stream(StreamKind.LEGACY, "", 0, site, label=f"legacy:{k}", device_index=k)
+            for k in range(1, self.devices))
 
     # --- recording ----------------------------------------------------------------------
     def _thread_id(self) -> int:
@@ -273,6 +338,21 @@ class Device:
                 out.append(self._region(obj, what, site, name))
         return out
 
+    def _device_index(self, device, what: str, site: CallSite) -> int:
+        """`device` checked against this Device's devices."""
+        if isinstance(device, bool) or not isinstance(device, (int, np.integer)) or not 0 <= device < self.devices:
+            if self.devices == 1:
+                has = "has device 0 only"
+            else:
+                has = f"has devices {', '.join(map(str, range(self.devices - 1)))} and {self.devices - 1}"
+            raise DeviceError(f"{what} at {site}: Device({self.backend.name!r}, devices={self.devices}) {has}; "
+                              f"got {device!r}")
+        return int(device)
+
+    def legacy_stream(self, device: int = 0) -> Stream:
+        """The legacy default stream of cuda:`device` (device 0's is `self.legacy`)."""
+        return self.legacies[self._device_index(device, "legacy_stream", caller_site())]
+
     def _stream_or_default(self, stream: Optional[Stream], what: str, site: CallSite) -> Stream:
         if stream is None:
             return self.legacy
@@ -287,24 +367,25 @@ class Device:
         return name
 
     # --- objects ------------------------------------------------------------------------
-    def _new_stream(self, kind, name, priority, site, id=None, label: str = "") -> Stream:
+    def _new_stream(self, kind, name, priority, site, id=None, label: str = "", device_index: int = 0) -> Stream:
         with self._lock:
             if id is None:
                 id = self._next["stream"]
                 self._next["stream"] += 1
-            stream = Stream(self, id, kind, label or name or f"stream{id}", priority)
+            stream = Stream(self, id, kind, label or name or f"stream{id}", priority, device_index)
             tid = self._thread_id()
-            self._record(T.StreamCreate(tid, site, stream=id, kind=kind, name=name))
+            self._record(T.StreamCreate(tid, site, stream=id, kind=kind, name=name, device=device_index))
             self.capture_tracker.stream_created(id, kind, T.stream_label(kind, name, id, tid))
             self._stream_names[id] = stream.name
             self.backend.new_stream(stream)
             return stream
 
-    def stream(self, name: str = "", kind="non_blocking", priority: int = 0) -> Stream:
-        """A new stream. `kind`: non_blocking (default, cudaStreamNonBlocking) or blocking
-        (cudaStreamDefault: synchronizes with the legacy default stream)."""
+    def stream(self, name: str = "", kind="non_blocking", priority: int = 0, device: int = 0) -> Stream:
+        """A new stream of cuda:`device`. `kind`: non_blocking (default, cudaStreamNonBlocking) or
+        blocking (cudaStreamDefault: synchronizes with its device's legacy default stream)."""
         site = caller_site()
         name = self._name(name, "stream()", site)
+        device = self._device_index(device, f"stream({name!r})", site)
         try:
             kind = StreamKind.parse(kind)
         except ValueError as exc:
@@ -314,16 +395,19 @@ class Device:
                               "device.legacy or device.per_thread_stream()")
         if isinstance(priority, bool) or not isinstance(priority, (int, np.integer)):
             raise DeviceError(f"stream({name!r}) at {site}: priority must be an integer, got {priority!r}")
-        return self._new_stream(kind, name, int(priority), site)
+        return self._new_stream(kind, name, int(priority), site, device_index=device)
 
-    def per_thread_stream(self) -> Stream:
-        """The calling thread's per-thread default stream (cudaStreamPerThread)."""
+    def per_thread_stream(self, device: int = 0) -> Stream:
+        """The calling thread's per-thread default stream of cuda:`device` (cudaStreamPerThread)."""
         site = caller_site()
+        device = self._device_index(device, "per_thread_stream", site)
         with self._lock:
             tid = self._thread_id()
-            if tid not in self._per_thread:
-                self._per_thread[tid] = self._new_stream(StreamKind.PER_THREAD, f"per-thread{tid}", 0, site)
-            return self._per_thread[tid]
+            key = tid if device == 0 else (tid, device)
+            if key not in self._per_thread:
+                name = f"per-thread{tid}" if device == 0 else f"per-thread{tid}:{device}"
+                self._per_thread[key] = self._new_stream(StreamKind.PER_THREAD, name, 0, site, device_index=device)
+            return self._per_thread[key]
 
     def event(self, name: str = "") -> Event:
         site = caller_site()
@@ -338,11 +422,12 @@ class Device:
             self.backend.new_event(event)
             return event
 
-    def alloc(self, shape, dtype="float32", name: str = "", fill=None) -> Buffer:
-        """Allocate device memory. Contents are garbage (NaN in the sim) unless `fill` is given
-        (it broadcasts to `shape` and must convert exactly to `dtype`)."""
+    def alloc(self, shape, dtype="float32", name: str = "", fill=None, device: int = 0) -> Buffer:
+        """Allocate memory on cuda:`device`. Contents are garbage (NaN in the sim) unless `fill` is
+        given (it broadcasts to `shape` and must convert exactly to `dtype`)."""
         site = caller_site()
         name = self._name(name, "alloc", site)
+        device = self._device_index(device, f"alloc {name!r}", site)
         if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
             shape = (shape,)
         try:
@@ -372,9 +457,9 @@ class Device:
         with self._lock:
             id = self._next["buffer"]
             self._next["buffer"] += 1
-            buf = Buffer(self, id, shape, dtype, name or f"buffer{id}", site)
+            buf = Buffer(self, id, shape, dtype, name or f"buffer{id}", site, device)
             self._buffers[id] = buf
-            self._record(T.Alloc(self._thread_id(), site, buffer=id, nbytes=buf.nbytes, name=buf.name))
+            self._record(T.Alloc(self._thread_id(), site, buffer=id, nbytes=buf.nbytes, name=buf.name, device=device))
             self.backend.alloc(buf, fill)
             self.backend.tick()
             return buf
@@ -431,30 +516,71 @@ class Device:
                     buf = self._region(arg, "launch `{}` args", site, name).buffer
                     raise DeviceError(f"launch `{name}` at {site}: argument `{buf.name}` is in neither "
                                       "reads= nor writes=; declare how the kernel uses it")
+        error = self._peer_check(name, site, stream, reads, writes) if self.devices > 1 else None
         reads = tuple([r.byte_range() for r in reads])
         writes = tuple([w.byte_range() for w in writes])
         with self._lock:
             self._record_work(T.Launch(self._thread_id(), site, stream=stream.id, name=name, reads=reads,
                                        writes=writes), stream)
+            if error is not None:  # recorded (the checker collects the same error); never executed
+                raise error
             self.backend.launch(stream, kernel, tuple(args), name, site)
             self.backend.tick()
 
-    def copy(self, dst, src, stream: Optional[Stream] = None) -> None:
-        """Async device-to-device copy of bytes on `stream` (cudaMemcpyAsync)."""
+    def _peer_check(self, name: str, site: CallSite, stream: Stream, reads, writes) -> Optional[PeerAccessError]:
+        """The PeerAccessError a kernel on `stream` touching `reads`/`writes` would fault with."""
+        touched = [(r.buffer.name, r.buffer.site, r.buffer.device_index) for r in list(reads) + list(writes)]
+        label = T.stream_label(stream.kind, "" if stream.kind is StreamKind.LEGACY else stream.name, stream.id, 0)
+        return peer_access_error(name, site, label, stream.device_index, touched, self._peers)
+
+    def enable_peer_access(self, device: int, peer: int) -> None:
+        """cudaDeviceEnablePeerAccess: kernels on cuda:`device` may access memory of cuda:`peer`
+        from now on (one direction; call it again swapped for the other). Copies between devices
+        need no peer access (CUDA stages them through the host). Enabling it twice is harmless."""
         site = caller_site()
-        stream = self._stream_or_default(stream, "copy", site)
-        dst = self._region(dst, "copy dst", site)
-        src = self._region(src, "copy src", site)
+        device = self._device_index(device, "enable_peer_access", site)
+        peer = self._device_index(peer, "enable_peer_access", site)
+        if device == peer:
+            raise DeviceError(f"enable_peer_access({device}, {peer}) at {site}: a device always accesses its own "
+                              "memory; name two different devices")
+        with self._lock:
+            if (device, peer) not in self._peers:
+                self._peers.add((device, peer))
+                self._record(T.PeerAccess(self._thread_id(), site, device=device, peer=peer))
+
+    def copy(self, dst, src, stream: Optional[Stream] = None) -> None:
+        """Async device-to-device copy of bytes on `stream` (cudaMemcpyAsync); between two devices
+        it is a peer copy (see copy_peer)."""
+        self._copy(dst, src, stream, caller_site(), "copy")
+
+    def copy_peer(self, dst, src, stream: Optional[Stream] = None) -> None:
+        """Async copy between two devices on `stream` (cudaMemcpyPeerAsync; CuPy's copy across
+        devices, torch's .to("cuda:1")): an access on `stream` to both ranges, ordered like a
+        kernel on it. `stream` defaults to src's device's legacy stream. It needs no peer access:
+        without it CUDA stages the copy through host memory."""
+        site = caller_site()
+        dst = self._region(dst, "copy_peer dst", site)
+        src = self._region(src, "copy_peer src", site)
+        if dst.buffer.device_index == src.buffer.device_index:
+            raise DeviceError(f"copy_peer at {site}: {src} and {dst} are both on cuda:{src.buffer.device_index}; "
+                              "a copy within one device is device.copy")
+        self._copy(dst, src, stream if stream is not None else self.legacies[src.buffer.device_index], site,
+                   "copy_peer")
+
+    def _copy(self, dst, src, stream: Optional[Stream], site: CallSite, what: str) -> None:
+        stream = self._stream_or_default(stream, what, site)
+        dst = self._region(dst, f"{what} dst", site)
+        src = self._region(src, f"{what} src", site)
+        kind = T.CopyKind.D2D if dst.buffer.device_index == src.buffer.device_index else T.CopyKind.PEER
         d, s = dst.byte_range(), src.byte_range()
         if d.stop - d.start != s.stop - s.start:
-            raise DeviceError(f"copy at {site}: {src} ({s.stop - s.start} bytes) and {dst} "
+            raise DeviceError(f"{what} at {site}: {src} ({s.stop - s.start} bytes) and {dst} "
                               f"({d.stop - d.start} bytes) differ in size")
         if d.overlaps(s):
-            raise DeviceError(f"copy at {site}: {src} and {dst} overlap; cudaMemcpy on overlapping memory is "
+            raise DeviceError(f"{what} at {site}: {src} and {dst} overlap; cudaMemcpy on overlapping memory is "
                               "undefined, copy through a temporary buffer")
         with self._lock:
-            self._record_work(T.Copy(self._thread_id(), site, stream=stream.id, kind=T.CopyKind.D2D, src=s, dst=d),
-                              stream)
+            self._record_work(T.Copy(self._thread_id(), site, stream=stream.id, kind=kind, src=s, dst=d), stream)
             self.backend.copy(stream, dst, src, site)
             self.backend.tick()
 
@@ -556,15 +682,119 @@ class Device:
         self._sync_stream(stream, site)
         return self._host_read(region, site)
 
-    def synchronize(self) -> None:
-        """Block the host until all work issued so far, on every stream, has executed."""
+    def synchronize(self, device: Optional[int] = None) -> None:
+        """Block the host until all work issued so far on cuda:`device`'s streams has executed
+        (cudaDeviceSynchronize; it waits for that device only). None: every device, one after
+        the other (with one device, the same)."""
         site = caller_site()
+        indexes = range(self.devices) if device is None else [self._device_index(device, "synchronize", site)]
         with self._lock:
-            op = T.DeviceSync(self._thread_id(), site)
-            self._record(op)
-            self.capture_tracker.sync_device(op)
-            self.backend.sync_device(site)
+            for index in indexes:
+                op = T.DeviceSync(self._thread_id(), site, device=index)
+                self._record(op)
+                self.capture_tracker.sync_device(op)
+                if self.devices == 1:
+                    self.backend.sync_device(site)
+                else:  # only a backend with max_devices > 1 gets here, and takes device=
+                    self.backend.sync_device(site, device=index)
             self.backend.tick()
+
+    # --- collectives (torch.distributed / NCCL) -------------------------------------------
+    def all_reduce(self, buffers, streams, *, wait_for=None) -> Work:
+        """One NCCL all-reduce over the ranks (rank k: cuda:k's `buffers[k]`, its comm stream
+        `streams[k]`): in place, every buffer ends as the sum of all (on the sim, really summed).
+        Each rank's part is an access on its comm stream: a read and a write of its buffer.
+        `wait_for` (one stream per rank): the comm streams first wait for what was issued there so
+        far, as ProcessGroupNCCL makes its stream wait on the current stream. Returns the Work."""
+        return self._collective("all_reduce", buffers, buffers, streams, wait_for, caller_site())
+
+    def reduce_scatter(self, outputs, inputs, streams, *, wait_for=None) -> Work:
+        """One NCCL reduce-scatter: `outputs[k]` = the sum over ranks of chunk k of `inputs[j]`
+        (an input has as many rows as the ranks' outputs together). See all_reduce."""
+        return self._collective("reduce_scatter", outputs, inputs, streams, wait_for, caller_site())
+
+    def all_to_all(self, outputs, inputs, streams, *, wait_for=None) -> Work:
+        """One NCCL all-to-all: chunk j of `outputs[k]` = chunk k of `inputs[j]` (rows split in as
+        many chunks as ranks). See all_reduce."""
+        return self._collective("all_to_all", outputs, inputs, streams, wait_for, caller_site())
+
+    def _rank_streams(self, streams, what: str, site: CallSite, ranks: Optional[int] = None) -> list:
+        if not isinstance(streams, (list, tuple)) or not all(isinstance(s, Stream) for s in streams):
+            raise DeviceError(f"{what} at {site}: expected a list of Streams, one per rank, got {streams!r}")
+        if ranks is not None and len(streams) != ranks:
+            raise DeviceError(f"{what} at {site}: {len(streams)} streams for {ranks} ranks; give one per rank, "
+                              "in rank order")
+        for stream in streams:
+            self._stream_or_default(stream, what, site)
+        return list(streams)
+
+    def _collective(self, name: str, outputs, inputs, streams, wait_for, site: CallSite) -> Work:
+        what = name
+        from .backends.protocol import Backend
+
+        if type(self.backend).collective is Backend.collective:
+            raise DeviceError(f"{what} at {site}: the {self.backend.name} backend does not model collectives; "
+                              "use Device('sim', devices=N)")
+        streams = self._rank_streams(streams, what, site)
+        ranks = len(streams)
+        outputs = self._regions(outputs, f"{what} outputs", site)
+        inputs = self._regions(inputs, f"{what} inputs", site)
+        if len(outputs) != ranks or len(inputs) != ranks:
+            raise DeviceError(f"{what} at {site}: {ranks} streams, {len(inputs)} inputs and {len(outputs)} outputs; "
+                              "give one of each per rank, in rank order")
+        indexes = [s.device_index for s in streams]
+        if len(set(indexes)) != ranks:
+            raise DeviceError(f"{what} at {site}: the comm streams are on devices {indexes}; NCCL has one rank "
+                              "per device, so give one stream of each device")
+        for k, (stream, out, inp) in enumerate(zip(streams, outputs, inputs)):
+            for region, role in ((inp, "input"), (out, "output")):
+                if region.buffer.device_index != stream.device_index:
+                    raise DeviceError(f"{what} at {site}: rank {k}'s {role} {region} is on "
+                                      f"cuda:{region.buffer.device_index}, its comm stream {stream.name} on "
+                                      f"cuda:{stream.device_index}; each rank's buffers live on its own device")
+            self._refuse_if_capturing(stream, what, site, "streamcheck does not model a collective captured into a "
+                                      "graph; issue it outside the capture")
+        first_in, first_out = inputs[0], outputs[0]
+        for region, role, like in [(r, "input", first_in) for r in inputs] + [(r, "output", first_out) for r in outputs]:
+            if region.shape != like.shape or region.buffer.dtype != like.buffer.dtype:
+                raise DeviceError(f"{what} at {site}: every rank's {role} must have the same shape and dtype; "
+                                  f"{like} is {like.shape} {like.buffer.dtype}, {region} is {region.shape} "
+                                  f"{region.buffer.dtype}")
+        if first_in.buffer.dtype != first_out.buffer.dtype:
+            raise DeviceError(f"{what} at {site}: inputs are {first_in.buffer.dtype}, outputs "
+                              f"{first_out.buffer.dtype}; NCCL reduces within one dtype")
+        rows_in, rows_out = first_in.rows, first_out.rows
+        if name == "all_reduce":
+            wanted = first_in.shape
+        elif name == "reduce_scatter":
+            wanted = (rows_in // ranks,) + first_in.shape[1:] if first_in.shape and rows_in % ranks == 0 else None
+        else:
+            wanted = first_in.shape if first_in.shape and rows_in % ranks == 0 else None
+        if wanted is None or first_out.shape != wanted:
+            need = (f"rows divisible by the {ranks} ranks" if wanted is None else f"outputs of shape {wanted}")
+            raise DeviceError(f"{what} at {site}: inputs of shape {first_in.shape} and outputs of shape "
+                              f"{first_out.shape} do not fit: {name} over {ranks} ranks needs {need}")
+        if wait_for is not None:
+            wait_for = self._rank_streams(wait_for, f"{what} wait_for", site, ranks)
+            for current, comm in zip(wait_for, streams):
+                if current is not comm:  # the comm stream waits for the current stream's work so far
+                    ready = self._new_event(f"{name} inputs ready", site)
+                    self._record_event(ready, current, site)
+                    self._wait(comm, ready, site)
+        with self._lock:
+            tid = self._thread_id()
+            for stream, out, inp in zip(streams, outputs, inputs):
+                # One kernel per rank on its comm stream: reads its input, writes its output.
+                self._record_work(T.Launch(tid, site, stream=stream.id, name=name, reads=(inp.byte_range(),),
+                                           writes=(out.byte_range(),)), stream)
+            self.backend.collective(name, tuple(streams), tuple(outputs), tuple(inputs))
+            self.backend.tick()
+        events = []
+        for stream in streams:  # ProcessGroupNCCL records the work's event on its stream at once
+            event = self._new_event(f"{name} done", site)
+            self._record_event(event, stream, site)
+            events.append(event)
+        return Work(self, name, tuple(streams), tuple(events), site)
 
     def note_implicit_sync(self, reason: str) -> None:
         """Record something that looks like a sync but is not one (see trace.ImplicitSync)."""

@@ -35,10 +35,13 @@ class UndeclaredWriteError(KernelError):
 
 
 class Buffer:
-    """A device allocation of `shape` and `dtype`. Index the first axis to get a Region."""
+    """A device allocation of `shape` and `dtype` on device `device_index` (cuda:N) of the
+    Device `device`. Index the first axis to get a Region."""
 
-    def __init__(self, device, id: int, shape: tuple, dtype: np.dtype, name: str, site: CallSite):
+    def __init__(self, device, id: int, shape: tuple, dtype: np.dtype, name: str, site: CallSite,
+                 device_index: int = 0):
         self.device = device
+        self.device_index = device_index
         self.id = id
         self.shape = shape
         self.dtype = dtype
@@ -60,7 +63,8 @@ class Buffer:
         return self.region()[index]
 
     def __repr__(self) -> str:
-        return f"Buffer({self.name!r}, shape={self.shape}, dtype={self.dtype})"
+        on = f", device={self.device_index}" if self.device_index else ""
+        return f"Buffer({self.name!r}, shape={self.shape}, dtype={self.dtype}{on})"
 
 
 class Region:

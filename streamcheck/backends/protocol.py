@@ -106,6 +106,17 @@ class Backend(abc.ABC):
     def launch_graph(self, handle, stream, site) -> None:
         raise NotImplementedError(f"the {self.name} backend does not support stream capture")
 
+    # --- several devices (optional) -----------------------------------------------------
+    # How many devices (cuda:0 .. cuda:N-1) one Device may drive; None: any number. A backend
+    # with more than 1 takes `device=` on sync_device and provides collective().
+    max_devices: Optional[int] = 1
+
+    def collective(self, name: str, streams, outputs, inputs) -> None:
+        """One NCCL collective (`all_reduce`, `reduce_scatter`, `all_to_all`): rank k's part runs
+        on streams[k], reads inputs[k] and writes outputs[k] (Regions); the front end recorded
+        one Launch per rank, in rank order, just before."""
+        raise NotImplementedError(f"the {self.name} backend does not model collectives")
+
     # --- what a backend may report (optional; plain attributes or properties) ------------
     schedule = None  # the core.schedule.Schedule it followed (policy, seed, decisions), if any
     op_times: Mapping = MappingProxyType({})  # trace index -> (start, end) of executed work; empty: untimed

@@ -22,6 +22,14 @@ awaited work (and everything it depends on) has run. Injected delays do not
 apply to that work, so a synchronize always completes; unrelated delayed work
 stays pending, so `stream.synchronize()` does not drain other streams.
 
+Several devices: each stream and buffer belongs to one (Device("sim", devices=N)); each
+device has its own legacy default stream, which blocking streams of that device only join,
+and a device synchronize drains that device's streams only. A collective (all_reduce,
+reduce_scatter, all_to_all) is one part per rank on the rank's comm stream; a part is ready
+only once every rank's comm stream has reached the collective (NCCL's kernels wait for each
+other), the first part to run computes every rank's result from the inputs as they are then
+(really summed), and each part writes its own rank's output when it runs.
+
 Stream capture: work issued to a capturing stream (the device's CaptureTracker says
 which) is held as a graph node and not executed. A graph launch on stream L is a start
 marker on L, the graph's nodes on lanes (one per captured stream, scheduled like
@@ -108,11 +116,24 @@ class _HostOp:
         self.trace_index = trace_index
 
 
+class _SimDevice:
+    """One device's legacy default stream and the streams that synchronize with it."""
+
+    __slots__ = ("legacy", "joiners")
+
+    def __init__(self):
+        self.legacy: Optional[_SimStream] = None
+        self.joiners: list[_SimStream] = []
+
+
 class _SimStream:
-    __slots__ = ("id", "name", "kind", "is_legacy", "joins_legacy", "queue", "with_deps", "issued", "executed")
+    __slots__ = ("id", "name", "kind", "is_legacy", "joins_legacy", "queue", "with_deps", "issued", "executed",
+                 "device_index", "dev")
 
     def __init__(self, stream):
         self.id = stream.id
+        self.device_index = stream.device_index
+        self.dev: Optional[_SimDevice] = None  # set by new_stream; lanes have none (never legacy nor blocking)
         self.name = stream.name
         self.kind = stream.kind
         self.is_legacy = stream.kind is StreamKind.LEGACY
@@ -128,10 +149,11 @@ class _SimStream:
 class _Lane:
     """What _SimStream needs to know of a graph lane: a captured stream's nodes in one launch."""
 
-    __slots__ = ("id", "name", "kind")
+    __slots__ = ("id", "name", "kind", "device_index")
 
     def __init__(self, id: int, name: str):
         self.id = id
+        self.device_index = 0
         self.name = name  # the captured stream's: delays aimed at it hold its nodes too
         self.kind = StreamKind.NON_BLOCKING  # the graph orders a lane; the legacy stream never does
 
@@ -180,11 +202,31 @@ def _copy_to_host(out, src) -> None:
     out[...] = src.array()
 
 
+def _collective_results(name: str, inputs) -> list:
+    """Every rank's output of collective `name`, from the ranks' inputs as they are now."""
+    values = [np.array(region.array(), copy=True) for region in inputs]
+    ranks = len(values)
+    if name == "all_reduce":
+        total = np.sum(values, axis=0, dtype=values[0].dtype)
+        return [total.copy() for _ in range(ranks)]
+    chunks = [np.split(v, ranks) for v in values]  # rows in `ranks` equal chunks (checked by the device)
+    if name == "reduce_scatter":
+        return [np.sum([chunks[j][k] for j in range(ranks)], axis=0, dtype=values[0].dtype) for k in range(ranks)]
+    return [np.concatenate([chunks[j][k] for j in range(ranks)]) for k in range(ranks)]  # all_to_all
+
+
+def _run_collective(name: str, state: dict, rank: int, outputs, inputs) -> None:
+    if "results" not in state:
+        state["results"] = _collective_results(name, inputs)
+    outputs[rank].array()[...] = state["results"][rank]
+
+
 class SimBackend(Backend):
     """Device-API backend on the CPU. See the module docstring."""
 
     name = "sim"
     supports_capture = True
+    max_devices = None  # any number, on the CPU
 
     def __init__(self, device, policy="eager", seed: int = 0, **params):
         if isinstance(policy, Policy):
@@ -212,8 +254,7 @@ class SimBackend(Backend):
         self._pending = 0
         self._streams: dict[int, _SimStream] = {}
         self._order: list[_SimStream] = []
-        self._legacy: Optional[_SimStream] = None
-        self._joiners: list[_SimStream] = []
+        self._devices: dict[int, _SimDevice] = {}
         self._events: dict[int, Optional[tuple]] = {}  # event id -> (_SimStream, seq) of its last record
         self._tracker = device.capture_tracker  # what a capture holds: shared with the device
         self._held: dict = {}  # graph id being captured -> [(run, args, name, kind), ...] in issue order
@@ -237,12 +278,13 @@ class SimBackend(Backend):
             raise DeviceError(f"sim: stream id {stream.id} is taken by a lane of a running graph; "
                               f"create fewer than {_LANE_BASE} streams, or synchronize graphs first")
         sim = _SimStream(stream)
+        dev = sim.dev = self._devices.setdefault(sim.device_index, _SimDevice())
         self._streams[stream.id] = sim
         self._order.append(sim)
         if stream.kind is StreamKind.LEGACY:
-            self._legacy = sim
+            dev.legacy = sim
         elif stream.kind.joins_legacy:
-            self._joiners.append(sim)
+            dev.joiners.append(sim)
 
     def new_event(self, event) -> None:
         self._events[event.id] = None
@@ -267,20 +309,20 @@ class SimBackend(Backend):
             self._starting(_HostOp(self._trace.ops[index], index, stream, name))
 
     # --- issuing ------------------------------------------------------------------------
-    def _enqueue(self, stream, run, args: tuple, name: str, kind: str, deps: tuple = ()) -> tuple:
+    def _enqueue(self, stream, run, args: tuple, name: str, kind: str, deps: tuple = (), back: int = 1) -> tuple:
         sim = self._streams[stream.id]
         if sim.is_legacy:
-            # Legacy stream: waits for all work issued so far on blocking streams.
-            deps = deps + tuple([(j, j.issued) for j in self._joiners if j.issued > j.executed])
+            # Legacy stream: waits for all work issued so far on its device's blocking streams.
+            deps = deps + tuple([(j, j.issued) for j in sim.dev.joiners if j.issued > j.executed])
         elif sim.joins_legacy:
-            legacy = self._legacy
+            legacy = sim.dev.legacy
             if legacy is not None and legacy.issued > legacy.executed:
-                # ... and later work on blocking streams waits for the legacy stream.
+                # ... and later work on blocking streams waits for their device's legacy stream.
                 deps = deps + ((legacy, legacy.issued),)
         seq = sim.issued = sim.issued + 1
-        # The device recorded this operation just before calling us; it is issued at
-        # the coming host step (tick() advances `now` after the call).
-        index = len(self._trace.ops) - 1
+        # The device recorded this operation `back` operations ago (1: just before calling us);
+        # it is issued at the coming host step (tick() advances `now` after the call).
+        index = len(self._trace.ops) - back
         op = _Pending(sim, seq, deps, run, args, name, kind, self.now + 1, index, self._trace.ops[index].site)
         sim.queue.append(op)
         if deps:
@@ -609,8 +651,23 @@ class SimBackend(Backend):
             return  # never recorded: returns at once, as in CUDA
         self._drain([captured], f"{event.name}.synchronize()", site)
 
-    def sync_device(self, site) -> None:
-        self._drain([(sim, sim.issued) for sim in self._order], "device synchronize", site)
+    def sync_device(self, site, device: Optional[int] = None) -> None:
+        """cudaDeviceSynchronize: drain `device`'s streams (every stream when None)."""
+        what = "device synchronize" if device is None else f"device synchronize of cuda:{device}"
+        self._drain([(sim, sim.issued) for sim in self._order if device is None or sim.device_index == device],
+                    what, site)
+
+    # --- collectives --------------------------------------------------------------------
+    def collective(self, name: str, streams, outputs, inputs) -> None:
+        # NCCL's kernels of one collective wait for each other: a rank's part is ready only when
+        # every other rank's comm stream has executed what was issued to it before the collective.
+        reached = [(self._streams[s.id], self._streams[s.id].issued) for s in streams]
+        state = {}  # the result of every rank, computed by whichever part runs first
+        ranks = len(streams)
+        for k, stream in enumerate(streams):
+            deps = tuple([pair for j, pair in enumerate(reached) if j != k and pair[1] > 0])
+            self._enqueue(stream, _run_collective, (name, state, k, outputs, inputs), name, "launch", deps,
+                          back=ranks - k)
 
     def pending(self) -> int:
         """Operations issued but not executed yet."""

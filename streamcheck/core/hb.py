@@ -14,6 +14,11 @@ or not it struck. CUDA's rules it models (docs/cuda-rules.md):
 - the legacy default stream waits for earlier work on blocking streams (and
   per-thread default streams) and later work on those waits for it; non-blocking
   streams never synchronize with it;
+- several devices: every stream and allocation belongs to one; each device has its own
+  legacy default stream, joined only by that device's blocking streams; a device
+  synchronize waits for that device's streams only; events cross devices (a stream of
+  device 1 may wait on an event recorded on device 0); a kernel touching another
+  device's memory needs peer access (collected in `peer_errors`), a copy does not;
 - stream/event/device synchronize order the host after the awaited work;
 - nothing else is synchronization (first cuBLAS call, lazy loading, pool growth);
 - stream capture (capture.py decides what a capture holds): captured work does not
@@ -51,6 +56,7 @@ from .trace import (
     ImplicitSync,
     Launch,
     Op,
+    PeerAccess,
     StreamCreate,
     StreamKind,
     StreamSync,
@@ -58,12 +64,37 @@ from .trace import (
     ThreadJoin,
     ThreadStart,
     Trace,
+    device_label,
     stream_label,
 )
 
 
 class TraceError(ValueError):
     """A trace that no CUDA program could produce: unknown ids, out-of-range access, use after free."""
+
+
+class PeerAccessError(RuntimeError):
+    """A kernel on one device touched memory of another without peer access enabled: CUDA lets
+    the program issue it and the kernel faults (cudaErrorIllegalAddress). Like a CaptureError, a
+    program can do it, so it is not a TraceError; the checker collects it (`peer_errors`) and
+    goes on, the device API raises it at the launch. `code` is CUDA's error name."""
+
+    code = "cudaErrorIllegalAddress"
+
+
+def peer_access_error(kernel: str, site: CallSite, stream: str, device: int, touched, peers) -> Optional[PeerAccessError]:
+    """The error of a kernel `kernel` launched at `site` on `stream` of cuda:`device` that touches
+    `touched` ((buffer name, allocation site, buffer's device) each), given the (device, peer)
+    pairs with peer access enabled; None when every buffer is its own device's or a peer's.
+    One rule for the checker and the device API."""
+    for name, buffer_site, there in touched:
+        if there != device and (device, there) not in peers:
+            return PeerAccessError(
+                f"{PeerAccessError.code}: kernel `{kernel}` at {site} on {stream} (cuda:{device}) accesses `{name}` "
+                f"(allocated at {buffer_site} on cuda:{there}) without peer access from cuda:{device} to "
+                f"cuda:{there}; enable it first (cudaDeviceEnablePeerAccess: device.enable_peer_access({device}, "
+                f"{there})), or copy the data to cuda:{device}")
+    return None
 
 
 @dataclass(frozen=True)
@@ -175,14 +206,28 @@ def _join(clock: dict, other: dict) -> None:
 _START, _STOP, _WRITE, _OWNER, _TICK, _OP, _FREE = range(7)
 
 
+class _Device:
+    """One device's legacy default stream and the streams that synchronize with it."""
+
+    __slots__ = ("index", "legacy", "legacy_version", "joiners")
+
+    def __init__(self, index: int):
+        self.index = index
+        self.legacy: Optional[_Stream] = None
+        self.legacy_version = 0
+        self.joiners: list[_Stream] = []  # this device's blocking and per-thread default streams
+
+
 class _Stream:
     __slots__ = ("id", "kind", "label", "clock", "owner", "host_seen", "legacy_seen", "is_legacy",
-                 "joins_legacy", "captured", "waits")
+                 "joins_legacy", "captured", "waits", "dev", "name")
 
-    def __init__(self, id: int, kind: StreamKind, label: str, owner: int):
+    def __init__(self, id: int, kind: StreamKind, label: str, owner: int, dev: "_Device"):
         self.id = id
         self.kind = kind
         self.label = label
+        self.name = label  # the label without its device: reports add "(cuda:N)" once several are in use
+        self.dev = dev
         self.owner = owner
         self.clock = {owner: 0}
         self.host_seen = {}  # thread id -> version of that thread's clock already joined
@@ -218,10 +263,11 @@ class _Thread:
 
 
 class _Buffer:
-    __slots__ = ("id", "nbytes", "name", "site", "records", "freed_at")
+    __slots__ = ("id", "nbytes", "name", "site", "records", "freed_at", "device")
 
-    def __init__(self, id: int, nbytes: int, name: str, site: CallSite):
+    def __init__(self, id: int, nbytes: int, name: str, site: CallSite, device: int = 0):
         self.id = id
+        self.device = device
         self.nbytes = nbytes
         self.name = name or f"buffer{id}"
         self.site = site
@@ -241,9 +287,11 @@ class Checker:
         self._owners: list = []  # owner -> _Stream or _Thread
         self._threads: dict[int, _Thread] = {}
         self._new_thread(0)
-        self._legacy: Optional[_Stream] = None
-        self._legacy_version = 0
-        self._joiners: list[_Stream] = []  # streams that synchronize with the legacy stream
+        self._devices: dict[int, _Device] = {0: _Device(0)}
+        # Set once a second device shows up: launches then check peer access, labels name devices.
+        self._multi = False
+        self._peers: set = set()  # (device, peer): kernels on device may access peer's memory
+        self.peer_errors: list[PeerAccessError] = []
         self._races: dict[tuple, Race] = {}
         self._counts: dict[tuple, int] = {}
         self._witnesses: dict[tuple, tuple] = {}  # Race.key -> (first op, second op) of its first report
@@ -262,6 +310,7 @@ class Checker:
             StreamSync: self._stream_sync,
             EventSync: self._event_sync,
             DeviceSync: self._device_sync,
+            PeerAccess: self._peer_access,
             Alloc: self._alloc,
             Free: self._free,
             Launch: self._launch,
@@ -366,16 +415,18 @@ class Checker:
             _join(clock, thread.clock)
             host_seen[op.thread] = thread.version
         if stream.is_legacy:
-            # Legacy stream: waits for all earlier work on blocking streams.
-            for other in self._joiners:
+            # Legacy stream: waits for all earlier work on its device's blocking streams.
+            dev = stream.dev
+            for other in dev.joiners:
                 _join(clock, other.clock)
-            self._legacy_version += 1
+            dev.legacy_version += 1
         elif stream.joins_legacy:
-            # ... and later work on blocking streams waits for it.
-            legacy = self._legacy
-            if legacy is not None and stream.legacy_seen != self._legacy_version:
+            # ... and later work on blocking streams waits for their device's legacy stream.
+            dev = stream.dev
+            legacy = dev.legacy
+            if legacy is not None and stream.legacy_seen != dev.legacy_version:
                 _join(clock, legacy.clock)
-                stream.legacy_seen = self._legacy_version
+                stream.legacy_seen = dev.legacy_version
         tick = clock[stream.owner] + 1
         clock[stream.owner] = tick
         return tick
@@ -423,17 +474,21 @@ class Checker:
             kind = StreamKind.parse(op.kind)
         except ValueError as exc:
             raise TraceError(f"StreamCreate at {op.site}: {exc}") from None
-        if kind is StreamKind.LEGACY and self._legacy is not None:
-            raise TraceError(f"StreamCreate at {op.site}: there is only one legacy default stream "
-                             f"(stream {self._legacy.id}); reuse it")
+        dev = self._device(op, op.device)
+        if kind is StreamKind.LEGACY and dev.legacy is not None:
+            where = f" of cuda:{dev.index}" if self._multi else ""
+            raise TraceError(f"StreamCreate at {op.site}: there is only one legacy default stream{where} "
+                             f"(stream {dev.legacy.id}); reuse it")
         label = stream_label(kind, op.name, op.stream, op.thread)
-        stream = _Stream(op.stream, kind, label, owner=len(self._owners))
+        stream = _Stream(op.stream, kind, label, len(self._owners), dev)
+        if self._multi:
+            stream.label = device_label(label, dev.index)
         self._owners.append(stream)
         self._streams[op.stream] = stream
         if kind is StreamKind.LEGACY:
-            self._legacy = stream
+            dev.legacy = stream
         elif kind.joins_legacy:
-            self._joiners.append(stream)
+            dev.joiners.append(stream)
         self._capture.stream_created(op.stream, kind, label)
 
     def _event_create(self, op: EventCreate) -> None:
@@ -508,13 +563,45 @@ class Checker:
         if event.state is not None:  # synchronizing a never-recorded event returns at once
             self._host_join(self._threads[op.thread], event.state)
 
+    def _device(self, op: Op, index) -> _Device:
+        """The device `index` (a new one on first use); the first device past cuda:0 turns on
+        the multi-device rules: peer-access checks and device names in labels."""
+        dev = self._devices.get(index)
+        if dev is None:
+            if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+                raise TraceError(f"{type(op).__name__} at {op.site}: device {index!r} is not a device index "
+                                 "(an integer >= 0, as in cuda:N)")
+            dev = self._devices[index] = _Device(index)
+            if not self._multi:
+                self._multi = True
+                for stream in self._streams.values():  # reports name every stream's device from now on
+                    stream.label = device_label(stream.name, stream.dev.index)
+        return dev
+
     def _device_sync(self, op: DeviceSync) -> None:
+        dev = self._device(op, op.device)
         if self._refused(self._capture.sync_device, op):
             return
         thread = self._threads[op.thread]
         for stream in self._streams.values():
-            _join(thread.clock, stream.clock)
+            if stream.dev is dev:  # cudaDeviceSynchronize waits for its own device only
+                _join(thread.clock, stream.clock)
         thread.version += 1
+
+    def _peer_access(self, op: PeerAccess) -> None:
+        if op.device == op.peer:
+            raise TraceError(f"PeerAccess at {op.site}: device {op.device} cannot be its own peer")
+        self._device(op, op.device)
+        self._device(op, op.peer)
+        self._peers.add((op.device, op.peer))
+
+    def _peer_error(self, op, stream: _Stream, buffers) -> Optional[PeerAccessError]:
+        """A kernel (not a copy: CUDA stages those through the host) on `stream` that touches
+        memory of another device to which its device has no peer access."""
+        if type(op) is not Launch:
+            return None
+        touched = [(buf.name, buf.site, buf.device) for buf in (buffers[rng.buffer] for rng in op.reads + op.writes)]
+        return peer_access_error(op.name, op.site, stream.name, stream.dev.index, touched, self._peers)
 
     def _alloc(self, op: Alloc) -> None:
         known = self._buffers.get(op.buffer)
@@ -523,7 +610,8 @@ class Checker:
                              f"at {known.site}; free it first or use a new id")
         if op.nbytes < 0:
             raise TraceError(f"Alloc at {op.site}: negative size {op.nbytes} for buffer {op.buffer}")
-        self._buffers[op.buffer] = _Buffer(op.buffer, op.nbytes, op.name, op.site)
+        self._device(op, op.device)
+        self._buffers[op.buffer] = _Buffer(op.buffer, op.nbytes, op.name, op.site, op.device)
 
     def _free(self, op: Free) -> None:
         buf = self._buffer(op, op.buffer)
@@ -553,6 +641,11 @@ class Checker:
                 buf = buffers.get(rng.buffer)
                 if buf is None or buf.freed_at is not None or not (0 <= rng.start <= rng.stop <= buf.nbytes):
                     self._check_ranges(op, ranges)
+        if self._multi:
+            error = self._peer_error(op, stream, buffers)
+            if error is not None:  # the kernel faults: collected, and its accesses never happen
+                self.peer_errors.append(error)
+                return
         if self._capture.active:
             try:
                 node = self._capture.node(op, op.stream)
@@ -747,6 +840,8 @@ class Checker:
         edge = f"{dst.label} never waited for an event recorded on {src.label} after {producer}"
         if StreamKind.LEGACY in (src.kind, dst.kind) and StreamKind.NON_BLOCKING in (src.kind, dst.kind):
             edge += " (a non-blocking stream never synchronizes with the legacy default stream)"
+        elif src.dev is not dst.dev and StreamKind.LEGACY in (src.kind, dst.kind):
+            edge += " (a legacy default stream synchronizes only with blocking streams of its own device)"
         return edge, hint
 
 

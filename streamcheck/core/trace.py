@@ -47,12 +47,18 @@ class StreamKind(str, enum.Enum):
 
 
 def stream_label(kind: StreamKind, name: str, stream: int, thread: int) -> str:
-    """How reports name a stream: "stream A", the legacy default stream, or a thread's own."""
+    """How reports name a stream: "stream A", the legacy default stream, or a thread's own.
+    With several devices in use the checker adds the device (device_label)."""
     if kind is StreamKind.LEGACY:
         return name or "legacy default stream"
     if kind is StreamKind.PER_THREAD:
         return name or f"per-thread default stream of thread {thread}"
     return f"stream {name}" if name else f"stream{stream}"
+
+
+def device_label(label: str, device: int) -> str:
+    """A stream's label with its device, as reports name it when more than one device is in use."""
+    return f"{label} (cuda:{device})"
 
 
 @dataclass(frozen=True)
@@ -138,9 +144,13 @@ class ThreadJoin(Op):
 
 @dataclass(frozen=True)
 class StreamCreate(Op):
+    """A stream of `device` (the device index, as in cuda:N). Each device has its own legacy
+    default stream; blocking streams synchronize only with their own device's."""
+
     stream: int = 0
     kind: StreamKind = StreamKind.NON_BLOCKING
     name: str = ""
+    device: int = 0
 
 
 @dataclass(frozen=True)
@@ -180,14 +190,29 @@ class EventSync(Op):
 
 @dataclass(frozen=True)
 class DeviceSync(Op):
-    pass
+    """cudaDeviceSynchronize of `device`: orders the host after that device's streams only."""
+
+    device: int = 0
+
+
+@dataclass(frozen=True)
+class PeerAccess(Op):
+    """cudaDeviceEnablePeerAccess: kernels on `device` may access memory of `peer` from now on
+    (one direction only). Not a synchronization. Copies between devices never need it (CUDA
+    stages them through the host); a kernel touching another device's memory without it faults."""
+
+    device: int = 0
+    peer: int = 0
 
 
 @dataclass(frozen=True)
 class Alloc(Op):
+    """`nbytes` of memory on `device`."""
+
     buffer: int = 0
     nbytes: int = 0
     name: str = ""
+    device: int = 0
 
 
 @dataclass(frozen=True)
@@ -216,6 +241,7 @@ class CopyKind(str, enum.Enum):
     H2D = "H2D"
     D2H = "D2H"
     D2D = "D2D"
+    PEER = "P2P"  # between two devices (cudaMemcpyPeerAsync): reads src's device, writes dst's
 
 
 @dataclass(frozen=True)
