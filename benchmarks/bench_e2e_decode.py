@@ -107,6 +107,8 @@ def parse_args(argv=None):
         args.hidden, args.layers, args.intermediate, args.heads, args.kv_heads, args.vocab = 64, 2, 128, 4, 2, 128
     if args.dtype is None:
         args.dtype = "bfloat16" if args.device == "cuda" else "float32"
+    if args.repeats < 1 or args.prompt < 1:
+        p.error("--repeats and --prompt must be >= 1")
     if args.new_tokens < 2:
         p.error("--new-tokens must be >= 2 (decode steps are timed between the first and the last)")
     if args.hidden % args.heads or args.heads % args.kv_heads:
@@ -247,9 +249,9 @@ def measure(torch, variant, fn, ids, args, clock, budget, items_left) -> dict:
         raise BudgetExceeded(f"skipped: one sample would take ~{estimate:.0f} s, {max(budget.left(), 0):.0f} s left")
     us, out, cost = one_sample()
     samples = [us]
-    # Repeats that fit this item's share of what is left of the budget.
+    # Further samples: as many as fit this item's share of what is left of the budget.
     share = budget.left() / max(items_left, 1)
-    more = max(0, min(args.repeats - 1, int(share // max(cost, 1e-9)) - 1))
+    more = max(0, min(args.repeats - 1, int(share // max(cost, 1e-9))))
     for _ in range(more):
         us, out, _ = one_sample()
         samples.append(us)
