@@ -339,6 +339,10 @@ def share_from_events(torch, events, cuda: bool, wall_us: float) -> dict:
         total = sum(e.time_range.elapsed_us() for e in events
                     if e.device_type == DeviceType.CUDA and not e.is_user_annotation and e.name not in labels)
         method = "torch.profiler, CUDA kernel time in norm/projection ranges / all CUDA kernel time"
+        if total > 0 and not (part[NORM_LABEL] and part[PROJ_LABEL]):
+            # A share of 0 would make Amdahl expect nothing; say the profile did not link kernels instead.
+            raise RuntimeError(f"profiler linked no kernels to the {NORM_LABEL}/{PROJ_LABEL} ranges "
+                               f"({len(ours)} ranges, {total:.0f} µs of kernels in all)")
     else:
         part = {label: sum(e.cpu_time_total for e in ours if e.name == label) for label in labels}
         total = wall_us
