@@ -19,6 +19,10 @@ What is asserted, for every generated program:
 The converse of 3 does not hold: two unordered accesses may still give equal values in
 every order (e.g. a write whose value is overwritten before anyone reads it and before
 the end), so value-racy is a subset of checker-racy.
+
+Half the programs span two devices: each stream belongs to cuda:0 or cuda:1, each device may
+have its own legacy stream, a device synchronize waits for one device, events cross devices
+(peer access is enabled both ways, so every kernel may touch every buffer).
 """
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ from flashnorm_kernels.testing.strategies import Shape, unsafe_plans
 from streamcheck.confirm import confirm_races
 from streamcheck.core.hb import check, format_report
 from streamcheck.core.trace import (Alloc, CallSite, DeviceSync, EventCreate, EventRecord, EventSync, HostAccess, Launch,
-                               Range, StreamCreate, StreamKind, StreamSync, StreamWait, Trace)
+                               PeerAccess, Range, StreamCreate, StreamKind, StreamSync, StreamWait, Trace)
 
 CELL = 4  # bytes per cell; every buffer has two cells
 RANGES = {"lo": (0,), "hi": (1,), "all": (0, 1)}  # name -> cells covered
@@ -49,11 +53,11 @@ def _examples(floor: int = 300) -> int:
 
 
 # --- programs -----------------------------------------------------------------------------
-# A program: (kinds, n_buffers, ops). Streams are 0..len(kinds)-1, events 1..N_EVENTS,
-# buffers 0..n_buffers-1. Operations are tuples:
+# A program: (kinds, n_buffers, ops[, devices]). Streams are 0..len(kinds)-1, on devices[s]
+# (all on device 0 without it), events 1..N_EVENTS, buffers 0..n_buffers-1. Operations are tuples:
 #   ("launch", stream, reads, writes)   reads/writes: tuples of (buffer, range name)
 #   ("record", event, stream)  ("wait", stream, event)
-#   ("ssync", stream)  ("esync", event)  ("dsync",)
+#   ("ssync", stream)  ("esync", event)  ("dsync",) or ("dsync", device)
 #   ("hread", (buffer, range))  ("hwrite", (buffer, range))
 
 OP_KINDS = ["launch", "record", "wait", "ssync", "esync", "dsync", "hread", "hwrite"]
@@ -64,8 +68,12 @@ OP_WEIGHTS = ["launch"] * 4 + ["record"] * 2 + ["wait"] * 2 + OP_KINDS[3:]
 def programs(draw):
     n_streams = draw(st.integers(2, 3))
     kinds = [draw(st.sampled_from([StreamKind.BLOCKING, StreamKind.NON_BLOCKING])) for _ in range(n_streams)]
+    two = draw(st.booleans())
+    devices = [0] + [draw(st.integers(0, 1)) if two else 0 for _ in range(n_streams - 1)]
     if draw(st.booleans()):
         kinds[0] = StreamKind.LEGACY
+    if two and 1 in devices and draw(st.booleans()):  # cuda:1's own legacy stream
+        kinds[devices.index(1)] = StreamKind.LEGACY
     if draw(st.integers(0, 3)) == 0:  # at most one per-thread default stream (one host thread)
         kinds[-1] = StreamKind.PER_THREAD
     n_buffers = draw(st.integers(2, 3))
@@ -92,10 +100,12 @@ def programs(draw):
         elif tag == "esync":
             ops.append((tag, draw(ev)))
         elif tag == "dsync":
-            ops.append((tag,))
+            ops.append((tag, draw(st.integers(0, max(devices)))))
         else:
             ops.append((tag, draw(access)))
-    return tuple(kinds), n_buffers, tuple(ops)
+    if not two:
+        return tuple(kinds), n_buffers, tuple(ops)
+    return tuple(kinds), n_buffers, tuple(ops), tuple(devices)
 
 
 def accesses(op) -> list:
@@ -112,11 +122,12 @@ def accesses(op) -> list:
 
 # --- the oracle ---------------------------------------------------------------------------
 
-def must_happen_before(kinds, ops) -> list[set]:
+def must_happen_before(kinds, ops, devices=None) -> list[set]:
     """preds[i]: the operations that CUDA guarantees finish before operation i starts.
     Every edge goes from an earlier-issued operation to a later one."""
-    legacy = [s for s, k in enumerate(kinds) if k is StreamKind.LEGACY]
-    # Blocking and per-thread default streams synchronize with the legacy stream both ways.
+    devices = devices or (0,) * len(kinds)
+    legacy_of = {devices[s]: s for s, k in enumerate(kinds) if k is StreamKind.LEGACY}
+    # Blocking and per-thread default streams synchronize with their device's legacy stream both ways.
     joiners = [s for s, k in enumerate(kinds) if k in (StreamKind.BLOCKING, StreamKind.PER_THREAD)]
     last_on = {}  # stream -> its last issued operation
     recorded = {}  # event -> its current record operation (a re-record replaces it)
@@ -130,10 +141,11 @@ def must_happen_before(kinds, ops) -> list[set]:
             s = op[1] if tag != "record" else op[2]
             if s in last_on:
                 before.add(last_on[s])  # stream order
-            if s in legacy:
-                before |= {last_on[t] for t in joiners if t in last_on}
-            elif s in joiners and legacy and legacy[0] in last_on:
-                before.add(last_on[legacy[0]])
+            legacy = legacy_of.get(devices[s])
+            if s == legacy:
+                before |= {last_on[t] for t in joiners if t in last_on and devices[t] == devices[s]}
+            elif s in joiners and legacy in last_on:
+                before.add(last_on[legacy])
             if tag == "record":
                 recorded[op[1]] = i
             if tag == "wait" and op[2] in recorded:  # the record as it is *now*; none: no-op
@@ -144,8 +156,9 @@ def must_happen_before(kinds, ops) -> list[set]:
                 before.add(last_on[op[1]])
             elif tag == "esync" and op[1] in recorded:
                 before.add(recorded[op[1]])
-            elif tag == "dsync":
-                before |= set(last_on.values())
+            elif tag == "dsync":  # that device's streams only
+                device = op[1] if len(op) > 1 else 0
+                before |= {last for t, last in last_on.items() if devices[t] == device}
             last_host = i
         preds.append(before)
     return preds
@@ -230,12 +243,15 @@ def value_racy(n_buffers, ops, preds) -> bool:
 
 # --- the program as a trace ---------------------------------------------------------------
 
-def to_trace(kinds, n_buffers, ops) -> Trace:
+def to_trace(kinds, n_buffers, ops, devices=None) -> Trace:
     """Operation i gets call site oracle_program.py:<i + 1>; setup lines are 0."""
     setup = CallSite(PROGRAM_FILE, 0)
     trace = Trace()
+    devices = devices or (0,) * len(kinds)
     for s, kind in enumerate(kinds):
-        trace.append(StreamCreate(0, setup, stream=s, kind=kind, name=f"S{s}"))
+        trace.append(StreamCreate(0, setup, stream=s, kind=kind, name=f"S{s}", device=devices[s]))
+    if max(devices) > 0:  # every kernel may touch every buffer (all on cuda:0)
+        trace.append(PeerAccess(0, setup, device=1, peer=0))
     for e in range(1, N_EVENTS + 1):
         trace.append(EventCreate(0, setup, event=e, name=f"e{e}"))
     for b in range(n_buffers):
@@ -260,7 +276,7 @@ def to_trace(kinds, n_buffers, ops) -> Trace:
         elif tag == "esync":
             trace.append(EventSync(0, site, event=op[1]))
         elif tag == "dsync":
-            trace.append(DeviceSync(0, site))
+            trace.append(DeviceSync(0, site, device=op[1] if len(op) > 1 else 0))
         elif tag == "hread":
             trace.append(HostAccess(0, site, reads=(rng(op[1]),), name=f"h{i}"))
         else:
@@ -276,6 +292,11 @@ TALK_BUG = ((NB, NB), 2, (("launch", 0, (), ((0, "all"),)), ("launch", 1, ((0, "
 TALK_FIX = ((NB, NB), 2, (("launch", 0, (), ((0, "all"),)), ("record", 1, 0), ("wait", 1, 1),
                           ("launch", 1, ((0, "all"),), ((1, "all"),)), ("dsync",), ("hread", (1, "all"))))
 # A wait before a re-record, and the legacy stream joining two blocking streams.
+# Two devices: cuda:1's blocking stream does not join cuda:0's legacy stream (racy); its own
+# legacy stream it does (safe); a device synchronize of cuda:1 leaves cuda:0's write unordered.
+OTHER_DEVICES_LEGACY = ((L, B), 2, (("launch", 0, (), ((0, "all"),)), ("launch", 1, ((0, "all"),), ())), (0, 1))
+OWN_LEGACY = ((L, B, L), 2, (("launch", 2, (), ((0, "all"),)), ("launch", 1, ((0, "all"),), ())), (0, 1, 1))
+SYNC_OTHER_DEVICE = ((NB, NB), 2, (("launch", 0, (), ((0, "all"),)), ("dsync", 1), ("hread", (0, "all"))), (0, 1))
 WAIT_BEFORE_RERECORD = ((NB, NB), 2, (("record", 1, 0), ("launch", 0, (), ((0, "lo"),)), ("wait", 1, 1),
                                       ("record", 1, 0), ("launch", 1, ((0, "lo"),), ())))
 LEGACY_BRIDGE = ((L, B, B), 2, (("launch", 1, (), ((0, "hi"),)), ("launch", 0, (), ((1, "lo"),)),
@@ -296,13 +317,17 @@ READ_COVERS_WRITE = ((NB, NB), 2, (("launch", 0, (), ((0, "lo"),)), ("launch", 0
 @example(LEGACY_BRIDGE)
 @example(SYNC_THEN_ISSUE)
 @example(READ_COVERS_WRITE)
+@example(OTHER_DEVICES_LEGACY)
+@example(OWN_LEGACY)
+@example(SYNC_OTHER_DEVICE)
 @given(programs())
 def test_checker_agrees_with_oracle(program):
-    kinds, n_buffers, ops = program
-    preds = must_happen_before(kinds, ops)
+    kinds, n_buffers, ops, *devices = program
+    devices = devices[0] if devices else None
+    preds = must_happen_before(kinds, ops, devices)
     unordered = unordered_conflicts(ops, ancestors(preds))
     racy_values = value_racy(n_buffers, ops, preds)
-    races = check(to_trace(kinds, n_buffers, ops))
+    races = check(to_trace(kinds, n_buffers, ops, devices))
     report = format_report(races)
     event("value-racy" if racy_values else "hb-racy only" if unordered else "race-free")
 
@@ -329,6 +354,9 @@ def test_oracle_examples_classified_as_expected():
         (LEGACY_BRIDGE, False, set()),
         (SYNC_THEN_ISSUE, False, set()),
         (READ_COVERS_WRITE, True, {(0, 2)}),
+        (OTHER_DEVICES_LEGACY, True, {(0, 1)}),
+        (OWN_LEGACY, False, set()),
+        (SYNC_OTHER_DEVICE, True, {(0, 2)}),
         # Two unordered writes, both overwritten before anyone looks: hb-racy, not value-racy.
         (((NB, NB), 2, (("launch", 0, (), ((0, "lo"),)), ("launch", 1, (), ((0, "lo"),)), ("dsync",),
                         ("hwrite", (0, "all")))), False, {(0, 1)}),
@@ -336,8 +364,8 @@ def test_oracle_examples_classified_as_expected():
         (((NB, NB), 2, (("launch", 0, (), ((0, "lo"),)), ("launch", 1, (), ((0, "hi"),)), ("dsync",),
                         ("hread", (0, "all")))), False, set()),
     ]:
-        kinds, n_buffers, ops = program
-        preds = must_happen_before(kinds, ops)
+        kinds, n_buffers, ops, *devices = program
+        preds = must_happen_before(kinds, ops, devices[0] if devices else None)
         assert value_racy(n_buffers, ops, preds) is value_race, ops
         assert set(unordered_conflicts(ops, ancestors(preds))) == unordered_pairs, ops
 
