@@ -17,6 +17,10 @@ the launch's stream before calling a kernel callable; call them under
 
 Storage dtypes: "float32" float32, "float16" float16, "bfloat16" any 2-byte dtype
 holding bf16 bit patterns (uint16, int16, or ml_dtypes.bfloat16).
+
+On torch tensors (hf_cuda.py): `cupy_view(tensor)` is a CuPy array over the tensor's
+memory (no copy, no CUDA call, so it is safe inside a graph capture) and
+`cupy_stream(ptr)` a CuPy stream object for a stream torch or CuPy created.
 """
 from __future__ import annotations
 
@@ -33,13 +37,20 @@ _POSTSCALE_THREADS = 256
 _RMS_MAX_THREADS = 512
 
 
-@functools.lru_cache(maxsize=None)
 def _module():
     import cupy
 
+    return _module_of(cupy.RawModule)
+
+
+@functools.lru_cache(maxsize=None)
+def _module_of(raw_module_class):
+    # Keyed by the class `cupy.RawModule` names now: streamcheck.instrument() rebinds it to a
+    # subclass whose kernels it records, and a module loaded before the session would launch
+    # unseen. One module per class: NVRTC's result comes from CuPy's kernel cache.
     with open(_SOURCE, encoding="utf-8") as f:
         code = f.read()
-    return cupy.RawModule(code=code)
+    return raw_module_class(code=code)
 
 
 def compile_kernels() -> None:
@@ -148,3 +159,36 @@ def postscale_mixed(y, r, ones, *outs, columns, unscaled, dtype: str) -> None:
     when every output is unscaled (pass None)."""
     for i, (out, column) in enumerate(zip(outs, columns)):
         postscale(y, ones if i in unscaled else r, out, columns=(column,), dtype=dtype)
+
+
+_VIEW_DTYPES = {"torch.float32": "float32", "torch.float16": "float16", "torch.bfloat16": "uint16"}
+
+
+def cupy_view(tensor):
+    """A CuPy array over the bytes of CUDA tensor `tensor`: the same shape and strides, bf16 as
+    uint16 bit patterns (the kernels' storage). No copy. The memory is wrapped with its device
+    given, so no CUDA call is made (cudaPointerGetAttributes is not one to make inside a graph
+    capture); the array keeps the tensor alive."""
+    import cupy
+
+    dtype = _VIEW_DTYPES.get(str(tensor.dtype))
+    if dtype is None:
+        raise ValueError(f"cupy_view: dtype {tensor.dtype} has no deferred-norm kernels; use bfloat16, float16 or "
+                         "float32")
+    if not tensor.is_cuda:
+        raise ValueError(f"cupy_view: the tensor is on {tensor.device}; the kernels run on CUDA tensors")
+    size = tensor.element_size()
+    span = 1 + sum((n - 1) * st for n, st in zip(tensor.shape, tensor.stride())) if tensor.numel() else 0
+    memory = cupy.cuda.UnownedMemory(tensor.data_ptr(), span * size, tensor, device_id=tensor.device.index)
+    return cupy.ndarray(tuple(tensor.shape), dtype, cupy.cuda.MemoryPointer(memory, 0),
+                        strides=tuple(st * size for st in tensor.stride()))
+
+
+@functools.lru_cache(maxsize=None)
+def cupy_stream(ptr: int):
+    """A CuPy stream object for the stream with handle `ptr` (torch's current stream, a capture
+    stream); 0 is the legacy default stream (CuPy's Stream.null). Cached: one object per handle."""
+    import cupy
+    from streamcheck.gpu import external_stream
+
+    return external_stream(cupy, ptr)

@@ -1,0 +1,497 @@
+"""FlashNorm on a real torch CUDA model: `hf.attach(model, "cuda", plan)` (this module's groups),
+greedy decoding, and the decode step as one CUDA graph.
+
+Each norm → projection group of the model (fold.norm_groups) becomes a `CudaNormProjection`
+working on the model's own CUDA tensors, in the model's dtype (bf16, fp16, fp32):
+
+    torch's current stream ──fork_a──► A: Y = x·W*ᵀ (torch.mm, cuBLAS) ──join_mm──┐
+                           └─fork_b──► B: r = 1/RMS(x) (kernels_cuda.rms) ─join_rms─┴─► post-scale ──join_back──► caller
+
+W* = W·g is folded once at attach (fp64, cast to the model's dtype); the model's parameters are
+not touched. The plan (plan.SyncPlan) decides which edges exist, exactly as
+pipeline.DeferredNormProjection does; SyncPlan.implicit_join() is the talk's bug. The caller is
+whatever stream torch issues on (the default stream, a user stream, a graph-capture stream), so
+torch's later ops (attention) are ordered after the post-scale by join_back. plan.caller_kind
+is not used here: the caller's kind is the kind of torch's current stream.
+
+Buffers and copies. Y [rows, Σ out] and r [rows] are allocated once and reused every step, as
+inference engines preallocate them (so a post-scale that reads Y too early reads the previous
+step's projection, the one-step lag); the `war` edge keeps the next step's matmul from
+overwriting Y while this step's post-scale still reads it. The post-scale writes each output
+into a fresh torch tensor allocated on the caller's stream: no device copy at all, and nothing
+handed to torch is ever overwritten by a later step (transformers' caches may keep v_proj's
+output itself, not a copy). Activations cross to CuPy as views of the same bytes
+(kernels_cuda.cupy_view); nothing goes through host memory.
+
+Prefill. A step of M >= `prefill_rows` rows (default PREFILL_ROWS, to be tuned from GPU
+measurements) does not take the dual-stream path: the post-scale pass over the n-wide output
+costs more than the overlap saves (docs: 670 vs 640 µs at 4096 rows). It runs the pre-scaled
+path on torch's current stream, F.rms_norm(x, None, eps) then F.linear with W* (the `folded`
+baseline of benchmarks/bench_norm_proj.py). Every step, prefill or decode, takes at most
+`max_tokens` rows (batch × tokens of that step), else a ValueError names max_tokens.
+
+Inference only (the matmul writes Y through `out=`): run under torch.no_grad() or
+torch.inference_mode(). CuPy is imported when a group is built, never at import.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from itertools import accumulate
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from streamcheck.core.schedule import check_strike_pattern, strikes
+from streamcheck.gpu import MAX_DELAY_US
+
+from .fold import FlashNormError, norm_gain
+from .plan import EDGES, SyncPlan
+
+PREFILL_ROWS = 256  # rows from which a step takes the pre-scaled single-stream path
+KERNEL_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+_FOLD_ROWS = 8192  # rows folded at a time: bounds the fp64 temporary of a vocab × hidden lm_head
+
+
+class GraphCaptureError(RuntimeError):
+    """CUDA refused to capture the decode step; the message names the plan's missing join."""
+
+
+def import_cupy():
+    """CuPy, or an ImportError that says how to install it."""
+    try:
+        import cupy
+    except ImportError as exc:
+        raise ImportError("flashnorm attach(model, 'cuda'): the CUDA path launches its kernels through CuPy, "
+                          "which is not installed here: pip install 'streamcheck[gpu]'") from exc
+    return cupy
+
+
+def compute_dtype(linears, requested=None) -> torch.dtype:
+    """The dtype the groups compute in: their projections' (all alike, one the kernels have)."""
+    dtypes = {lin.weight.dtype for lin in linears}
+    if len(dtypes) != 1:
+        raise FlashNormError(f"flashnorm attach(model, 'cuda'): the projections mix dtypes "
+                             f"({', '.join(sorted(str(d) for d in dtypes))}); cast the model to one of bfloat16, "
+                             "float16, float32 first")
+    dtype = dtypes.pop()
+    if dtype not in KERNEL_DTYPES:
+        raise FlashNormError(f"flashnorm attach(model, 'cuda'): the model is {dtype}, which the CUDA kernels do not "
+                             "support; use bfloat16, float16 or float32, e.g. model.to(torch.bfloat16)")
+    if requested is not None and str(requested).replace("torch.", "") not in (str(dtype).replace("torch.", ""),
+                                                                              KERNEL_DTYPES[dtype]):
+        raise FlashNormError(f"flashnorm attach(model, 'cuda'): dtype={requested!r} but the model is {dtype}; the "
+                             "CUDA path computes in the model's dtype: cast the model, or leave dtype out")
+    return dtype
+
+
+def cuda_device(model, devices) -> torch.device:
+    """The one CUDA device all of the model's parameters are on (and `devices` names)."""
+    wanted = torch.device(devices)
+    found = {p.device for p in model.parameters()}
+    off = sorted(str(d) for d in found if d.type != "cuda")
+    if off:
+        raise FlashNormError(f"flashnorm attach(model, {str(devices)!r}): the model's parameters are on "
+                             f"{', '.join(off)}, not CUDA; move it first (model.to('cuda')), or attach to a "
+                             "streamcheck Device to run the norm → projection groups on the device API")
+    if len(found) != 1:
+        raise FlashNormError(f"flashnorm attach(model, 'cuda'): the model's parameters are spread over "
+                             f"{', '.join(sorted(str(d) for d in found))}; the CUDA path needs them on one GPU")
+    device = found.pop()
+    if wanted.index is not None and wanted.index != device.index:
+        raise FlashNormError(f"flashnorm attach(model, {str(devices)!r}): the model is on {device}; pass {str(device)!r}")
+    return device
+
+
+@dataclass(frozen=True)
+class MatmulHold:
+    """A bounded spin (streamcheck.gpu.SpinDelay) on stream A before the matmul of the
+    `after`-th step and every `every`-th after it (the one strike rule, core.schedule.strikes)."""
+
+    us: float
+    after: int = 0
+    every: int = 1
+
+
+class CudaNormProjection:
+    """One norm and the projections it feeds, run on the model's CUDA tensors (see the module
+    docstring). `outputs(hidden)` runs one step per new input (q/k/v, gate/up are called one
+    after another on the same tensor: one step serves all)."""
+
+    def __init__(self, name: str, norm, linears, gain_style: str, *, eps: float, plan: SyncPlan, max_tokens: int,
+                 prefill_rows: int = PREFILL_ROWS):
+        cupy = import_cupy()
+        from . import kernels_cuda
+
+        self._kernels = kernels_cuda
+        self.name = name
+        self.plan = plan
+        self.eps = float(eps)
+        self.max_tokens = int(max_tokens)
+        self.prefill_rows = int(prefill_rows)
+        first = linears[0].weight
+        self.device, self.dtype = first.device, first.dtype
+        self.kernel_dtype = KERNEL_DTYPES[self.dtype]
+        self.in_features = first.shape[1]
+        self.out_features = tuple(lin.weight.shape[0] for lin in linears)
+        stops = list(accumulate(self.out_features))
+        self.columns = tuple(zip([0] + stops[:-1], stops))
+        self.biases = [lin.bias.detach() if lin.bias is not None else None for lin in linears]
+        with torch.no_grad():  # W* = W·g, as flashify folds it, without touching the model
+            gain = norm_gain(norm, gain_style).to(self.device, torch.float64)
+            self.weight = torch.empty((stops[-1], self.in_features), dtype=self.dtype, device=self.device)
+            for (start, _), lin in zip(self.columns, linears):
+                w = lin.weight.detach()
+                for lo in range(0, w.shape[0], _FOLD_ROWS):
+                    rows = w[lo:lo + _FOLD_ROWS]
+                    self.weight[start + lo:start + lo + rows.shape[0]].copy_((rows.double() * gain).to(self.dtype))
+        # The dual-stream path takes fewer than prefill_rows rows (and at most max_tokens).
+        self.rows = max(0, min(self.max_tokens, self.prefill_rows - 1))
+        self.y = torch.empty((self.rows, stops[-1]), dtype=self.dtype, device=self.device)
+        self.r = torch.empty((self.rows,), dtype=torch.float32, device=self.device)
+        self._y, self._r = kernels_cuda.cupy_view(self.y), kernels_cuda.cupy_view(self.r)
+        self._cupy_device = cupy.cuda.Device(self.device.index)
+        with self._cupy_device:
+            non_blocking = plan.side_kind == "non_blocking"
+            self._side = {"A": cupy.cuda.Stream(non_blocking=non_blocking),
+                          "B": cupy.cuda.Stream(non_blocking=non_blocking)}
+        self.stream_a = torch.cuda.ExternalStream(self._side["A"].ptr, device=self.device)
+        self.stream_b = torch.cuda.ExternalStream(self._side["B"].ptr, device=self.device)
+        # In EDGES order, as the pipeline: the same events, recorded and waited in the same order.
+        self._events = {edge: torch.cuda.Event() for edge in EDGES if plan.has(edge)}
+        self._war_stream: Optional[int] = None  # handle of the stream `war` was last recorded on
+        self.steps = 0  # forwards run: step 0 is the prompt's
+        self.hold: Optional[MatmulHold] = None
+        self._last_hidden = None  # held, so its address cannot be reused by a new tensor
+        self._last_version = -1
+        self._outputs = None
+
+    @property
+    def module(self) -> "CudaNormProjection":
+        return self  # Attachment.modules lists what runs each group
+
+    # --- controls -------------------------------------------------------------------------
+    def hold_matmul(self, us: float, *, after: int = 0, every: int = 1) -> None:
+        """Spin `us` µs (bounded by streamcheck.gpu.MAX_DELAY_US) on stream A before the matmul of
+        step `after` and every `every`-th step after it, so that a post-scale that does not wait
+        for the matmul reads the previous step's Y. `us=0` removes the hold."""
+        if isinstance(us, bool) or not isinstance(us, (int, float)) or not 0 <= us <= MAX_DELAY_US:
+            raise ValueError(f"hold_matmul: us must be in [0, {MAX_DELAY_US}] µs (the spin kernel's cap), got {us!r}")
+        after, every = check_strike_pattern(after, every)
+        self.hold = MatmulHold(float(us), after, every) if us else None
+
+    def forget_previous_step(self) -> None:
+        """Issue no `war` wait in the next step. Only right once the previous step's post-scale
+        has completed (a synchronize). Needed around a CUDA graph capture: inside one, waiting on
+        an event recorded outside it is refused (cudaErrorStreamCaptureIsolation), and after one,
+        waiting on an event last recorded inside it is refused (cudaErrorInvalidValue)."""
+        self._war_stream = None
+
+    def close(self) -> None:
+        """Release the buffers and streams once no work on them can be in flight."""
+        torch.cuda.synchronize(self.device)
+        self._outputs = self._last_hidden = None
+        self.y = self.r = self._y = self._r = None
+
+    # --- one step -------------------------------------------------------------------------
+    def outputs(self, hidden: torch.Tensor) -> list:
+        if hidden is not self._last_hidden or hidden._version != self._last_version:
+            self._outputs = self._step(hidden)
+            self._last_hidden, self._last_version = hidden, hidden._version
+        return self._outputs
+
+    def _step(self, hidden: torch.Tensor) -> list:
+        what = f"flashnorm attach: {self.name}"
+        if hidden.device != self.device or hidden.dtype != self.dtype:
+            raise ValueError(f"{what} computes in {self.dtype} on {self.device} (the model's weights) but got a "
+                             f"{hidden.dtype} input on {hidden.device} (autocast?); run the model in its own dtype")
+        if hidden.requires_grad:
+            raise RuntimeError(f"{what}: the CUDA path is for inference (its matmul writes a persistent buffer); "
+                               "run the model under torch.no_grad() or torch.inference_mode()")
+        x = hidden.reshape(-1, self.in_features)
+        if not x.is_contiguous():
+            x = x.contiguous()  # the kernels read rows of in_features consecutive elements
+        m = x.shape[0]
+        if m > self.max_tokens:
+            raise ValueError(f"{what} got {m} rows (batch × tokens of one step) but max_tokens={self.max_tokens}; "
+                             f"pass max_tokens >= {m} to attach()")
+        if m == 0:
+            outs = [x.new_empty((0, n)) for n in self.out_features]
+        elif m >= self.prefill_rows:
+            outs = self._prescaled(x)
+        else:
+            outs = self._deferred(x, m)
+        self.steps += 1
+        return [out.view(*hidden.shape[:-1], out.shape[-1]) for out in outs]
+
+    def _prescaled(self, x) -> list:
+        # Prefill: one stream, no post-scale pass (the norm's gain is folded into W*).
+        h = F.rms_norm(x, (self.in_features,), None, self.eps)
+        return [F.linear(h, self.weight[start:stop], bias) for (start, stop), bias in zip(self.columns, self.biases)]
+
+    def _edge(self, edge: str, src, dst) -> None:
+        # Each edge is an event recorded on its source and waited on by its target; an edge
+        # inside one stream is already given by stream order.
+        event = self._events.get(edge)
+        if event is not None and src.cuda_stream != dst.cuda_stream:
+            event.record(src)
+            dst.wait_event(event)
+
+    def _deferred(self, x, m: int) -> list:
+        kernels, kernel_dtype = self._kernels, self.kernel_dtype
+        caller = torch.cuda.current_stream(self.device)
+        a, b = self.stream_a, self.stream_b
+        where = self.plan.post_stream
+        post = {"caller": caller, "A": a, "B": b}[where]
+        post_cupy = kernels.cupy_stream(caller.cuda_stream) if where == "caller" else self._side[where]
+        # Fresh outputs, allocated on the caller's stream (the caching allocator ties them to it).
+        outs = [torch.empty((m, n), dtype=self.dtype, device=self.device) for n in self.out_features]
+
+        # war: this step's writes to the persistent Y and r wait until the previous post-scale
+        # has read them (skipped on the first step: nothing recorded yet).
+        war = self._events.get("war")
+        if war is not None and self._war_stream is not None:
+            for side in (a, b):
+                if side.cuda_stream != self._war_stream:
+                    side.wait_event(war)
+        self._edge("fork_a", caller, a)
+        self._edge("fork_b", caller, b)
+        with self._cupy_device:
+            if self.hold is not None and strikes(self.steps, self.hold.after, self.hold.every):
+                from streamcheck.gpu import SpinDelay
+
+                SpinDelay.get().enqueue(self._side["A"], self.hold.us)  # before the matmul, on A
+            with torch.cuda.stream(a):
+                torch.mm(x, self.weight.t(), out=self.y[:m])
+            with self._side["B"]:
+                kernels.rms(kernels.cupy_view(x), self._r[:m], eps=self.eps, dtype=kernel_dtype)
+            self._edge("join_mm", a, post)
+            self._edge("join_rms", b, post)
+            with post_cupy:
+                kernels.postscale(self._y[:m], self._r[:m], *[kernels.cupy_view(o) for o in outs],
+                                  columns=self.columns, dtype=kernel_dtype)
+        self._edge("join_back", post, caller)
+        if war is not None:
+            war.record(post)
+            self._war_stream = post.cuda_stream
+        for out, bias in zip(outs, self.biases):
+            if bias is not None:
+                out.add_(bias)  # W·(x/rms) + b: the bias is outside the deferred scale
+        return outs
+
+    def __repr__(self) -> str:
+        return (f"CudaNormProjection({self.name!r}, in={self.in_features}, out={list(self.out_features)}, "
+                f"{self.kernel_dtype} on {self.device}, max_tokens={self.max_tokens}, "
+                f"prefill_rows={self.prefill_rows}, {self.plan.describe()})")
+
+
+class Projection(torch.nn.Module):
+    """Stands in for projection `index` of a CudaNormProjection group."""
+
+    def __init__(self, group: CudaNormProjection, index: int):
+        super().__init__()
+        self.group = group
+        self.index = index
+
+    def forward(self, hidden):
+        return self.group.outputs(hidden)[self.index]
+
+
+def attached_groups(model) -> list:
+    """The CudaNormProjection groups attached to `model`, in model order (none for a plain model)."""
+    groups = []
+    for module in model.modules():
+        if isinstance(module, Projection) and all(module.group is not g for g in groups):
+            groups.append(module.group)
+    return groups
+
+
+def unjoined_forks(plan: SyncPlan) -> list:
+    """What the plan leaves unjoined: side streams whose work never flows back into the caller's
+    stream. CUDA ends a capture with such a fork with cudaErrorStreamCaptureUnjoined."""
+    problems = []
+    for side, join, work in (("A", "join_mm", "the matmul"), ("B", "join_rms", "the RMS")):
+        if plan.post_stream == side:
+            missing = [] if plan.has("join_back") else ["join_back"]
+        else:
+            missing = [] if plan.has(join) else [join]
+            if plan.post_stream != "caller" and not plan.has("join_back"):
+                missing.append("join_back")
+        if missing:
+            problems.append(f"stream {side} ({work}) is never joined back into the capturing stream: missing "
+                            f"{' and '.join(missing)}")
+    return problems
+
+
+# --- decoding -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _ForwardArgs:
+    """How this transformers version's forward takes the cache (the names moved in 5.x)."""
+
+    cache: str  # "cache" or "past_key_values"
+    cache_position: bool
+    logits_to_keep: bool
+
+
+def _forward_args(model) -> _ForwardArgs:
+    params = inspect.signature(model.forward).parameters
+    return _ForwardArgs("cache" if "cache" in params else "past_key_values", "cache_position" in params,
+                        "logits_to_keep" in params)
+
+
+def _new_cache(model, static: bool, max_len: int, batch: int):
+    from transformers import DynamicCache, StaticCache
+
+    config = model.config
+    if not static:
+        try:
+            return DynamicCache(config=config)
+        except TypeError:  # transformers before the layered caches
+            return DynamicCache()
+    try:
+        return StaticCache(config=config, max_cache_len=max_len)  # layers allocate at their first update
+    except TypeError:  # older signature
+        weight = next(model.parameters())
+        return StaticCache(config=config, max_batch_size=batch, max_cache_len=max_len, device=weight.device,
+                           dtype=weight.dtype)
+
+
+def _next_token(model, args: _ForwardArgs, cache, ids, positions, cache_position):
+    """Greedy: the argmax of the last position's logits, [batch, 1]."""
+    kwargs = {args.cache: cache, "use_cache": True, "position_ids": positions}
+    if args.cache_position:
+        kwargs["cache_position"] = cache_position
+    if args.logits_to_keep:
+        kwargs["logits_to_keep"] = 1
+    logits = model(input_ids=ids, **kwargs).logits
+    return logits[:, -1, :].argmax(-1, keepdim=True)
+
+
+def _decode_step(model, args, cache, ids, positions, cache_position) -> None:
+    """One decode step in place on static tensors: ids [batch, 1] becomes the next token."""
+    ids.copy_(_next_token(model, args, cache, ids, positions, cache_position))
+    positions.add_(1)
+    cache_position.add_(1)
+
+
+def _prompt(model, input_ids, max_new_tokens, groups) -> torch.Tensor:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    device = next(model.parameters()).device
+    ids = torch.as_tensor(input_ids, dtype=torch.long, device=device)
+    ids = ids.reshape(1, -1) if ids.dim() == 1 else ids
+    if ids.dim() != 2 or ids.shape[1] == 0:
+        raise ValueError(f"input_ids must be [batch, prompt length] with at least one token, got shape "
+                         f"{tuple(ids.shape)}")
+    rows = ids.shape[0] * ids.shape[1]
+    for group in groups[:1]:  # every group of one attachment has the same max_tokens
+        if rows > group.max_tokens:
+            raise ValueError(f"the prompt is {ids.shape[0]} × {ids.shape[1]} = {rows} rows for the prefill step but "
+                             f"the model was attached with max_tokens={group.max_tokens}; attach with "
+                             f"max_tokens >= {rows}")
+    return ids
+
+
+def _prefill(model, args, cache, ids):
+    batch, length = ids.shape
+    positions = torch.arange(length, device=ids.device).repeat(batch, 1)
+    return _next_token(model, args, cache, ids, positions, torch.arange(length, device=ids.device))
+
+
+def _static_inputs(ids, first):
+    batch, length = ids.shape
+    positions = torch.full((batch, 1), length, dtype=torch.long, device=ids.device)
+    return first.clone(), positions, torch.tensor([length], dtype=torch.long, device=ids.device)
+
+
+def greedy_decode(model, input_ids, max_new_tokens: int, *, static_cache: bool = False) -> torch.Tensor:
+    """Greedy decoding with a KV cache, eagerly: one forward for the prompt, then one per new
+    token. Works on a plain or an attached model. Exactly `max_new_tokens` tokens (no stop at
+    EOS). `static_cache`: transformers' StaticCache (what decode_with_graph captures) instead of
+    the growing DynamicCache. Returns the prompt and the new tokens, LongTensor
+    [batch, prompt + max_new_tokens], on the model's device."""
+    ids = _prompt(model, input_ids, max_new_tokens, attached_groups(model))
+    args = _forward_args(model)
+    cache = _new_cache(model, static_cache, ids.shape[1] + max_new_tokens, ids.shape[0])
+    with torch.no_grad():
+        token, positions, cache_position = _static_inputs(ids, _prefill(model, args, cache, ids))
+        tokens = [token.clone()]
+        for _ in range(max_new_tokens - 1):
+            _decode_step(model, args, cache, token, positions, cache_position)
+            tokens.append(token.clone())
+    return torch.cat([ids] + tokens, dim=1)
+
+
+def decode_with_graph(model, input_ids, max_new_tokens: int) -> torch.Tensor:
+    """Greedy decoding with the decode step captured once as a CUDA graph over transformers'
+    StaticCache: the prefill runs eagerly, then every decode step is one graph replay. Same
+    result as greedy_decode(..., static_cache=True). Works on a plain or an attached model
+    (on CUDA). An attached plan that leaves a fork unjoined (the talk's SyncPlan.implicit_join())
+    is refused by CUDA at the end of the capture: GraphCaptureError names the missing join."""
+    groups = attached_groups(model)
+    ids = _prompt(model, input_ids, max_new_tokens, groups)
+    if ids.device.type != "cuda":
+        raise ValueError(f"decode_with_graph: the model is on {ids.device}; CUDA graphs need it on CUDA")
+    args = _forward_args(model)
+    batch, length = ids.shape
+    cache = _new_cache(model, True, length + max_new_tokens, batch)
+    with torch.no_grad():
+        token, positions, cache_position = _static_inputs(ids, _prefill(model, args, cache, ids))
+        tokens = [token.clone()]
+        if max_new_tokens > 1:
+            stream = torch.cuda.Stream(ids.device)
+            # Warm-up on the capture stream (cuBLAS handle and workspace per stream, first
+            # kernels), against a scratch cache so that the real one is not advanced.
+            scratch = _new_cache(model, True, length + max_new_tokens, batch)
+            stream.wait_stream(torch.cuda.current_stream(ids.device))
+            with torch.cuda.stream(stream):
+                _decode_step(model, args, scratch, token.clone(), positions.clone(), cache_position.clone())
+            torch.cuda.synchronize(ids.device)
+            del scratch
+            graph = _capture(groups, stream, lambda: _decode_step(model, args, cache, token, positions,
+                                                                  cache_position))
+            for _ in range(max_new_tokens - 1):
+                graph.replay()
+                tokens.append(token.clone())
+    return torch.cat([ids] + tokens, dim=1)
+
+
+def _capture(groups, stream, step):
+    """`step()` captured on `stream` as one torch.cuda.CUDAGraph. Begun and ended by hand rather
+    than with torch.cuda.graph, whose exit leaves the capture stream current when ending fails."""
+    torch.cuda.synchronize()
+    for group in groups:
+        group.forget_previous_step()  # the previous step's war event was recorded outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        graph.capture_begin()
+        try:
+            step()
+        except BaseException:
+            try:
+                graph.capture_end()
+            except Exception:  # the step's own error is the one to see
+                pass
+            raise
+        finally:
+            for group in groups:
+                group.forget_previous_step()  # war was last recorded inside the capture
+        try:
+            graph.capture_end()
+        except Exception as exc:
+            raise GraphCaptureError(_refusal(groups, exc)) from exc
+    return graph
+
+
+def _refusal(groups, exc) -> str:
+    if not groups:
+        return f"decode_with_graph: CUDA refused to capture the decode step: {exc}"
+    plan = groups[0].plan
+    problems = unjoined_forks(plan)
+    if not problems:
+        return f"decode_with_graph: CUDA refused to capture the decode step with {plan.describe()}: {exc}"
+    return (f"decode_with_graph: CUDA refused to capture the decode step (cudaErrorStreamCaptureUnjoined: a fork "
+            f"never joined back). {plan.describe()}: {'; '.join(problems)}, in every norm → projection group "
+            f"(first: {groups[0].name}). Attach with SyncPlan.correct(). CUDA said: {exc}")
