@@ -32,7 +32,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 from .core.schedule import HOST, Target
@@ -42,6 +42,7 @@ from .gpu import MAX_DELAY_US
 MAX_RACES = 8  # distinct races confirmed per run (--confirm-max); the rest listed as not attempted
 FIRST_DELAY_US = 2000.0  # the first try: longer than the host takes between most racing calls
 RERUN_TIMEOUT_S = 600
+RERUNS_PER_RACE = 4  # the first try, eager loading, and longer delays up to the cap
 
 
 # --- what to target ----------------------------------------------------------------------
@@ -109,6 +110,7 @@ class ProbeSpec:
     second: Target
     delay_us: float
     race_key: tuple
+    eager: bool = False  # rerun with CUDA_MODULE_LOADING=EAGER (no kernel loading while the program runs)
 
     def to_json(self) -> str:
         return json.dumps({"first": _target_json(self.first), "second": _target_json(self.second),
@@ -131,8 +133,9 @@ class Probe:
     """Recorder hooks of one rerun (see the module docstring). Never raises into the program:
     a CUDA error here is kept in `error` and the probe stops."""
 
-    def __init__(self, spec: ProbeSpec):
+    def __init__(self, spec: ProbeSpec, driver=None):
         self.spec = spec
+        self.driver = driver  # adapters.cuda_device.CudaDriver (timing events); the recorder's if None
         self.targets = (("first", spec.first), ("second", spec.second))
         self.streams = {spec.first.stream, spec.second.stream}
         self.counts = {"first": 0, "second": 0}  # recorded operations of each target's key so far
@@ -145,15 +148,18 @@ class Probe:
         self._idle_stream = None
         self._lock = threading.Lock()
 
-    def _event(self, role: str, rec) -> int:
+    def _event(self, role: str, ptr: int) -> int:
         if role not in self.events:
-            self.events[role] = rec.gpu.driver.event_create()
+            self.driver.ensure_context(ptr)
+            self.events[role] = self.driver.event_create()
         return self.events[role]
 
     def issuing(self, rec, stream, sid: int) -> None:
         """Right before an operation on stream `sid` is issued (Recorder.before_issue)."""
         if sid not in self.streams or self.error is not None:
             return
+        if self.driver is None:
+            self.driver = rec.gpu.driver
         site = rec.site()
         with self._lock:
             for role, t in self.targets:
@@ -175,7 +181,7 @@ class Probe:
                             rec.gpu.spin(stream, self.spec.delay_us)
                             self.first_stream, self.spun_at = ptr, time.perf_counter()
                     else:
-                        rec.gpu.driver.event_record(self._event("second", rec), ptr)
+                        self.driver.event_record(self._event("second", ptr), ptr)
                         self.second_issued_at = time.perf_counter()
                 except Exception as exc:  # noqa: BLE001 - the program must not see our failure
                     self.error = f"{type(exc).__name__}: {exc}"
@@ -192,38 +198,87 @@ class Probe:
                 if self.counts[role] == t.occurrence and not self.done[role]:
                     self.done[role] = True
                     try:
-                        self._issued(role, rec)
+                        if self.driver is None:
+                            self.driver = rec.gpu.driver
+                        self._issued(role)
                     except Exception as exc:  # noqa: BLE001
                         self.error = f"{type(exc).__name__}: {exc}"
                 self.counts[role] += 1
 
-    def _issued(self, role: str, rec) -> None:
-        driver = rec.gpu.driver
+    def _issued(self, role: str) -> None:
+        driver = self.driver
         if role == "first":
             if self.first_stream is not None:
-                driver.event_record(self._event("first", rec), self.first_stream)
+                driver.event_record(self._event("first", self.first_stream), self.first_stream)
                 self.first_issued_at = time.perf_counter()
         elif self.second_issued_at is None and "second" not in self.captured:  # a host-side second: its issue time
             if self._idle_stream is None:
                 self._idle_stream = driver.stream_create()
-            driver.event_record(self._event("second", rec), self._idle_stream)
+            driver.event_record(self._event("second", self._idle_stream), self._idle_stream)
             self.second_issued_at = time.perf_counter()
 
-    def result(self, rec) -> dict:
+    def result(self, races) -> dict:
         """What the parent needs, JSON-ready (the rerun's races by call sites included)."""
         out = {"first_issued": self.first_issued_at is not None, "second_issued": self.second_issued_at is not None,
                "delay_us": self.spec.delay_us, "error": self.error,
-               "races": [_race_key(r) for r in rec.races]}
+               "races": [_race_key(r) for r in races]}
         if self.spun_at is not None and self.first_issued_at is not None:
             out["first_issue_us"] = (self.first_issued_at - self.spun_at) * 1e6  # how long issuing it held the host
         if self.first_issued_at is not None and self.second_issued_at is not None:
             out["host_gap_us"] = (self.second_issued_at - self.first_issued_at) * 1e6
         if self.error is None and out["first_issued"] and out["second_issued"]:
             try:
-                out["elapsed_us"] = rec.gpu.driver.elapsed_us(self.events["second"], self.events["first"])
+                out["elapsed_us"] = self.driver.elapsed_us(self.events["second"], self.events["first"])
             except Exception as exc:  # noqa: BLE001
                 out["error"] = f"{type(exc).__name__}: {exc}"
         return out
+
+
+class DeviceProbe(Probe):
+    """The probe of a device-API rerun on Device("cupy", confirm_probe=...): the device records
+    each operation before the backend issues it, so operations are matched exactly (their key,
+    site and occurrence), not by line."""
+
+    def __init__(self, spec: ProbeSpec):
+        from .adapters.cuda_device import CudaDriver
+
+        super().__init__(spec, CudaDriver())
+
+    def _match(self, op):
+        stream, name = Target.key_of(op)
+        for role, t in self.targets:
+            if (stream, name) == (t.stream, t.name) and op.site == t.site:
+                return role, t
+        return None, None
+
+    def before_op(self, op, stream_ptr: int, spin) -> None:
+        """Right before the backend issues the recorded `op` on `stream_ptr` (never inside a
+        capture: the backend asks first); `spin(us)` enqueues the bounded spin there."""
+        role, t = self._match(op)
+        if role is None or self.error is not None or self.done[role] or self.counts[role] != t.occurrence:
+            return
+        try:
+            if role == "first":
+                spin(self.spec.delay_us)
+                self.first_stream, self.spun_at = stream_ptr, time.perf_counter()
+            else:
+                self.driver.event_record(self._event("second", stream_ptr), stream_ptr)
+                self.second_issued_at = time.perf_counter()
+        except Exception as exc:  # noqa: BLE001 - the program must not see our failure
+            self.error = f"{type(exc).__name__}: {exc}"
+
+    def after_op(self, op) -> None:
+        """Right after the backend issued `op` (or, for a host-side operation, did it)."""
+        role, t = self._match(op)
+        if role is None or self.error is not None:
+            return
+        if self.counts[role] == t.occurrence and not self.done[role]:
+            self.done[role] = True
+            try:
+                self._issued(role)
+            except Exception as exc:  # noqa: BLE001
+                self.error = f"{type(exc).__name__}: {exc}"
+        self.counts[role] += 1
 
 
 def probe_line(result: dict) -> str:
@@ -259,7 +314,8 @@ class Verdict:
 
 
 def judge(race, spec: ProbeSpec, result: Optional[dict], replay: str, failure: str = "") -> tuple:
-    """(Verdict, delay to retry with or None) from one rerun's probe result."""
+    """(Verdict, what to change for another rerun — {"delay_us": longer} or {"eager": True} — or
+    None) from one rerun's probe result."""
     first, second = spec.first.describe(), spec.second.describe()
     d = spec.delay_us
 
@@ -285,15 +341,25 @@ def judge(race, spec: ProbeSpec, result: Optional[dict], replay: str, failure: s
                                    f"{first}, replay: {replay})", elapsed, d, replay), None
     held = result.get("first_issue_us", 0.0)
     if held >= 0.8 * d:
-        return no(f"a host synchronize between them held the host: issuing {first} returned only after it ran "
-                  f"({held:.0f} µs, the delay was {d:g} µs), so {second} was issued after it finished")
+        # The call waited for the spin: an implicit synchronization inside it. Lazy kernel
+        # loading is the usual one (a kernel's first launch loads its module, which waits for
+        # the device); a rerun with eager loading takes it out of the program.
+        why = (f"a host synchronize between them held the host: issuing {first} returned only after it ran "
+               f"({held:.0f} µs, the delay was {d:g} µs), so {second} was issued after it finished")
+        if not spec.eager:
+            return no(why, retry={"eager": True})
+        return no(why + " (eager module loading did not remove it: an implicit synchronization inside the call, "
+                        "such as a memory-pool growth or a module load)")
     needed = d - elapsed + result.get("host_gap_us", 0.0)  # what the delay lacked, plus the host's own time
     if d >= MAX_DELAY_US:
         return no(f"the inversion was not observed within the delay cap: with {d:g} µs (the cap) before {first}, "
                   f"{second} still started {-elapsed:.1f} µs after it finished; it would take about "
                   f"{needed:.0f} µs")
     return no(f"the inversion was not observed: with {d:g} µs before {first}, {second} started {-elapsed:.1f} µs "
-              f"after it finished", retry=min(float(MAX_DELAY_US), max(2 * d, 2 * needed)))
+              f"after it finished", retry={"delay_us": min(float(MAX_DELAY_US), max(2 * d, 2 * needed))})
+
+
+EAGER = {"CUDA_MODULE_LOADING": "EAGER"}
 
 
 def rerun_command(spec: ProbeSpec, script: str, script_args, seed: int, warm_up: bool) -> list:
@@ -303,15 +369,16 @@ def rerun_command(spec: ProbeSpec, script: str, script_args, seed: int, warm_up:
     return cmd + [script, *script_args]
 
 
-def _replay(cmd: list) -> str:
-    return " ".join(shlex.quote(w) for w in ["streamcheck", *cmd[3:]])
+def _replay(cmd: list, spec: ProbeSpec) -> str:
+    env = [f"{k}={v}" for k, v in EAGER.items()] if spec.eager else []
+    return " ".join(shlex.quote(w) for w in [*env, "streamcheck", *cmd[3:]])
 
 
 def _rerun(spec: ProbeSpec, script: str, script_args, seed: int, warm_up: bool) -> tuple:
     cmd = rerun_command(spec, script, script_args, seed, warm_up)
     fd, path = tempfile.mkstemp(prefix="streamcheck-probe-", suffix=".json")
     os.close(fd)
-    env = dict(os.environ, STREAMCHECK_PROBE_RESULT=path)
+    env = dict(os.environ, STREAMCHECK_PROBE_RESULT=path, **(EAGER if spec.eager else {}))
     env.pop("STREAMCHECK_RUN", None)
     try:
         proc = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
@@ -328,30 +395,75 @@ def _rerun(spec: ProbeSpec, script: str, script_args, seed: int, warm_up: bool) 
         os.unlink(path)
 
 
-def confirm_races(checker, trace, races, script: str, script_args=(), *, seed: int = 0, warm_up: bool = True,
-                  max_races: int = MAX_RACES, rerun=_rerun) -> list:
-    """One Verdict per race: up to `max_races` confirmed by reruns (a second, longer delay if the
-    first was too short), the rest not attempted. `rerun(spec, script, args, seed, warm_up)` ->
-    (command, result dict or None, failure text): a parameter so the logic is testable without a GPU."""
+def _confirm_each(checker, trace, races, rerun, max_races: int, over_cap: str, eager_reruns: bool) -> list:
+    """The loop both entry points share: plan, rerun, judge, retry (eager loading only where
+    `eager_reruns`: a fresh process), at most RERUNS_PER_RACE reruns per race."""
     verdicts = []
     for i, race in enumerate(races):
         if i >= max_races:
-            verdicts.append(Verdict(race, False, f"not attempted (over --confirm-max {max_races})"))
+            verdicts.append(Verdict(race, False, f"not attempted (over {over_cap})"))
             continue
         planned = plan_probe(checker, trace, race)
         if isinstance(planned, str):
             verdicts.append(Verdict(race, False, planned))
             continue
-        delay = FIRST_DELAY_US
-        while True:
-            spec = ProbeSpec(planned[0], planned[1], delay, tuple(_race_key(race)))
-            cmd, result, failure = rerun(spec, script, list(script_args), seed, warm_up)
-            verdict, retry = judge(race, spec, result, _replay(cmd), failure)
-            if retry is None or retry <= delay:
+        spec = ProbeSpec(planned[0], planned[1], FIRST_DELAY_US, tuple(_race_key(race)))
+        for _ in range(RERUNS_PER_RACE):
+            replay, result, failure = rerun(spec)
+            verdict, retry = judge(race, spec, result, replay, failure)
+            if retry is not None and "eager" in retry and not eager_reruns:
+                verdict = replace(verdict, text=verdict.text + "; rerun the process with CUDA_MODULE_LOADING=EAGER "
+                                                               "to rule out lazy kernel loading")
                 break
-            delay = retry
+            if retry is None:
+                break
+            spec = replace(spec, **retry)
         verdicts.append(verdict)
     return verdicts
+
+
+def confirm_races(checker, trace, races, script: str, script_args=(), *, seed: int = 0, warm_up: bool = True,
+                  max_races: int = MAX_RACES, rerun=_rerun) -> list:
+    """`streamcheck run --confirm`: one Verdict per race, up to `max_races` confirmed by reruns of
+    the script in fresh processes (again with eager kernel loading if a call held the host, with
+    longer delays if one was too short), the rest not attempted. `rerun(spec, script, args, seed,
+    warm_up)` -> (command, result dict or None, failure text): a parameter so the logic is
+    testable without a GPU."""
+    def one(spec):
+        cmd, result, failure = rerun(spec, script, list(script_args), seed, warm_up)
+        return _replay(cmd, spec), result, failure
+
+    return _confirm_each(checker, trace, races, one, max_races, f"--confirm-max {max_races}", eager_reruns=True)
+
+
+def confirm_device_races(program, races=None, *, max_races: int = MAX_RACES, **device_options) -> list:
+    """Device-API programs on the GPU: run `program` (a callable taking a Device) on
+    Device("cupy", **device_options), then once more per reported race (`races`: a subset) with
+    the race's first access delayed and timed as `streamcheck run --confirm` does; one Verdict
+    per race. Reruns are in this process, so a call that holds the host is explained, not
+    rerun with eager kernel loading (CUDA reads that setting once per process)."""
+    from .device import Device
+
+    if isinstance(max_races, bool) or not isinstance(max_races, int) or max_races < 0:
+        raise ValueError(f"confirm_device_races: max_races must be an integer >= 0, got {max_races!r}")
+    if "confirm_probe" in device_options:
+        raise ValueError("confirm_device_races: confirm_probe is set per rerun; do not pass it")
+
+    def run(**extra):
+        device = Device("cupy", **device_options, **extra)
+        program(device)
+        device.synchronize()
+        return device
+
+    reference = run()
+    races = list(reference.races if races is None else races)
+
+    def rerun(spec):
+        device = run(confirm_probe=spec)
+        return f"Device('cupy', confirm_probe={spec.to_json()!r})", device.backend.probe.result(device.races), ""
+
+    return _confirm_each(reference.checker, reference.trace, races, rerun, max_races, f"max_races={max_races}",
+                         eager_reruns=False)
 
 
 def write_result(result: dict) -> None:
@@ -362,5 +474,5 @@ def write_result(result: dict) -> None:
             json.dump(result, f)
 
 
-__all__ = ["MAX_RACES", "Probe", "ProbeSpec", "Verdict", "confirm_races", "judge", "plan_probe", "probe_line",
-           "write_result"]
+__all__ = ["MAX_RACES", "DeviceProbe", "Probe", "ProbeSpec", "Verdict", "confirm_device_races", "confirm_races",
+           "judge", "plan_probe", "probe_line", "write_result"]

@@ -67,14 +67,34 @@ class CudaDriver:
         if status != 0:
             raise RuntimeError(f"CUDA driver {what} failed with CUresult {status}")
 
-    def event_create(self) -> int:
+    def ensure_context(self, stream_ptr: int = 0) -> None:
+        """Make a context current on this thread if none is: a thread's first CUDA call may be
+        the one a probe event goes before (CUDA_ERROR_INVALID_CONTEXT otherwise). The stream's
+        own context, or for the default streams device 0's primary context: the one the runtime
+        (CuPy, torch) would make current itself."""
         if self.lib is None:
             raise RuntimeError("the CUDA driver (libcuda.so.1) could not be loaded")
+        ctx = ctypes.c_void_p()
+        self._checked("cuCtxGetCurrent", self.lib.cuCtxGetCurrent(ctypes.byref(ctx)))
+        if ctx.value:
+            return
+        if stream_ptr not in (0, 1, 2):  # not the legacy (0, 1) or per-thread (2) default stream
+            self._checked("cuStreamGetCtx", self.lib.cuStreamGetCtx(ctypes.c_void_p(stream_ptr), ctypes.byref(ctx)))
+            self._checked("cuCtxSetCurrent", self.lib.cuCtxSetCurrent(ctx))
+            return
+        device = ctypes.c_int()
+        self._checked("cuDeviceGet", self.lib.cuDeviceGet(ctypes.byref(device), 0))
+        self._checked("cuDevicePrimaryCtxRetain", self.lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), device))
+        self._checked("cuCtxSetCurrent", self.lib.cuCtxSetCurrent(ctx))
+
+    def event_create(self) -> int:
+        self.ensure_context()
         event = ctypes.c_void_p()
         self._checked("cuEventCreate", self.lib.cuEventCreate(ctypes.byref(event), ctypes.c_uint(0)))  # timing on
         return int(event.value or 0)
 
     def event_record(self, event: int, stream_ptr: int) -> None:
+        self.ensure_context(stream_ptr)
         self._checked("cuEventRecord", self.lib.cuEventRecord(ctypes.c_void_p(event), ctypes.c_void_p(stream_ptr)))
 
     def elapsed_us(self, start: int, end: int) -> float:
@@ -89,6 +109,7 @@ class CudaDriver:
     def stream_create(self) -> int:
         """A non-blocking stream no program work runs on: an event recorded there completes when
         the GPU reaches it, which is the host's issue time seen on the GPU's clock."""
+        self.ensure_context()
         stream = ctypes.c_void_p()
         self._checked("cuStreamCreate", self.lib.cuStreamCreate(ctypes.byref(stream), ctypes.c_uint(1)))
         return int(stream.value or 0)

@@ -159,7 +159,7 @@ class CupyBackend(Backend):
         return None
 
     def __init__(self, device, policy="eager", seed: int = 0, *, timing: bool = False, caller: str = "cupy",
-                 **params):
+                 confirm_probe=None, **params):
         import cupy
 
         if not isinstance(policy, str):
@@ -184,6 +184,15 @@ class CupyBackend(Backend):
         self._host_stream = None  # private stream for host_read/host_write (see there)
         self._captures = 0  # captures begun here and not yet ended
         self._graph_names: dict = {}  # graph id -> names of its captured kernels (delay targeting)
+        self.probe = None  # confirm_gpu.DeviceProbe: this run confirms one race (confirm_device_races)
+        if confirm_probe is not None:
+            from ..confirm_gpu import DeviceProbe, ProbeSpec
+
+            try:
+                spec = confirm_probe if isinstance(confirm_probe, ProbeSpec) else ProbeSpec.from_json(confirm_probe)
+            except ValueError as exc:
+                raise ScheduleError(f"cupy backend: confirm_probe: {exc}") from None
+            self.probe = DeviceProbe(spec)
         try:
             self._least, self._greatest = cupy.cuda.runtime.deviceGetStreamPriorityRange()
         except Exception:  # not exposed by this CuPy build; CUDA clamps out-of-range values anyway
@@ -261,6 +270,7 @@ class CupyBackend(Backend):
         # CuPy's pool hands the bytes to later allocations on the stream that allocated them;
         # the checker reports work still pending elsewhere as a FREE race.
         buf.storage = None
+        self._host_side_done()
 
     # --- issuing ------------------------------------------------------------------------
     def _handle(self, stream):
@@ -297,11 +307,11 @@ class CupyBackend(Backend):
             return index, handle, None
         us = self.policy.spin_before(stream.name, name)
         if us > 0:
-            if self._spin is None:
-                self._spin = SpinDelay.get()
-            self._spin.enqueue(handle, us)
+            self._spin_on(handle, us)
             self.delays.append((index, stream.name, us))
             self.schedule.decisions.append(stream.id)
+        if self.probe is not None:
+            self.probe.before_op(self._device.trace.ops[index], handle.ptr, lambda us: self._spin_on(handle, us))
         start = None
         if self.timing:
             with _suppressed():
@@ -309,8 +319,21 @@ class CupyBackend(Backend):
                 start.record(handle)
         return index, handle, start
 
+    def _host_side_done(self) -> None:
+        """A host-side operation (the device recorded it just before calling us) is done: a
+        confirmation probe times it as the host's own."""
+        if self.probe is not None:
+            self.probe.after_op(self._device.trace.ops[-1])
+
+    def _spin_on(self, handle, us: float) -> None:
+        if self._spin is None:
+            self._spin = SpinDelay.get()
+        self._spin.enqueue(handle, us)
+
     def _after(self, token) -> None:
         index, handle, start = token
+        if self.probe is not None:
+            self.probe.after_op(self._device.trace.ops[index])
         if start is not None:
             with _suppressed():
                 end = self._cupy.cuda.Event()
@@ -386,6 +409,7 @@ class CupyBackend(Backend):
         with _suppressed():
             stream = self._private_stream()
             value = region.array().get(stream=stream, blocking=True)
+        self._host_side_done()
         return value
 
     def host_write(self, region, value) -> None:
@@ -395,6 +419,7 @@ class CupyBackend(Backend):
             host = np.ascontiguousarray(np.broadcast_to(np.asarray(value, dtype=target.dtype), target.shape))
             target.set(host, stream=stream)
             stream.synchronize()
+        self._host_side_done()
 
     def sync_stream(self, stream, site) -> None:
         with _suppressed():

@@ -241,7 +241,7 @@ def run(args) -> int:
         print(f"streamcheck: not intercepted: {problem}", file=sys.stderr)
     print(session.report(width=report_width(sys.stderr)), file=sys.stderr)
     if probe is not None:
-        result = probe.result(session)
+        result = probe.result(session.races)
         confirm_gpu.write_result(result)
         print(confirm_gpu.probe_line(result), file=sys.stderr)
     elif races and args.delay_us == 0 and not args.confirm:
