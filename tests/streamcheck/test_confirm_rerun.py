@@ -261,3 +261,66 @@ def test_confirm_without_a_gpu_exits_2_and_says_the_reruns_need_one(tmp_path, ca
     script.write_text("pass\n")
     assert main(["run", "--confirm", str(script)]) == 2
     assert "--confirm reruns the script on the GPU" in capsys.readouterr().err
+
+
+class FakeEvent:
+    pass
+
+
+def _graph_program(rec, second_in_graph=False):
+    """A graph on s1 writes x; s2 reads x after the launch without a wait (or, with
+    `second_in_graph`, a forked node of the same graph reads it without a join)."""
+    from streamcheck.adapters import cupy_graphs
+    from streamcheck.core import trace as T
+    from tests.streamcheck.test_recorder import FakeGraph
+
+    gpu = rec.gpu
+    origin, side, other = FakeStream(0x10), FakeStream(0x30), FakeStream(0x20)
+    rec.alloc(0x1000, 64, stream=origin)
+    x = FakeArray(0x1000, 64)
+    rec.capture_begin(origin, None, lambda: gpu.capturing.update({origin.ptr, side.ptr}))
+    if second_in_graph:
+        fork = FakeEvent()
+        rec.record(T.EventRecord(rec.tid(), rec.site(), event=rec.eid(fork), stream=rec.sid(origin)))
+        rec.record(T.StreamWait(rec.tid(), rec.site(), stream=rec.sid(side), event=rec.eid(fork)))
+        rec.launch("read_in_graph", lambda: None, stream=side, reads=[x])
+    rec.launch("fill", lambda: None, stream=origin, writes=[x])
+    if second_in_graph:
+        join = FakeEvent()
+        rec.record(T.EventRecord(rec.tid(), rec.site(), event=rec.eid(join), stream=rec.sid(side)))
+        rec.record(T.StreamWait(rec.tid(), rec.site(), stream=rec.sid(origin), event=rec.eid(join)))
+    graph = cupy_graphs.wrap_end_capture(lambda _s: (gpu.capturing.clear(), FakeGraph())[1])(origin)
+    graph.launch(origin)
+    graph.launch(origin)
+    if not second_in_graph:
+        rec.launch("read_after", lambda: None, stream=other, reads=[x])
+    return graph
+
+
+def test_a_captured_first_access_is_targeted_at_the_graph_launch_that_raced():
+    from streamcheck.core.trace import GraphLaunch
+
+    rec = R.Recorder(LoggingGpu())
+    previous, R.current = R.current, rec
+    try:
+        graph = _graph_program(rec)
+    finally:
+        R.current = previous
+    race = next(r for r in rec.races if r.second.name == "read_after")
+    first, second = plan_probe(rec.checker, rec.trace, race)
+    launches = [op for op in rec.trace.ops if type(op) is GraphLaunch]
+    assert (first.name, first.site) == ("GraphLaunch", launches[1].site)  # the last launch before the read
+    assert second.name == "read_after"
+    del graph
+
+
+def test_two_nodes_of_one_graph_cannot_be_inverted_by_a_delay_before_its_launch():
+    rec = R.Recorder(LoggingGpu())
+    previous, R.current = R.current, rec
+    try:
+        graph = _graph_program(rec, second_in_graph=True)
+    finally:
+        R.current = previous
+    (race,) = rec.races
+    assert "both accesses are nodes of one CUDA graph" in plan_probe(rec.checker, rec.trace, race)
+    del graph
