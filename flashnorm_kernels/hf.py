@@ -296,12 +296,12 @@ def attach(model, devices, plan: Optional[SyncPlan] = None, *, max_tokens: int =
                          "or 'cuda' for the CUDA path")
     plan = SyncPlan.correct() if plan is None else plan
     dtype = "float32" if dtype is None else dtype
-    gain_style = layout_for(getattr(model.config, "model_type", None)).gain
-    callers = [d.legacy if plan.caller_kind == "legacy" else d.stream("caller", kind=plan.caller_kind)
-               for d in devices]
     # Every group checked, its cancellation decided (and refused) and built before the model is changed.
     found = _checked_groups(model, "flashnorm attach")
     unscaled = [_unscaled(norm_path, proj_paths, linears, cancellation) for norm_path, _, proj_paths, linears in found]
+    gain_style = layout_for(getattr(model.config, "model_type", None)).gain
+    callers = [d.legacy if plan.caller_kind == "legacy" else d.stream("caller", kind=plan.caller_kind)
+               for d in devices]
     groups = [_Group(_group_name(norm_path), norm, linears, gain_style, devices, plan, callers, max_tokens, dtype, skip)
               for (norm_path, norm, _, linears), skip in zip(found, unscaled)]
     originals = _replace(model, groups, found, _RoutedProjection)

@@ -308,15 +308,23 @@ def attached_groups(model) -> list:
 
 
 def unjoined_forks(plan: SyncPlan) -> list:
-    """What the plan leaves unjoined: side streams whose work never flows back into the caller's
-    stream. CUDA ends a capture with such a fork with cudaErrorStreamCaptureUnjoined."""
+    """What the plan leaves unjoined in a captured step: side streams drawn into the capture (by
+    a fork, or by waiting on a captured stream's event) whose work never flows back into the
+    capturing caller's stream. CUDA ends such a capture with cudaErrorStreamCaptureUnjoined.
+    (No `war` wait is issued inside a capture: see forget_previous_step.)"""
+    post = plan.post_stream
+    captured = {"caller"} | {side for side, fork in (("A", "fork_a"), ("B", "fork_b")) if plan.has(fork)}
+    if post != "caller" and ((plan.has("join_mm") and "A" in captured) or (plan.has("join_rms") and "B" in captured)):
+        captured.add(post)
     problems = []
     for side, join, work in (("A", "join_mm", "the matmul"), ("B", "join_rms", "the RMS")):
-        if plan.post_stream == side:
+        if side not in captured:
+            continue
+        if side == post:
             missing = [] if plan.has("join_back") else ["join_back"]
         else:
             missing = [] if plan.has(join) else [join]
-            if plan.post_stream != "caller" and not plan.has("join_back"):
+            if post != "caller" and not plan.has("join_back"):
                 missing.append("join_back")
         if missing:
             problems.append(f"stream {side} ({work}) is never joined back into the capturing stream: missing "

@@ -1,7 +1,9 @@
 """`streamcheck repro implicit-join`: the FlashNorm talk's bug, on purpose.
 
 Generates text from the tiny fixture model three times with its norm → projection
-groups on the dual-stream pipeline: the sequential reference; the talk's plan
+groups on the dual-stream pipeline (on the sim, through the device API; with
+--backend cupy, the model on the GPU attached with hf.attach(model, "cuda"), checked by
+streamcheck.instrument): the sequential reference; the talk's plan
 (post-scale never waits for the matmul) with the matmul stream held back at a few
 decode steps, so the post-scale reads the previous step's projection; and the
 fixed plan under the same delay. Prints both texts side by side, the diagnosis,
@@ -22,7 +24,8 @@ from streamcheck.commands import report_width
 FIXTURE = "tiny_llama_zen"
 # The stale read is injected into layer 0's q/k/v projection: its matmul stream is held
 # back at a few decode steps; elsewhere the schedule is eager (the bug hides there).
-TARGET_STREAM = "layers.0.input_layernorm.A"
+TARGET_GROUP = "layers.0.input_layernorm"
+TARGET_STREAM = f"{TARGET_GROUP}.A"
 STRIKE_EVERY = 97  # decode steps between injected delays
 FIRST_STRIKE, STRIKE_SPREAD = 4, 24  # the first delayed decode step: 4 + seed % 24
 STRIKE_RULE = f"{FIRST_STRIKE} + seed % {STRIKE_SPREAD}"
@@ -44,6 +47,12 @@ def strike_policy(backend: str, seed: int) -> dict:
     else:
         params["steps"] = 8  # host calls: the post-scale is issued within fewer
     return params
+
+
+def strike_hold(strike: dict) -> dict:
+    """strike_policy("cupy", seed) as the CUDA path's hold on the target group's matmul stream
+    (hf_cuda.CudaNormProjection.hold_matmul): the same steps, the same spin."""
+    return {"group": TARGET_GROUP, "us": strike["delay_us"], "after": strike["after"], "every": strike["every"]}
 
 
 def side_by_side_text(left: str, right: str, titles=("reference", "candidate"), width: int = 44) -> str:
@@ -165,6 +174,12 @@ def run(args) -> int:
             if backend == "cupy" and not gpu_available():
                 problem = ("--backend cupy needs an NVIDIA GPU and CuPy (pip install 'streamcheck[gpu]'); none found "
                            "here. Use --backend sim to run on the CPU.")
+            elif backend == "cupy":
+                import torch
+
+                if not torch.cuda.is_available():
+                    problem = ("--backend cupy runs the model on the GPU through torch, which sees no CUDA device here "
+                               "(a CPU build of torch?). Install a CUDA build of torch, or use --backend sim.")
     if problem:
         print(f"streamcheck repro: {problem}", file=sys.stderr)
         return 2
@@ -190,7 +205,7 @@ def _run_record(check, races_json: str) -> dict:
 def _repro(backend: str, args) -> int:
     from streamcheck.core.hb import reports_to_json
 
-    from ..generation import check_generation, run_generation
+    from ..generation import check_generation, check_generation_cuda, run_generation, run_generation_cuda
     from ..plan import SyncPlan
     from ..testing.fixtures import PROMPT, decode, encode, load_fixture_model
 
@@ -212,14 +227,25 @@ def _repro(backend: str, args) -> int:
 
     t0 = time.perf_counter()
     with _token_progress(model, 3 * args.tokens, "sequential reference") as progress:
-        reference = run_generation(model, prompt, args.tokens, SyncPlan.correct(), backend=backend,
-                                   policy="sequential")
-        progress.set_description_str("implicit join under delay", refresh=False)
-        buggy = check_generation(model, prompt, args.tokens, SyncPlan.implicit_join(), backend=backend,
-                                 policy="delay", seed=args.seed, reference=reference, **strike)
-        progress.set_description_str("SyncPlan.correct() under delay", refresh=False)
-        fixed = check_generation(model, prompt, args.tokens, SyncPlan.correct(), backend=backend, policy="delay",
-                                 seed=args.seed, reference=reference, **strike)
+        if backend == "cupy":  # the real path: the model on the GPU, its torch and CuPy work instrumented
+            model = model.to("cuda")
+            hold = strike_hold(strike)
+            reference = run_generation_cuda(model, prompt, args.tokens, SyncPlan.correct(), check=False)
+            progress.set_description_str("implicit join under delay", refresh=False)
+            buggy = check_generation_cuda(model, prompt, args.tokens, SyncPlan.implicit_join(), reference=reference,
+                                          hold=hold)
+            progress.set_description_str("SyncPlan.correct() under delay", refresh=False)
+            fixed = check_generation_cuda(model, prompt, args.tokens, SyncPlan.correct(), reference=reference,
+                                          hold=hold)
+        else:
+            reference = run_generation(model, prompt, args.tokens, SyncPlan.correct(), backend=backend,
+                                       policy="sequential")
+            progress.set_description_str("implicit join under delay", refresh=False)
+            buggy = check_generation(model, prompt, args.tokens, SyncPlan.implicit_join(), backend=backend,
+                                     policy="delay", seed=args.seed, reference=reference, **strike)
+            progress.set_description_str("SyncPlan.correct() under delay", refresh=False)
+            fixed = check_generation(model, prompt, args.tokens, SyncPlan.correct(), backend=backend,
+                                     policy="delay", seed=args.seed, reference=reference, **strike)
     seconds = time.perf_counter() - t0
 
     ref_text, bug_text = decode(reference.tokens), decode(buggy.candidate.tokens)
@@ -227,7 +253,9 @@ def _repro(backend: str, args) -> int:
     print(side_by_side_text(ref_text, bug_text, ("sequential reference", "implicit join under delay")))
     print(f"\ndiagnosis: {buggy.comparison.summary()}\n")
     races = buggy.candidate.races
-    key = [r for r in races if r.kind == "RAW" and r.buffer.endswith(".Y")] or races
+    # The post-scale reading Y: named `<group>.Y` on the device API, a torch tensor under instrument.
+    key = [r for r in races if r.kind == "RAW" and (r.buffer.endswith(".Y") or r.second.name.startswith("postscale"))]
+    key = key or races
     if key:
         print("race report (the missing wait):\n" + key[0].format(report_width(sys.stdout)))
         if len(races) > 1:
