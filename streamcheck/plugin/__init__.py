@@ -10,7 +10,8 @@ each feature is a plugin module of its own, over public hooks:
 - fixtures: streamcheck_seed, streamcheck_device, run_schedules, streamcheck_gpu and the streamcheck marker;
 - reporting: the header, race reports in failures, the junitxml property, the summary, the
   trace files of failing tests;
-- profiles: our hypothesis profiles, when asked for.
+- profiles: our hypothesis profiles, when asked for, and the shared example database;
+- workers: pytest-xdist workers pinned one per GPU (CUDA_VISIBLE_DEVICES).
 
 results.py holds run_schedules' comparison (no hooks). Loading the plugin imports neither cupy,
 torch, hypothesis nor the device API: the fixtures import what they use.
@@ -25,6 +26,7 @@ pytest_plugins = [
     "streamcheck.plugin.reporting",
     "streamcheck.plugin.fixtures",
     "streamcheck.plugin.profiles",
+    "streamcheck.plugin.workers",
 ]
 
 # The public names of the plugin's modules, importable from `streamcheck.plugin` as when it was
@@ -38,6 +40,7 @@ _EXPORTS = {
                   "FINDINGS_KEY", "WORKER_WIDTH_KEY", "Findings", "ScheduleFailure", "describe_schedule",
                   "terminal_width"),
     "results": ("compare",),
+    "workers": ("GPUS_KEY", "detect_gpus", "pinning"),
 }
 _HOME = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_HOME)

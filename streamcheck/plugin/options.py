@@ -57,6 +57,13 @@ _OPTIONS = (
     ("--streamcheck-confirm", "streamcheck_confirm", "",
      "sim: a failing run_schedules test's report says, per race, whether holding its first access until "
      "its second ran made a value differ, with the values (docs/confirm.md).", "false"),
+    ("--streamcheck-gpus", "streamcheck_gpus", "auto|N|0",
+     "pytest-xdist: GPUs the workers are pinned to, one each, round-robin (CUDA_VISIBLE_DEVICES); auto: "
+     "CUDA_VISIBLE_DEVICES's, else nvidia-smi -L's, else the driver's count; 0: no pinning.", "auto"),
+    ("--streamcheck-example-db", "streamcheck_example_db", "DIR",
+     "a hypothesis example database (DirectoryBasedExampleDatabase) for the loaded profile and ours, shared "
+     "by every xdist worker: a failure one finds, the others and later runs replay first. Relative as "
+     "--streamcheck-trace-dir.", ""),
 )
 _BOOLS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
 
@@ -127,9 +134,13 @@ def _replay(value: str, source: str) -> Optional[tuple]:
 
 
 def _trace_dir(config) -> Optional[str]:
+    return path_option(config, "streamcheck_trace_dir")
+
+
+def path_option(config, ini: str) -> Optional[str]:
     """Absolute: a relative path on the command line is taken from where pytest was started,
     as --junitxml's is; one from an ini file from the rootdir, as cache_dir's is."""
-    value, source = option_value(config, "streamcheck_trace_dir")
+    value, source = option_value(config, ini)
     if not value:
         return None
     base = config.invocation_params.dir if source.startswith("--") else config.rootpath
