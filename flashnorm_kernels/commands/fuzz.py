@@ -3,6 +3,7 @@
     streamcheck fuzz [--budget 60s | --examples N] [--backend auto|sim|cupy] [--profile fuzz]
                      [--plans all|safe|unsafe] [--steps 3] [--seed N] [--json FILE]
     streamcheck fuzz --replay 'missing=join_mm,post=caller,...' [--json FILE]
+    streamcheck fuzz --workers N [--example-db DIR] ...   (pytest -n N over test_fuzz_worker)
 
 Hypothesis draws examples: a sync plan x a shape x a schedule (policy, seed,
 parameters). Each runs the decode loop (`run_program`) for a few steps and is a
@@ -20,16 +21,27 @@ Repeating a run: hypothesis draws the same sequence for the same --seed, so the 
 seed and --examples N give the same table (on the sim; times aside). A --budget cuts
 that sequence wherever the machine's speed puts it, so the summary ends with the
 --examples line that repeats what this run did.
+
+Several GPUs: `--workers N` runs `pytest -n N --dist each` over this module's test_fuzz_worker,
+so streamcheck's pytest plugin pins worker gwK to one GPU (CUDA_VISIBLE_DEVICES; fewer GPUs than
+workers are shared round-robin) and puts the shared example database (--streamcheck-example-db)
+on the profile. Worker K draws from seed + K and runs its share of --examples (or the whole
+--budget, in parallel); the command merges the workers' tallies into one table. A crash one
+worker hits is saved in the database and replayed first by every run over it. With --backend sim
+the workers are CPU processes.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
 import secrets
 import shlex
 import shutil
+import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from dataclasses import dataclass, field
@@ -229,6 +241,7 @@ class Tally:
     examples: int = 0
     found: int = 0
     interrupted: bool = False  # Ctrl-C ended the run: the tally holds the examples run before it
+    counts: list = field(default_factory=list)  # examples per worker, in worker order (--workers)
 
     def add(self, outcome: Outcome, unsafe: bool) -> None:
         plan = outcome.example.plan
@@ -291,14 +304,15 @@ class Progress:
 
 def fuzz(budget: Optional[float] = None, backend: str = "sim", profile: str = "streamcheck-fuzz",
          plans: str = "all", steps: int = 3, seed: int = 0, progress: Optional[Progress] = None,
-         examples: Optional[int] = None) -> Tally:
+         examples: Optional[int] = None, database=None) -> Tally:
     """Run `examples` examples, or examples until `budget` seconds are spent or the profile's
     max_examples is reached. Ctrl-C ends the run early: the tally says `interrupted`.
 
     The same seed and profile draw the same sequence of examples, and both a count and a
     budget cut that one sequence (hypothesis plans its sequence by max_examples, so a count
     must not change max_examples): the first N examples of a budget run are those of
-    `examples=N`, which is how the summary's repeat line repeats it."""
+    `examples=N`, which is how the summary's repeat line repeats it. With a hypothesis example
+    `database`, examples saved there (a crash found earlier, by this or another worker) run first."""
     from hypothesis import HealthCheck, Phase, Verbosity, given, settings
     from hypothesis import seed as hypothesis_seed
     from hypothesis import strategies as st
@@ -315,9 +329,9 @@ def fuzz(budget: Optional[float] = None, backend: str = "sim", profile: str = "s
     base = settings.get_profile(profile)
     # derandomize=False: the seed, not the test's source, chooses the sequence.
     run_settings = settings(
-        base, max_examples=max(base.max_examples, examples or 0), derandomize=False, database=None, deadline=None,
-        phases=(Phase.generate,), verbosity=Verbosity.quiet, suppress_health_check=list(HealthCheck),
-        report_multiple_bugs=False)
+        base, max_examples=max(base.max_examples, examples or 0), derandomize=False, database=database,
+        deadline=None, phases=(Phase.generate,) if database is None else (Phase.reuse, Phase.generate),
+        verbosity=Verbosity.quiet, suppress_health_check=list(HealthCheck), report_multiple_bugs=False)
 
     @run_settings
     @given(plan=plan_strategy,
@@ -343,6 +357,130 @@ def fuzz(budget: Optional[float] = None, backend: str = "sim", profile: str = "s
         tally.interrupted = True
     progress.close(tally)
     return tally
+
+
+# --- several workers (--workers N: pytest -n N over test_fuzz_worker) ------------------------
+
+JOB_ENV = "STREAMCHECK_FUZZ_JOB"  # the job file a worker reads: what to run, where to write its tally
+
+
+def worker_share(examples: int, workers: int, k: int) -> int:
+    """Worker k's part of a count: equal shares, the first ones one more when it does not divide."""
+    return examples // workers + (k < examples % workers)
+
+
+def _race_from_dict(d: dict):
+    from streamcheck.core.hb import Access, Race
+    from streamcheck.core.trace import CallSite
+
+    def site(text: str) -> CallSite:
+        path, _, line = text.rpartition(":")
+        return CallSite(path, int(line))
+
+    def access(a: dict) -> Access:
+        return Access(a["actor"], a["name"], site(a["site"]), a["write"])
+
+    return Race(d["kind"], d["buffer"], site(d["buffer_site"]), d["start"], d["stop"], access(d["first"]),
+                access(d["second"]), d["missing_edge"], d["hint"], d["count"])
+
+
+def tally_to_json(tally: Tally) -> dict:
+    """A worker's tally for the command that merges them (first findings with their reports)."""
+    plans = []
+    for s in tally.plans.values():
+        first = s.first
+        plans.append({"plan": _plan_json(s.plan), "unsafe": s.unsafe, "runs": s.runs, "raced": s.raced,
+                      "wrong": s.wrong, "first": None if first is None else {
+                          "token": first.example.token(), "races": [r.to_dict() for r in first.races],
+                          "wrong": first.wrong, "schedule": first.schedule, "decisions": first.decisions,
+                          "report": first.report, "policy": first.policy}})
+    return {"examples": tally.examples, "found": tally.found, "interrupted": tally.interrupted, "plans": plans}
+
+
+def merge_tallies(parts: list) -> Tally:
+    """One tally from the workers' (tally_to_json), in worker order: a plan's first finding is the
+    first worker's that had one."""
+    tally = Tally()
+    for part in parts:
+        tally.examples += part["examples"]
+        tally.found += part["found"]
+        tally.interrupted |= part["interrupted"]
+        tally.counts.append(part["examples"])
+        for record in part["plans"]:
+            p = record["plan"]
+            plan = SyncPlan(frozenset(EDGES) - set(p["missing"]), p["post_stream"], p["side_kind"], p["caller_kind"])
+            stats = tally.plans.get(plan)
+            if stats is None:
+                stats = tally.plans[plan] = PlanStats(plan, record["unsafe"])
+            stats.runs += record["runs"]
+            stats.raced += record["raced"]
+            stats.wrong += record["wrong"]
+            first = record["first"]
+            if stats.first is None and first is not None:
+                stats.first = Outcome(Example.parse(first["token"]), tuple(map(_race_from_dict, first["races"])),
+                                      first["wrong"], first["schedule"], first["decisions"], first["report"],
+                                      policy=first["policy"])
+    return tally
+
+
+def test_fuzz_worker():
+    """One xdist worker's part of `streamcheck fuzz --workers N` (which runs pytest over this
+    function); it reads its job from the file $STREAMCHECK_FUZZ_JOB names. Not part of a test suite."""
+    import pytest
+    from hypothesis import settings
+
+    path = os.environ.get(JOB_ENV)
+    if not path:
+        pytest.skip(f"run by `streamcheck fuzz --workers N`, which sets {JOB_ENV}")
+    job = json.loads(Path(path).read_text())
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    k = int(worker[2:])
+    examples = job["examples"]
+    share = None if examples is None else worker_share(examples, job["workers"], k)
+    tally = Tally()
+    if share != 0:
+        # The plugin put the shared example database on the profile pytest loaded (--hypothesis-profile).
+        tally = fuzz(job["budget"], job["backend"], job["profile"], job["plans"], job["steps"],
+                     (job["seed"] + k) % 2**32, examples=share, database=settings.default.database)
+    Path(job["out"], f"{worker}.json").write_text(json.dumps(tally_to_json(tally)))
+
+
+def fuzz_workers(workers: int, budget: Optional[float], backend: str, profile: str, plans: str, steps: int,
+                 seed: int, examples: Optional[int], example_db: Optional[str], err=None) -> tuple:
+    """Run the fuzz over `workers` pytest-xdist workers (one GPU each where there are GPUs);
+    return (merged tally, seconds, pytest's exit status, pytest's output)."""
+    err = err if err is not None else sys.stderr
+    with tempfile.TemporaryDirectory(prefix="streamcheck-fuzz-") as folder:
+        out = Path(folder, "tallies")
+        out.mkdir()
+        job = Path(folder, "job.json")
+        job.write_text(json.dumps({"workers": workers, "budget": budget, "backend": backend, "profile": profile,
+                                   "plans": plans, "steps": steps, "seed": seed, "examples": examples,
+                                   "out": str(out)}))
+        Path(folder, "pytest.ini").write_text("[pytest]\n")  # not the caller's project settings
+        database = os.path.abspath(example_db) if example_db else str(Path(folder, "examples"))
+        command = [sys.executable, "-m", "pytest", f"{os.path.abspath(__file__)}::test_fuzz_worker", "-p", "xdist",
+                   "-n", str(workers), "--dist", "each", "-c", str(Path(folder, "pytest.ini")), "--rootdir", folder,
+                   "-p", "no:cacheprovider", "-q", "--color=no", f"--hypothesis-profile={profile}",
+                   f"--streamcheck-example-db={database}", f"--streamcheck-backend={backend}"]
+        env = dict(os.environ, **{JOB_ENV: str(job)})
+        env.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)  # the run needs xdist, hypothesis's and our plugin
+        start = time.perf_counter()
+        interrupted = False
+        child = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            output, _ = child.communicate()
+        except KeyboardInterrupt:  # the workers got it too: they write what they found and stop
+            interrupted = True
+            output, _ = child.communicate()
+        seconds = time.perf_counter() - start
+        for line in output.splitlines():  # the plugin's word on the GPUs (fewer than workers, ...)
+            if line.startswith("streamcheck: ") and "xdist workers" in line:
+                print(line, file=err)
+        parts = [json.loads(p.read_text()) for p in sorted(out.glob("gw*.json"), key=lambda p: int(p.stem[2:]))]
+    tally = merge_tallies(parts)
+    tally.interrupted |= interrupted
+    return tally, seconds, child.returncode, output
 
 
 # --- output ---------------------------------------------------------------------------------
@@ -418,12 +556,16 @@ def replay_command(backend: str, token: str) -> str:
     return f"streamcheck fuzz --backend {backend} --replay {shlex.quote(token)}"
 
 
-def repeat_words(tally: Tally, backend: str, profile: str, plans: str, steps: int, seed: int) -> list:
+def repeat_words(tally: Tally, backend: str, profile: str, plans: str, steps: int, seed: int,
+                 workers: int = 1) -> list:
     """The command that runs exactly the examples this run ran (the same seed and count), as
-    words that stay on one line (an option with its value)."""
+    words that stay on one line (an option with its value). Over workers it is exact when each
+    worker ran its share of the count (worker_share); a budget run says when they did not."""
     words = ["streamcheck fuzz", f"--backend {backend}", f"--plans {plans}", f"--steps {steps}"]
     if profile != "streamcheck-fuzz":
         words.append(f"--profile {shlex.quote(profile)}")
+    if workers > 1:
+        words.append(f"--workers {workers}")
     return words + [f"--seed {seed}", f"--examples {tally.examples}"]
 
 
@@ -431,7 +573,7 @@ TABLE_INDENT = 29  # where the plan column starts
 
 
 def summary(tally: Tally, seconds: float, backend: str, profile: str, plans: str, max_rows: int = 20,
-            steps: int = 3, seed: int = 0, width: Optional[int] = None) -> str:
+            steps: int = 3, seed: int = 0, width: Optional[int] = None, workers: int = 1) -> str:
     """The table, wrapped at `width` (default: the terminal's). Times appear on the first
     line only: the rest is the same for the same seed and count."""
     width = width or terminal_width()
@@ -440,7 +582,8 @@ def summary(tally: Tally, seconds: float, backend: str, profile: str, plans: str
     rows = _rows(tally)
     first = f"streamcheck fuzz: {tally.examples} examples in {seconds:.1f} s ({rate:.1f} examples/s)"
     lines = [first + ("; interrupted (Ctrl-C)" if tally.interrupted else "")]
-    for text in (f"backend {backend}, profile {profile}, plans {plans}, steps {steps}, seed {seed}",
+    for text in (f"backend {backend}, profile {profile}, plans {plans}, steps {steps}, seed {seed}"
+                 + (f", {workers} workers (seeds {seed}..{seed + workers - 1})" if workers > 1 else ""),
                  f"plans tried: {len(stats)} ({sum(s.unsafe for s in stats)} unsafe by the oracle)",
                  f"races found in {sum(1 for s in stats if s.raced)} plans, wrong values in "
                  f"{sum(1 for s in stats if s.wrong)}; oracle disagreements: "
@@ -463,8 +606,11 @@ def summary(tally: Tally, seconds: float, backend: str, profile: str, plans: str
         lines += _wrap("findings are expected for plans the oracle calls unsafe: each is an edge left out on purpose",
                        width)
     if tally.examples:
-        lines += command_lines("repeat: ", repeat_words(tally, backend, profile, plans, steps, seed), width,
+        lines += command_lines("repeat: ", repeat_words(tally, backend, profile, plans, steps, seed, workers), width,
                                "        ")
+        if workers > 1 and tally.counts != [worker_share(tally.examples, workers, k) for k in range(workers)]:
+            lines += _wrap(f"(only approximately: the workers ran {', '.join(map(str, tally.counts))} examples, and "
+                           f"--examples {tally.examples} gives each its equal share)", width)
     return "\n".join(lines)
 
 
@@ -474,7 +620,7 @@ def _plan_json(plan) -> dict:
 
 
 def summary_json(tally: Tally, seconds: float, backend: str, profile: str, plans: str, steps: int,
-                 seed: int) -> dict:
+                 seed: int, workers: int = 1) -> dict:
     """What the table says, for every plan tried (not only --max-rows), with each first
     finding's full replay token and decisions."""
     listed = _rows(tally)
@@ -491,7 +637,8 @@ def summary_json(tally: Tally, seconds: float, backend: str, profile: str, plans
     return {"command": "fuzz", "backend": backend, "profile": profile, "plans": plans, "steps": steps,
             "seed": seed, "examples": tally.examples, "seconds": round(seconds, 3),
             "interrupted": tally.interrupted, "findings": tally.found,
-            "repeat": " ".join(repeat_words(tally, backend, profile, plans, steps, seed)),
+            "repeat": " ".join(repeat_words(tally, backend, profile, plans, steps, seed, workers)),
+            "workers": workers, "worker_examples": tally.counts,
             "plans_tried": records}
 
 
@@ -560,6 +707,14 @@ def register(subparsers) -> None:
     parser.add_argument("--json", metavar="FILE", help="also write the table (every plan tried, each first "
                         "finding's full replay token and decisions) or the replayed example as JSON")
     parser.add_argument("--quiet", action="store_true", help="no progress bar (it is drawn only on a terminal)")
+    parser.add_argument("--workers", type=int, default=1, metavar="N",
+                        help="spread the run over N pytest-xdist workers, each pinned to one GPU (fewer GPUs are "
+                             "shared round-robin; with --backend sim they are CPU processes); worker K draws from "
+                             "seed + K and runs its share of --examples, or the whole --budget (default 1: here)")
+    parser.add_argument("--example-db", metavar="DIR", default=None,
+                        help="with --workers: the hypothesis example database the workers share (default: a "
+                             "temporary one for the run); a crash one worker hits is replayed first by the others "
+                             "and by later runs over DIR")
     parser.set_defaults(func=main)
 
 
@@ -611,6 +766,16 @@ def main(args) -> int:
         return _usage(f"--steps {args.steps}: need at least 2 (the write-after-read hazards span two steps)")
     if args.max_rows < 0:
         return _usage(f"--max-rows {args.max_rows}: must be >= 0")
+    if args.workers < 1:
+        return _usage(f"--workers {args.workers}: need an integer >= 1 (the pytest-xdist workers; 1 runs here)")
+    if args.workers > 1 and args.replay:
+        return _usage("--workers spreads a fuzz run; --replay runs one example here: drop --workers")
+    if args.example_db and args.workers == 1:
+        return _usage("--example-db is the database --workers N shares; give --workers N too")
+    if args.workers > 1 and importlib.util.find_spec("xdist") is None:
+        return _usage("--workers needs pytest-xdist (pip install pytest-xdist)")
+    if args.example_db and Path(args.example_db).is_file():
+        return _usage(f"--example-db {args.example_db}: is a file; name a directory (created if missing)")
     problem = _json_target_problem(args.json) if args.json else None
     if problem:
         return _usage(problem)
@@ -642,16 +807,28 @@ def main(args) -> int:
             print(replay_text(outcome, json_name=args.json))
             problem = _write_json(args.json, replay_json(outcome, backend)) if args.json else None
             return _usage(problem) if problem else 1 if outcome.found else 0
-        progress = Progress(budget, examples, enabled=False if args.quiet else None)
-        tally = fuzz(budget, backend, profile, args.plans, args.steps, seed, progress, examples)
+        if args.workers > 1:
+            tally, seconds, status, output = fuzz_workers(args.workers, budget, backend, profile, args.plans,
+                                                          args.steps, seed, examples, args.example_db)
+            if status not in (0, 2) or len(tally.counts) != args.workers:  # 2: interrupted
+                print(output, file=sys.stderr)
+                print(f"streamcheck fuzz: error: the pytest run over {args.workers} workers failed (exit status "
+                      f"{status}; its output is above); the table below holds the workers that finished",
+                      file=sys.stderr)
+        else:
+            progress = Progress(budget, examples, enabled=False if args.quiet else None)
+            tally = fuzz(budget, backend, profile, args.plans, args.steps, seed, progress, examples)
+            seconds, status = progress.elapsed(), 0
     except BackendUnavailable as exc:
         return _usage(str(exc))
-    seconds = progress.elapsed()
-    print(summary(tally, seconds, backend, profile, args.plans, args.max_rows, args.steps, seed))
+    print(summary(tally, seconds, backend, profile, args.plans, args.max_rows, args.steps, seed, workers=args.workers))
     if args.json:
-        problem = _write_json(args.json, summary_json(tally, seconds, backend, profile, args.plans, args.steps, seed))
+        problem = _write_json(args.json, summary_json(tally, seconds, backend, profile, args.plans, args.steps, seed,
+                                                      workers=args.workers))
         if problem:
             return _usage(problem)
+    if status not in (0, 2) or len(tally.counts) != max(args.workers, 1) and args.workers > 1:
+        return 1
     if tally.interrupted:
         return 130
     return 1 if tally.found else 0
