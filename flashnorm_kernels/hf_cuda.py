@@ -150,7 +150,8 @@ class CudaNormProjection:
         self.rows = max(0, min(self.max_tokens, self.prefill_rows - 1))
         self.y = torch.empty((self.rows, stops[-1]), dtype=self.dtype, device=self.device)
         self.r = torch.empty((self.rows,), dtype=torch.float32, device=self.device)
-        self._y, self._r = kernels_cuda.cupy_view(self.y), kernels_cuda.cupy_view(self.r)
+        self._y = kernels_cuda.cupy_view(self.y) if self.rows else None  # CuPy views of the same bytes
+        self._r = kernels_cuda.cupy_view(self.r) if self.rows else None
         self._cupy_device = cupy.cuda.Device(self.device.index)
         with self._cupy_device:
             non_blocking = plan.side_kind == "non_blocking"

@@ -47,10 +47,24 @@ def _module():
 def _module_of(raw_module_class):
     # Keyed by the class `cupy.RawModule` names now: streamcheck.instrument() rebinds it to a
     # subclass whose kernels it records, and a module loaded before the session would launch
-    # unseen. One module per class: NVRTC's result comes from CuPy's kernel cache.
+    # unseen. One module object per class; CuPy memoizes the compiled module itself.
     with open(_SOURCE, encoding="utf-8") as f:
         code = f.read()
+    _declare_accesses()
     return raw_module_class(code=code)
+
+
+def _declare_accesses() -> None:
+    """Tell streamcheck.instrument() what each kernel reads and writes: their names are made by
+    a macro, so it cannot find their signatures and would count every array as written (x
+    "written" by the RMS on stream B would race with the matmul reading it on stream A)."""
+    from streamcheck.instrument import declare_kernel
+
+    for dtype, tag in _TAG.items():
+        for suffix in ("", f"_v{_VEC[dtype]}"):
+            declare_kernel(f"rms_{tag}{suffix}", reads=(0,), writes=(1,), ignore=(2, 3))  # x, r, d, eps
+            declare_kernel(f"postscale_{tag}{suffix}", reads=(0, 1), writes=(2,),  # y, r, out, n, stride, col0
+                           ignore=(3, 4, 5))
 
 
 def compile_kernels() -> None:
