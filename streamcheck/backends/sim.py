@@ -407,7 +407,8 @@ class SimBackend(Backend):
         return err
 
     def copy(self, stream, dst, src, site) -> None:
-        self._issue_work(stream, _copy_bytes, (dst, src), "copy D2D", "copy")
+        # "copy D2D", or "copy P2P" between two devices: the Copy the device recorded just before.
+        self._issue_work(stream, _copy_bytes, (dst, src), self._trace.ops[-1].name, "copy")
 
     def upload(self, stream, dst, host_array, site) -> None:
         # The host memory is read when the copy executes (it must stay unchanged until then);
