@@ -100,7 +100,8 @@ def cuda_device(model, devices) -> torch.device:
                              f"{', '.join(sorted(str(d) for d in found))}; the CUDA path needs them on one GPU")
     device = found.pop()
     if wanted.index is not None and wanted.index != device.index:
-        raise FlashNormError(f"flashnorm attach(model, {str(devices)!r}): the model is on {device}; pass {str(device)!r}")
+        raise FlashNormError(f"flashnorm attach(model, {str(devices)!r}): the model is on {device}; pass "
+                             f"{str(device)!r}")
     return device
 
 

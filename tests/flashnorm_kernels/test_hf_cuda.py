@@ -67,8 +67,8 @@ def test_a_dtype_argument_that_disagrees_with_the_model_is_refused(model):
 def test_an_unsupported_architecture_is_refused_on_both_paths_and_left_as_it_was():
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=32, n_positions=16,
-                                                bos_token_id=0, eos_token_id=0))
+    config = GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=32, n_positions=16, bos_token_id=0, eos_token_id=0)
+    gpt2 = GPT2LMHeadModel(config)
     before = _snapshot(gpt2)
     for devices in ("cuda", Device("sim")):
         with pytest.raises(UnsupportedArchitectureError, match=r"flashnorm attach.*model_type 'gpt2' is not "
