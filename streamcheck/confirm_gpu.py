@@ -42,7 +42,7 @@ from .gpu import MAX_DELAY_US
 MAX_RACES = 8  # distinct races confirmed per run (--confirm-max); the rest listed as not attempted
 FIRST_DELAY_US = 2000.0  # the first try: longer than the host takes between most racing calls
 RERUN_TIMEOUT_S = 600
-RERUNS_PER_RACE = 4  # the first try, eager loading, and longer delays up to the cap
+RERUNS_PER_RACE = 5  # the first try, eager loading, the last occurrence, longer delays up to the cap
 
 
 # --- what to target ----------------------------------------------------------------------
@@ -59,9 +59,10 @@ def _launches(trace, gid: int) -> list:
     return [i for i, o in enumerate(trace.ops) if type(o) is GraphLaunch and o.graph == gid]
 
 
-def plan_probe(checker, trace, race):
-    """(first Target, second Target) to aim a rerun at, or a string: why no rerun can confirm it."""
-    witness = checker.witness(race) if checker is not None else None
+def plan_probe(checker, trace, race, latest: bool = False):
+    """(first Target, second Target) to aim a rerun at, or a string: why no rerun can confirm it.
+    The first time the race was seen, or with `latest` the last time."""
+    witness = checker.witness(race, latest=latest) if checker is not None else None
     if witness is None:
         return "the checker kept no witness of this race"
     index = {id(op): i for i, op in enumerate(trace.ops)}
@@ -111,6 +112,7 @@ class ProbeSpec:
     delay_us: float
     race_key: tuple
     eager: bool = False  # rerun with CUDA_MODULE_LOADING=EAGER (no kernel loading while the program runs)
+    latest: bool = False  # aimed at the race's last occurrence, not its first (not carried: the targets say it)
 
     def to_json(self) -> str:
         return json.dumps({"first": _target_json(self.first), "second": _target_json(self.second),
@@ -313,9 +315,11 @@ class Verdict:
                 "delay_us": self.delay_us, "replay": self.replay}
 
 
-def judge(race, spec: ProbeSpec, result: Optional[dict], replay: str, failure: str = "") -> tuple:
-    """(Verdict, what to change for another rerun — {"delay_us": longer} or {"eager": True} — or
-    None) from one rerun's probe result."""
+def judge(race, spec: ProbeSpec, result: Optional[dict], replay: str, failure: str = "",
+          eager_reruns: bool = True) -> tuple:
+    """(Verdict, what to change for another rerun — {"delay_us": longer}, {"eager": True} (only
+    with `eager_reruns`: a fresh process) or {"latest": True} (aim at the race's last occurrence)
+    — or None) from one rerun's probe result."""
     first, second = spec.first.describe(), spec.second.describe()
     d = spec.delay_us
 
@@ -346,10 +350,17 @@ def judge(race, spec: ProbeSpec, result: Optional[dict], replay: str, failure: s
         # the device); a rerun with eager loading takes it out of the program.
         why = (f"a host synchronize between them held the host: issuing {first} returned only after it ran "
                f"({held:.0f} µs, the delay was {d:g} µs), so {second} was issued after it finished")
-        if not spec.eager:
+        # The first occurrence is also where allocators grow (cudaMalloc, cudaHostAlloc): the
+        # race's last occurrence may find its memory cached.
+        if eager_reruns and not spec.eager:
             return no(why, retry={"eager": True})
-        return no(why + " (eager module loading did not remove it: an implicit synchronization inside the call, "
-                        "such as a memory-pool growth or a module load)")
+        if not spec.latest:
+            return no(why, retry={"latest": True})
+        tried = "eager module loading nor the race's last occurrence" if spec.eager else "the race's last occurrence"
+        return no(why + f" (neither {tried} removed it: an implicit synchronization inside the call, such as a "
+                        "memory allocation or a module load)"
+                  + ("" if eager_reruns else "; rerun the process with CUDA_MODULE_LOADING=EAGER to rule out lazy "
+                                             "kernel loading"))
     needed = d - elapsed + result.get("host_gap_us", 0.0)  # what the delay lacked, plus the host's own time
     if d >= MAX_DELAY_US:
         return no(f"the inversion was not observed within the delay cap: with {d:g} µs (the cap) before {first}, "
@@ -410,14 +421,17 @@ def _confirm_each(checker, trace, races, rerun, max_races: int, over_cap: str, e
         spec = ProbeSpec(planned[0], planned[1], FIRST_DELAY_US, tuple(_race_key(race)))
         for _ in range(RERUNS_PER_RACE):
             replay, result, failure = rerun(spec)
-            verdict, retry = judge(race, spec, result, replay, failure)
-            if retry is not None and "eager" in retry and not eager_reruns:
-                verdict = replace(verdict, text=verdict.text + "; rerun the process with CUDA_MODULE_LOADING=EAGER "
-                                                               "to rule out lazy kernel loading")
-                break
+            verdict, retry = judge(race, spec, result, replay, failure, eager_reruns)
             if retry is None:
                 break
-            spec = replace(spec, **retry)
+            if retry.get("latest"):
+                last = plan_probe(checker, trace, race, latest=True)
+                if isinstance(last, str) or last == (spec.first, spec.second):  # seen once: nothing else to aim at
+                    verdict, _ = judge(race, replace(spec, latest=True), result, replay, failure, eager_reruns)
+                    break
+                spec = replace(spec, first=last[0], second=last[1], latest=True)
+            else:
+                spec = replace(spec, **retry)
         verdicts.append(verdict)
     return verdicts
 

@@ -295,6 +295,7 @@ class Checker:
         self._races: dict[tuple, Race] = {}
         self._counts: dict[tuple, int] = {}
         self._witnesses: dict[tuple, tuple] = {}  # Race.key -> (first op, second op) of its first report
+        self._latest: dict[tuple, tuple] = {}  # the field-by-field key of _report -> the same, of its last repeat
         self._capture = CaptureTracker()
         self._graph_buffers: dict = {}  # active graph id -> buffer id -> _Buffer holding its accesses
         self._in_graph: Optional[int] = None  # set while checking a captured node, for the report
@@ -329,10 +330,15 @@ class Checker:
         return [race if counts[key] == 1 else replace(race, count=counts[key])
                 for key, race in self._races.items()]
 
-    def witness(self, race: Race) -> Optional[tuple]:
-        """The two trace operations (first, second) of the first time `race` was seen: the
-        occurrence race-directed confirmation reruns (streamcheck.confirm). None if this
-        checker did not report it."""
+    def witness(self, race: Race, latest: bool = False) -> Optional[tuple]:
+        """The two trace operations (first, second) of the first time `race` was seen (with
+        `latest`, of the last time): the occurrence race-directed confirmation reruns
+        (streamcheck.confirm). None if this checker did not report it."""
+        if latest:
+            a, b = race.first.site, race.second.site
+            found = self._latest.get((race.kind, a.file, a.line, a.function, b.file, b.line, b.function))
+            if found is not None:
+                return found
         return self._witnesses.get(race.key)
 
     def feed(self, op: Op) -> None:
@@ -769,6 +775,7 @@ class Checker:
         count = self._counts.get(key)
         if count is not None:
             self._counts[key] = count + 1
+            self._latest[key] = (first[_OP], op)
             return
         first_access = self._access_of(first[_OWNER], first[_OP], first[_WRITE], first[_FREE])
         second = self._access_of(owner, op, write, free)

@@ -160,21 +160,23 @@ def test_a_race_is_not_claimed_without_proof(result, words):
     assert not verdict.confirmed and words in verdict.text and retry is None
 
 
-def test_a_call_that_held_the_host_is_rerun_with_eager_kernel_loading_then_explained():
-    rec = recorded()
-    race = rec.races[0]
+@pytest.mark.parametrize("steps", [1, 3])
+def test_a_call_that_held_the_host_is_rerun_with_eager_loading_then_at_its_last_occurrence_then_explained(steps):
+    rec = recorded(steps=steps)
+    race = next(r for r in rec.races if r.kind == "RAW")
     runs = []
 
     def rerun(spec, script, args, seed, warm_up):
-        runs.append(spec.eager)
+        runs.append((spec.eager, spec.first.occurrence, spec.second.occurrence))
         return ["python", "-m", "streamcheck", "run", "p.py"], {
             "first_issued": True, "second_issued": True, "races": [list(spec.race_key)], "elapsed_us": -5.0,
             "first_issue_us": 2400.0, "host_gap_us": 10.0}, ""
 
     (verdict,) = confirm_races(rec.checker, rec.trace, [race], "p.py", rerun=rerun)
-    assert runs == [False, True]
+    last = steps - 1
+    assert runs == [(False, 0, 0), (True, 0, 0)] + ([(True, last, last)] if steps > 1 else [])
     assert not verdict.confirmed and "a host synchronize between them held the host" in verdict.text
-    assert "eager module loading did not remove it" in verdict.text
+    assert "neither eager module loading nor the race's last occurrence removed it" in verdict.text
     assert verdict.replay.startswith("CUDA_MODULE_LOADING=EAGER streamcheck run")
 
 
