@@ -1,30 +1,35 @@
 """End-to-end greedy decode of a Llama-shaped model with random weights: HF eager against FlashNorm.
 
-    python benchmarks/bench_e2e_decode.py [--batches 1,16] [--new-tokens 64] [--repeats 3] [--variants a,ag,b,c,d]
-    python benchmarks/bench_e2e_decode.py --tiny --device cpu --variants a,b   # the logic, on a CPU (fp32)
+    python benchmarks/bench_e2e_decode.py [--batches 1,16] [--new-tokens 64] [--repeats 5] [--variants a,ag,b,c,d]
+    python benchmarks/bench_e2e_decode.py --tiny --device cpu --variants a,as,b   # the logic, on a CPU (fp32)
 
 The model is built from a transformers LlamaConfig directly on the device (no download):
 default shapes are Llama-2-7B's (hidden 4096, 32 layers, intermediate 11008, 32 heads, 32 KV
 heads, vocab 32000), bf16 on CUDA. Weights are seeded normal values (projections std
 1/sqrt(fan_in), embeddings std 1); RMSNorm gains are 1 + 0.2·N(0, 1), so folding changes weights.
 
-Variants, run in this order on ONE model instance (the fold is applied in place before b):
+Variants, on ONE model instance (the fold is applied in place once, before b):
 - a:  HF eager: the plain model, `model.generate` greedy with its DynamicCache.
-- ag: (a') the plain model with CUDA graphs: `flashnorm_kernels.hf_cuda.decode_with_graph`.
+- as: (not run by default) the plain model, `hf_cuda.greedy_decode(static_cache=True)`: the eager
+      StaticCache loop that ag captures, to tell the graph's gain from the cache's.
+- ag: (a') the plain model with CUDA graphs: `flashnorm_kernels.hf_cuda.decode_with_graph` (prefill
+      eager, the decode step captured once over a StaticCache, one replay per token).
 - b:  folded checkpoint, Prop 1 only: `flashnorm_kernels.fold.flashify(model)` (W* = W·g in place,
       norms left with unit gain), `model.generate`. HF's LlamaRMSNorm still multiplies by the
       (now unit) gain, so b does the same work as a: it checks the fold, it is not expected faster.
 - c:  b + the dual-stream kernels: `flashnorm_kernels.hf.attach(model, "cuda", plan=SyncPlan.correct(),
-      max_tokens=...)`, `model.generate`.
+      max_tokens=...)` (hf_cuda.CudaNormProjection per group), `model.generate`.
 - d:  c with CUDA graphs: `hf_cuda.decode_with_graph` on the attached model.
+Measured in the order a, as, ag, b, d, c (d before c: see main); the table lists a, as, ag, b, c, d.
 
 Decode latency per token = the time of one decode step (one new token per sequence; the prefill is
 excluded); tokens/s = batch / that time. Two ways of timing it, each used for like-for-like pairs:
 - steps (a, b, c): a LogitsProcessor marks every step of `model.generate` (a CUDA event on the
   current stream, perf_counter on the CPU); µs/step = (last mark − first mark) / (N − 1).
-- diff (ag, d): decode_with_graph is one opaque call; µs/step = (T(N) − T(N0)) / (N − N0) with
-  T the synchronized wall time of a call and N0 = N // 4: prefill, cache set-up and graph capture,
-  the same in both calls, cancel.
+- diff (as, ag, d): one opaque call each; µs/step = (T(N) − T(N0)) / (N − N0) with T the
+  synchronized wall time of a call and N0 = N // 4: prefill, cache set-up and graph capture, the
+  same in both calls, cancel. (The StaticCache is prompt + N long, so the N-token call's steps
+  attend over a few more masked positions: negligible next to the weights at these sizes.)
 Median of --repeats samples (fewer when --budget-s runs short: the table says how many).
 
 Share of decode time in norm + projection: torch.profiler over --profile-steps decode steps of the
@@ -50,15 +55,20 @@ import statistics
 import sys
 import time
 
-ORDER = ("a", "ag", "b", "c", "d")
+ORDER = ("a", "as", "ag", "b", "c", "d")
+# d before c: both use the attachment, and d (graphs) is the number the Amdahl comparison needs,
+# so a slow eager c must not use up the budget first.
+RUN_ORDER = ("a", "as", "ag", "b", "d", "c")
+DEFAULT_VARIANTS = ("a", "ag", "b", "c", "d")
 LABELS = {
     "a": "(a) HF eager",
+    "as": "(as) plain, StaticCache loop",
     "ag": "(a') plain + CUDA graph",
     "b": "(b) folded (Prop 1)",
     "c": "(c) folded + dual-stream",
     "d": "(d) (c) + CUDA graph",
 }
-METHOD = {"a": "steps", "b": "steps", "c": "steps", "ag": "diff", "d": "diff"}
+METHOD = {"a": "steps", "b": "steps", "c": "steps", "as": "diff", "ag": "diff", "d": "diff"}
 NORM_LABEL, PROJ_LABEL = "e2e.norm", "e2e.proj"
 
 
@@ -91,12 +101,14 @@ def parse_args(argv=None):
     p.add_argument("--batches", type=_int_list, default=[1, 16])
     p.add_argument("--prompt", type=int, default=32, help="prompt tokens per sequence (random ids)")
     p.add_argument("--new-tokens", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=3, help="samples per (variant, batch); the median is reported")
-    p.add_argument("--variants", type=_variants, default=list(ORDER), help=f"comma-separated, of {','.join(ORDER)}")
+    p.add_argument("--repeats", type=int, default=5, help="samples per (variant, batch); the median is reported")
+    p.add_argument("--variants", type=_variants, default=list(DEFAULT_VARIANTS),
+                   help=f"comma-separated, of {','.join(ORDER)} (default {','.join(DEFAULT_VARIANTS)})")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--dtype", default=None, choices=("bfloat16", "float32"),
                    help="default: bfloat16 on cuda, float32 on cpu (the fold is exact to rounding in fp32)")
-    p.add_argument("--tiny", action="store_true", help="hidden 64, 2 layers, intermediate 128, 4 heads (2 KV), vocab 128")
+    p.add_argument("--tiny", action="store_true",
+                   help="hidden 64, 2 layers, intermediate 128, 4 heads (2 KV), vocab 128")
     p.add_argument("--profile-steps", type=int, default=3, help="decode steps profiled for the share (0: skip)")
     p.add_argument("--no-isolated", action="store_true", help="skip the isolated norm + projection timing")
     p.add_argument("--budget-s", type=float, default=210.0,
@@ -464,6 +476,9 @@ def main(argv=None) -> int:
     def graph_fn(ids, n):
         return hf_cuda.decode_with_graph(model, ids, n)
 
+    def static_fn(ids, n):
+        return hf_cuda.greedy_decode(model, ids, n, static_cache=True)
+
     def generate_fn(ids, n, marks=None):
         return hf_generate(torch, model, ids, n, marks)
 
@@ -471,9 +486,7 @@ def main(argv=None) -> int:
     setup = {"init_s": init_s}
     folded, attachment, attach_error = False, None, None
     items_left = len(variants) * len(batches)
-    # d before c: both use the attachment, and d (graphs) is the number the Amdahl comparison needs,
-    # so a slow eager c must not use up the budget first. The table keeps the a, a', b, c, d order.
-    for v in sorted(variants, key=("a", "ag", "b", "d", "c").index):
+    for v in sorted(variants, key=RUN_ORDER.index):
         if v in ("b", "c", "d") and not folded:
             from flashnorm_kernels.fold import flashify
 
@@ -500,7 +513,7 @@ def main(argv=None) -> int:
             error = None
             if v in ("ag", "d") and not clock.cuda:
                 error = "not available: needs CUDA"
-            elif v in ("ag", "d") and hf_cuda is None:
+            elif v in ("as", "ag", "d") and hf_cuda is None:
                 error = hf_cuda_error
             elif v in ("c", "d") and attach_error:
                 error = attach_error
@@ -508,8 +521,8 @@ def main(argv=None) -> int:
                 error = f"skipped: over --budget-s {args.budget_s:g}"
             if error is None:
                 try:
-                    rows[v][b] = measure(torch, v, graph_fn if v in ("ag", "d") else generate_fn,
-                                         inputs[b], args, clock, budget, items_left)
+                    fn = graph_fn if v in ("ag", "d") else static_fn if v == "as" else generate_fn
+                    rows[v][b] = measure(torch, v, fn, inputs[b], args, clock, budget, items_left)
                     log(f"  {v} batch {b}: {rows[v][b]['us_per_step']:.1f} µs/step ({rows[v][b]['repeats']} repeats)")
                 except BudgetExceeded as exc:
                     error = str(exc)
@@ -580,8 +593,8 @@ def main(argv=None) -> int:
                   f"{a['measured_speedup']:.3f}x ({100 * a['measured_time_saved']:.1f} % less time): "
                   f"{100 * a['fraction_reaching_model']:.0f} % of the expected gain reaches the whole model")
         else:
-            missing = [w for w, ok in (("share", s), ("isolated speedup", "speedup" in iso), ("a'/d or a/c times", pair))
-                       if not ok]
+            needed = (("share", s), ("isolated speedup", "speedup" in iso), ("a'/d or a/c times", pair))
+            missing = [what for what, ok in needed if not ok]
             print(f"batch {b}: Amdahl comparison not made: missing {', '.join(missing)}")
 
     out_dir = os.environ.get("OUT")

@@ -17,7 +17,9 @@ import pytest
 from tests.paths import ROOT
 
 SCRIPT = ROOT / "benchmarks" / "bench_e2e_decode.py"
-ROW = re.compile(r"^\| \((a|b)\) [^|]+\| (\d+) \| ([0-9.]+) \| ([0-9.]+) \| [^|]+\| (\d+)/(\d+) \| steps \| 1 \|$", re.M)
+# | (a) HF eager | batch | µs | tokens/s | vs (a) | leading equal/of | method | repeats |
+ROW = re.compile(r"^\| \((a|b)\) [^|]+\| (\d+) \| ([0-9.]+) \| ([0-9.]+) \| [^|]+\| (\d+)/(\d+) \| steps \| 1 \|$",
+                 re.M)
 
 
 def load_script():
@@ -27,16 +29,17 @@ def load_script():
     return module
 
 
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("out")
+def run_script(out, *options):
     env = dict(os.environ, OUT=str(out), OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--tiny", "--device", "cpu", "--variants", "a,b", "--new-tokens", "4",
-         "--repeats", "1"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--tiny", "--device", "cpu", *options],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout, json.loads((out / "bench_e2e_decode.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    return run_script(tmp_path_factory.mktemp("out"), "--variants", "a,b", "--new-tokens", "4", "--repeats", "1")
 
 
 def test_table_has_a_row_with_numbers_per_variant_and_batch(tiny_run):
@@ -66,6 +69,19 @@ def test_share_is_a_fraction_and_the_amdahl_line_says_what_is_missing(tiny_run):
         assert share["share"] == pytest.approx(share["norm_share"] + share["proj_share"])
         assert result["isolated"][batch]["error"].startswith("not measured: needs CUDA")
     assert "Amdahl comparison not made: missing isolated speedup" in stdout
+
+
+def test_one_call_variant_is_timed_by_difference_and_makes_the_same_tokens(tmp_path):
+    # `as` (hf_cuda.greedy_decode with a StaticCache) is timed as (T(N) - T(N/4)) / (3N/4), the way
+    # the CUDA-graph variants are; on the CPU it is the one variant that exercises that path.
+    stdout, result = run_script(tmp_path, "--variants", "a,as", "--batches", "2", "--new-tokens", "8",
+                                "--repeats", "1", "--profile-steps", "0")
+    row = result["rows"]["as"]["2"]
+    assert row["method"] == "diff" and row["repeats"] == 1
+    assert row["agree"] == [8, 8], stdout  # fp32: the static cache changes no greedy token
+    line = next(line for line in stdout.splitlines() if line.startswith("| (as)"))
+    assert f"| {row['us_per_step']:.1f} |" in line and "| 8/8 | diff | 1 |" in line
+    assert "batch 2: share of decode in norm + projection: not measured: --profile-steps 0" in stdout
 
 
 def _event(name, device_type, kernels=(), children=(), us=0.0, annotation=False):
