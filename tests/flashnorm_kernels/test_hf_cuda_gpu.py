@@ -12,6 +12,8 @@ Run on a GPU machine:  python -m pytest -m gpu -q tests/flashnorm_kernels/test_h
 """
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -219,3 +221,19 @@ def test_talks_plan_is_refused_at_capture_naming_the_missing_join(model, referen
     # CUDA's refusal ends the capture: the GPU and torch work on as before.
     assert torch.cuda.current_stream() == torch.cuda.default_stream()
     assert greedy_decode(model, PROMPT_IDS, 32)[0, P:].tolist() == reference[:32]
+
+
+def test_repro_cupy_runs_the_cuda_path(capsys, tmp_path):
+    from streamcheck.cli import main
+
+    report, trace = tmp_path / "repro.json", tmp_path / "race.json"
+    status = main(["repro", "implicit-join", "--backend", "cupy", "--tokens", "48", "--seed", "0",
+                   "--json", str(report), "--trace", str(trace)])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    assert "explained by a one-step lag" in out and "RAW race on `torch tensor" in out, out
+    assert "second: " in out and "`postscale_f32" in out, out
+    assert "SyncPlan.correct() under the same delay: tokens match the sequential reference (48 tokens); 0 races" in out
+    data = json.loads(report.read_text())
+    assert data["reproduced"] and data["fixed"] and data["implicit_join"]["races"]
+    assert "traceEvents" in json.loads(trace.read_text())
