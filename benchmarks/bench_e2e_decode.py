@@ -539,17 +539,18 @@ def main(argv=None) -> int:
     if attachment is not None:
         attachment.detach()
 
-    # Token agreement against (a), or against the first variant that ran.
+    # Token agreement against (a), or against the first variant that ran (the table says which).
+    references = {}
     for b in batches:
         ref_variant = next((v for v in variants if "new_ids" in rows[v][b]), None)
         if ref_variant is None:
             continue
-        ref = rows["a"][b]["new_ids"] if "new_ids" in rows.get("a", {}).get(b, {}) else rows[ref_variant][b]["new_ids"]
+        references[b] = ref_variant
         for v in variants:
             r = rows[v][b]
             if "new_ids" in r:
-                r["agree"] = leading_equal(ref, r["new_ids"])
-                r["agree_min"], r["agree_of"] = min(r["agree"]), args.new_tokens
+                r["agree"] = leading_equal(rows[ref_variant][b]["new_ids"], r["new_ids"])
+                r["agree_min"], r["agree_of"], r["agree_with"] = min(r["agree"]), args.new_tokens, ref_variant
 
     gpu = torch.cuda.get_device_name() if clock.cuda else "cpu"
     import transformers
@@ -561,6 +562,9 @@ def main(argv=None) -> int:
     print("µs / decode step: one new token per sequence, prefill excluded; tokens/s = batch / step time; "
           "method steps = marks between generate's steps, diff = (T(N) - T(N/4)) / (3N/4)\n")
     print(table)
+    for b, ref_variant in references.items():
+        if ref_variant != "a":
+            print(f"batch {b}: tokens compared with {LABELS[ref_variant]}, not (a), which did not run")
     print()
 
     summary = {}
