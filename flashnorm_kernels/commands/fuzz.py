@@ -262,6 +262,38 @@ class _Enough(Exception):
     """Raised inside the hypothesis test to end the run: the budget is spent or the count reached."""
 
 
+def _SavesUntilTheEnd(database, ending: list):
+    """`database` (hypothesis's ExampleDatabase), deaf to saves once `ending` holds something:
+    hypothesis saves the example that raised _Enough as a failure, and every later run over the
+    database (another worker's, the next one) would replay it first. Real failures (a crash in
+    the pipeline, the backend or the checker) come before the end and are saved."""
+    from hypothesis.database import ExampleDatabase
+
+    class SavesUntilTheEnd(ExampleDatabase):
+        def __init__(self):
+            super().__init__()
+            self.database = database
+
+        def __repr__(self) -> str:
+            return f"SavesUntilTheEnd({self.database!r})"
+
+        def fetch(self, key):
+            return self.database.fetch(key)
+
+        def save(self, key, value) -> None:
+            if not ending:
+                self.database.save(key, value)
+
+        def delete(self, key, value) -> None:
+            self.database.delete(key, value)
+
+        def move(self, src, dest, value) -> None:
+            if not ending:
+                self.database.move(src, dest, value)
+
+    return SavesUntilTheEnd()
+
+
 class Progress:
     """A one-line progress bar on stderr, redrawn with `\r` at most 10 times a second: only
     on a terminal (never frames in a log file), unless `enabled` says otherwise."""
@@ -324,6 +356,9 @@ def fuzz(budget: Optional[float] = None, backend: str = "sim", profile: str = "s
 
     plan_strategy = {"all": fst.sync_plans(), "safe": fst.safe_plans(), "unsafe": fst.unsafe_plans()}[plans]
     tally = Tally()
+    ending = []  # set once _Enough is raised: from then on nothing is saved (see _SavesUntilTheEnd)
+    if database is not None:
+        database = _SavesUntilTheEnd(database, ending)
     progress = progress or Progress(budget, examples, enabled=False)
     max_dim = 64 if backend == "cupy" else 16
     base = settings.get_profile(profile)
@@ -333,19 +368,24 @@ def fuzz(budget: Optional[float] = None, backend: str = "sim", profile: str = "s
         deadline=None, phases=(Phase.generate,) if database is None else (Phase.reuse, Phase.generate),
         verbosity=Verbosity.quiet, suppress_health_check=list(HealthCheck), report_multiple_bugs=False)
 
-    @run_settings
     @given(plan=plan_strategy,
            shape=fst.shapes(max_tokens=4, max_hidden=max_dim, max_out=max_dim),
            choice=sst.schedule_choices(policies=("delay", "random", "pct")),
            data_seed=st.integers(0, 2**16))
     def one(plan, shape, choice, data_seed):
         if tally.examples == examples or (budget is not None and progress.elapsed() >= budget):
+            ending.append(True)
             raise _Enough
         example = Example(plan, shape, choice, steps, data_seed)
         tally.add(run_example(example, backend), unsafe=not is_safe(plan))
         progress.update(tally)
 
-    one = hypothesis_seed(seed)(one)
+    if database is None:
+        one = hypothesis_seed(seed)(run_settings(one))
+    else:
+        # @seed turns the database off (a seeded run reproduces, it does not replay); settings
+        # applied after it put the shared one back, and the seed still picks the sequence.
+        one = run_settings(hypothesis_seed(seed)(one))
     from .. import pipeline  # noqa: F401  (imported here, not on the budget's clock)
 
     progress.restart()
@@ -810,7 +850,9 @@ def main(args) -> int:
         if args.workers > 1:
             tally, seconds, status, output = fuzz_workers(args.workers, budget, backend, profile, args.plans,
                                                           args.steps, seed, examples, args.example_db)
-            if status not in (0, 2) or len(tally.counts) != args.workers:  # 2: interrupted
+            # A worker that raised (a crash in the pipeline, the backend or the checker) wrote no tally.
+            failed = not tally.interrupted and (status != 0 or len(tally.counts) != args.workers)
+            if failed:
                 print(output, file=sys.stderr)
                 print(f"streamcheck fuzz: error: the pytest run over {args.workers} workers failed (exit status "
                       f"{status}; its output is above); the table below holds the workers that finished",
@@ -818,7 +860,7 @@ def main(args) -> int:
         else:
             progress = Progress(budget, examples, enabled=False if args.quiet else None)
             tally = fuzz(budget, backend, profile, args.plans, args.steps, seed, progress, examples)
-            seconds, status = progress.elapsed(), 0
+            seconds, failed = progress.elapsed(), False
     except BackendUnavailable as exc:
         return _usage(str(exc))
     print(summary(tally, seconds, backend, profile, args.plans, args.max_rows, args.steps, seed, workers=args.workers))
@@ -827,8 +869,6 @@ def main(args) -> int:
                                                       workers=args.workers))
         if problem:
             return _usage(problem)
-    if status not in (0, 2) or len(tally.counts) != max(args.workers, 1) and args.workers > 1:
-        return 1
     if tally.interrupted:
         return 130
-    return 1 if tally.found else 0
+    return 1 if tally.found or failed else 0

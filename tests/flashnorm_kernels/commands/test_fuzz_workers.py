@@ -5,6 +5,8 @@ union of two single runs, merged into one table."""
 from __future__ import annotations
 
 import json
+import os
+import re
 
 import pytest
 
@@ -67,3 +69,48 @@ def test_bad_worker_options_exit_2(capsys, args, message):
     assert cli.main(["fuzz", "--examples", "3", *args]) == 2
     err = capsys.readouterr().err
     assert err.startswith("streamcheck fuzz: error: ") and message in err and len(err.splitlines()) == 1
+
+
+# A crash in the workers: a pytest plugin (loaded in every worker through PYTEST_ADDOPTS) makes the
+# fuzz raise on the workers CRASH_ON names, on a seventh of the data seeds or on the one CRASH_DATA names.
+CRASHY = '''
+import os
+from flashnorm_kernels.commands import fuzz
+
+original = fuzz.run_example
+
+def run_example(example, backend="sim"):
+    crash = os.environ.get("CRASH_DATA")
+    if os.environ["PYTEST_XDIST_WORKER"] in os.environ["CRASH_ON"].split(",") and (
+            example.data_seed % 7 == 3 if crash is None else example.data_seed == int(crash)):
+        raise RuntimeError(f"injected crash on data seed {example.data_seed}")
+    return original(example, backend)
+
+fuzz.run_example = run_example
+'''
+
+
+def test_a_crash_saved_in_the_shared_database_is_replayed_first_by_every_worker(capsys, tmp_path, monkeypatch):
+    (tmp_path / "crashy.py").write_text(CRASHY)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("PYTEST_ADDOPTS", "-p crashy")
+    monkeypatch.setenv("CRASH_ON", "gw0,gw1")
+    db = tmp_path / "examples"
+    found = cli.main(["fuzz", "--workers", "2", "--examples", "60", "--seed", "4", "--steps", "2", "--quiet",
+                      "--example-db", str(db)])
+    err = capsys.readouterr().err
+    assert found == 1 and "the pytest run over 2 workers failed" in err
+    data = re.search(r"RuntimeError: injected crash on data seed (\d+)", err).group(1)
+    assert int(data) % 7 == 3
+    # Now only that example crashes. Each worker's own first example (hypothesis starts from the
+    # simplest, data seed 0) does not: over a fresh database nothing crashes...
+    monkeypatch.setenv("CRASH_DATA", data)
+    args = ["fuzz", "--workers", "2", "--examples", "2", "--seed", "9", "--steps", "2", "--quiet", "--example-db"]
+    assert cli.main([*args, str(tmp_path / "fresh")]) in (0, 1)  # findings or none, no crash
+    assert "injected crash" not in capsys.readouterr().err
+    # (and nothing was saved there: the example that ends a worker's share is not a failure)
+    assert not any(p.is_file() for p in (tmp_path / "fresh").rglob("*"))
+    # ...but over the database of the first run both workers replay the crash before anything else.
+    assert cli.main([*args, str(db)]) == 1
+    err = capsys.readouterr().err
+    assert err.count(f"RuntimeError: injected crash on data seed {data}") == 2 and "[gw0]" in err and "[gw1]" in err

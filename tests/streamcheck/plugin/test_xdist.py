@@ -112,18 +112,19 @@ def test_every_worker_uses_the_controllers_seeds(pytester, notes):
 
 # --- the shared example database ------------------------------------------------------------------
 # Run 1: only gw0's copy of the property can fail; hypothesis finds and shrinks x = 1000 there and
-# saves it. Run 2 generates nothing (phases: reuse only) and only gw1's copy can fail: it fails
-# exactly when it replays gw0's example from the database.
+# saves it (gw1's copy only generates: replaying a passing example would delete it). Run 2 generates
+# nothing (phases: reuse only), so a copy fails exactly when it replays gw0's example.
 PROPERTY = '''
 import os
 from hypothesis import Phase, given, settings, strategies as st
 
-PHASES = [Phase.reuse] if os.environ.get("REUSE_ONLY") else list(Phase)
+FAILS = os.environ["PYTEST_XDIST_WORKER"] in os.environ["FAILS_ON"].split(",")
+PHASES = [Phase.reuse] if os.environ.get("REUSE_ONLY") else list(Phase) if FAILS else [Phase.generate]
 
 @settings(phases=PHASES, max_examples=300)
 @given(st.integers(0, 10**6))
 def test_property(x):
-    if os.environ["PYTEST_XDIST_WORKER"] == os.environ["FAILS_ON"]:
+    if FAILS:
         assert x < 1000
 '''
 
@@ -145,12 +146,12 @@ def test_a_failure_one_worker_found_replays_on_another(pytester, monkeypatch, tm
     found.assert_outcomes(passed=1, failed=1)  # only gw0's copy can fail
     assert "x=1000" in found.stdout.str()
     assert any(p.is_file() for p in db.rglob("*"))  # saved where the option says
-    replayed = run_property(pytester, monkeypatch, db, "gw1", reuse_only=True)
-    replayed.assert_outcomes(passed=1, failed=1)  # only gw1's copy can fail, and only by replaying
-    assert "x=1000" in replayed.stdout.str()
+    replayed = run_property(pytester, monkeypatch, db, "gw0,gw1", reuse_only=True)
+    replayed.assert_outcomes(failed=2)  # gw1 too, which never found it: replayed from the database
+    assert replayed.stdout.str().count("x=1000") >= 2 and "[gw1]" in replayed.stdout.str()
     # Control: another (empty) database, and the reuse-only run has nothing to replay (hypothesis
     # skips a test that ran no example).
-    empty = run_property(pytester, monkeypatch, tmp_path / "other", "gw1", reuse_only=True)
+    empty = run_property(pytester, monkeypatch, tmp_path / "other", "gw0,gw1", reuse_only=True)
     empty.assert_outcomes(skipped=2)
 
 
