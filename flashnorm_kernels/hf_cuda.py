@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from streamcheck.core.schedule import check_strike_pattern, strikes
-from streamcheck.gpu import MAX_DELAY_US
+from streamcheck.gpu import MAX_DELAY_US, SpinDelay
 
 from .fold import FlashNormError, norm_gain
 from .plan import EDGES, SyncPlan
@@ -182,6 +182,8 @@ class CudaNormProjection:
             raise ValueError(f"hold_matmul: us must be in [0, {MAX_DELAY_US}] µs (the spin kernel's cap), got {us!r}")
         after, every = check_strike_pattern(after, every)
         self.hold = MatmulHold(float(us), after, every) if us else None
+        if us:
+            SpinDelay.get()  # NVRTC and the module load now, not inside the step it strikes
 
     def forget_previous_step(self) -> None:
         """Issue no `war` wait in the next step. Only right once the previous step's post-scale
@@ -261,8 +263,6 @@ class CudaNormProjection:
         self._edge("fork_b", caller, b)
         with self._cupy_device:
             if self.hold is not None and strikes(self.steps, self.hold.after, self.hold.every):
-                from streamcheck.gpu import SpinDelay
-
                 SpinDelay.get().enqueue(self._side["A"], self.hold.us)  # before the matmul, on A
             with torch.cuda.stream(a):
                 torch.mm(x, self.weight.t(), out=self.y[:m])
