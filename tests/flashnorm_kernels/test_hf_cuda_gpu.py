@@ -109,6 +109,17 @@ def test_greedy_decode_and_generate_agree_on_the_attached_model(model, reference
     assert torch.equal(static, dynamic)
 
 
+@pytest.mark.parametrize("post_stream", ["caller", "A", "B"])
+@pytest.mark.parametrize("side_kind", ["non_blocking", "blocking"])
+def test_every_safe_post_stream_and_side_kind_gives_the_same_tokens(model, reference, post_stream, side_kind):
+    plan = SyncPlan.correct(post_stream=post_stream, side_kind=side_kind)
+    with attach(model, "cuda", plan, max_tokens=P):
+        out = greedy_decode(model, PROMPT_IDS, 64)
+        graphed = decode_with_graph(model, PROMPT_IDS, 64)
+    assert out[0, P:].tolist() == reference[:64]
+    assert torch.equal(graphed, out)
+
+
 def _batch_prompts(batch: int) -> torch.Tensor:
     # Different rows (the prompt at different offsets of the cyclic text): rows mixed up would show.
     return torch.tensor([encode(cyclic_bytes(offset * 37, P)) for offset in range(batch)], device="cuda")
