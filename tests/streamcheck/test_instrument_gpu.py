@@ -102,6 +102,24 @@ def test_library_calls_can_be_delayed_by_name():
     assert session.races == [] and session.errors == []
 
 
+def test_an_external_wrapper_of_a_known_stream_is_the_same_stream():
+    import cupy
+
+    import streamcheck
+    from streamcheck.gpu import external_stream
+
+    with streamcheck.instrument() as session:
+        own = cupy.cuda.Stream(non_blocking=True)
+        x = cupy.zeros(1024, dtype=cupy.float32)
+        with own:
+            x += 1  # on the stream CuPy created
+        with external_stream(cupy, own.ptr):
+            x += 1  # the same cudaStream_t through a wrapper: ordered after the first, no race
+        cupy.cuda.Device().synchronize()
+    assert session.sid(own) == session.sid(external_stream(cupy, own.ptr))
+    assert session.races == [] and session.errors == []
+
+
 PTDS_PROGRAM = r"""
 import os, threading
 import cupy
