@@ -111,6 +111,7 @@ def test_an_external_wrapper_of_a_known_stream_is_the_same_stream():
     with streamcheck.instrument() as session:
         own = cupy.cuda.Stream(non_blocking=True)
         x = cupy.zeros(1024, dtype=cupy.float32)
+        cupy.cuda.Device().synchronize()  # the zeros (legacy stream) before the non-blocking stream's work
         with own:
             x += 1  # on the stream CuPy created
         with external_stream(cupy, own.ptr):
