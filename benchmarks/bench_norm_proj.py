@@ -26,6 +26,9 @@ Paths, for x [M, d] and a projection [n, d]:
               overlaps the matmul of block k+1.
 - dual_eager: the pipeline called eagerly (no graph), CUDA events around many steps:
               bound by the host (device-API bookkeeping), reported for information.
+- attached:   what a model runs: flashnorm_kernels.hf_cuda.CudaNormProjection (hf.attach(model, "cuda"))
+              on a norm and a Linear, captured: the dual-stream path below prefill_rows rows, the
+              pre-scaled path (F.rms_norm without gain, F.linear with W*) from there on.
 
 Targets (docs/benchmarks.md): dual-stream >= 1.40x faster than hf_eager at M=1 and within 1.10x of
 matmul alone; not slower than rms_norm at prefill. Prints a markdown table; writes JSON
@@ -262,23 +265,43 @@ def bench_shape(torch, cupy, m: int, d: int, n: int, args) -> dict:
         graphs["dual_raw_4chunks"] = capture(torch, lambda: dual_raw(4), steps)
         errors["dual_raw_4chunks"] = rel_err(dual_raw(4))
 
+    # --- what a model runs: hf.attach(model, "cuda")'s module, its path chosen by M ----------
+    from flashnorm_kernels.fold import layout_for
+    from flashnorm_kernels.hf_cuda import CudaNormProjection
+
+    linear = torch.nn.Linear(d, n, bias=False).to(dev, bf16)
+    with torch.no_grad():
+        linear.weight.copy_(w)
+    attached = CudaNormProjection("bench", norm, [linear], layout_for("llama").gain, eps=EPS, plan=SyncPlan.correct(),
+                                  max_tokens=m)
+
+    @torch.no_grad()
+    def attached_step():
+        return attached.outputs(x[:])[0]  # a new view each call: one step each (outputs() caches per tensor)
+
+    graphs["attached"] = capture(torch, attached_step, steps)
+    errors["attached"] = rel_err(attached_step())
+
     times = interleaved_medians(torch, graphs, steps, replays, args.repeats)
     if not args.no_eager:
         times["dual_eager"] = eager_time_us(torch, dual_step, iters=20 if big else 200, repeats=max(3, args.repeats // 3))
-    return {"M": m, "d": d, "n": n, "dtype": "bfloat16", "us": times, "max_rel_err_vs_hf": errors}
+    return {"M": m, "d": d, "n": n, "dtype": "bfloat16", "us": times, "max_rel_err_vs_hf": errors,
+            "attached_path": "pre-scaled" if m >= attached.prefill_rows else "dual-stream"}
 
 
 def format_table(rows) -> str:
-    cols = ["hf_eager", "rms_norm", "folded", "matmul", "dual_graph", "dual_raw", "dual_raw_4chunks", "dual_eager"]
+    cols = ["hf_eager", "rms_norm", "folded", "matmul", "dual_graph", "dual_raw", "dual_raw_4chunks", "dual_eager",
+            "attached"]
     head = ("| M | d | n | " + " | ".join(f"{c} µs" for c in cols)
-            + " | hf/dual | dual/matmul | dual/rms_norm |")
-    lines = [head, "|" + "---|" * (3 + len(cols) + 3)]
+            + " | hf/dual | dual/matmul | dual/rms_norm | attached path | hf/attached | attached/rms_norm |")
+    lines = [head, "|" + "---|" * (3 + len(cols) + 6)]
     for row in rows:
         t = row["us"]
-        dual = t["dual_graph"]
+        dual, att = t["dual_graph"], t["attached"]
         cells = [f"{t[c]:.1f}" if c in t else "-" for c in cols]
         lines.append(f"| {row['M']} | {row['d']} | {row['n']} | " + " | ".join(cells)
-                     + f" | {t['hf_eager'] / dual:.2f}x | {dual / t['matmul']:.2f}x | {dual / t['rms_norm']:.2f}x |")
+                     + f" | {t['hf_eager'] / dual:.2f}x | {dual / t['matmul']:.2f}x | {dual / t['rms_norm']:.2f}x"
+                     + f" | {row['attached_path']} | {t['hf_eager'] / att:.2f}x | {att / t['rms_norm']:.2f}x |")
     return "\n".join(lines)
 
 
