@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -18,6 +20,15 @@ def fuzz_json(capsys, tmp_path, name, *args) -> tuple:
     status = cli.main(["fuzz", "--backend", "sim", "--steps", "2", "--quiet", "--json", str(target), *args])
     out = capsys.readouterr()
     return status, json.loads(target.read_text()), out.out, out.err
+
+
+def fuzz_json_alone(tmp_path, name, *args) -> dict:
+    """A single-process run in a process of its own, as the workers are: nothing a test before it
+    left in this process (hypothesis's settings, caches) can change what it draws."""
+    target = tmp_path / f"{name}.json"
+    subprocess.run([sys.executable, "-m", "streamcheck", "fuzz", "--backend", "sim", "--steps", "2", "--quiet",
+                    "--json", str(target), *args], capture_output=True, text=True, timeout=300)
+    return json.loads(target.read_text())
 
 
 def per_plan(data) -> dict:
@@ -32,8 +43,8 @@ def test_two_workers_run_the_examples_of_two_seeds_and_merge_them(capsys, tmp_pa
     assert "--workers 2 --seed 5 --examples 13" in both["repeat"]
     assert "2 workers (seeds 5..6)" in out and "repeat: streamcheck fuzz" in out and "approximately" not in out
     # Worker 0 ran seed 5's first 7 examples, worker 1 seed 6's first 6: the same as two single runs.
-    _, zero, _, _ = fuzz_json(capsys, tmp_path, "zero", "--examples", "7", "--seed", "5")
-    _, one, _, _ = fuzz_json(capsys, tmp_path, "one", "--examples", "6", "--seed", "6")
+    zero = fuzz_json_alone(tmp_path, "zero", "--examples", "7", "--seed", "5")
+    one = fuzz_json_alone(tmp_path, "one", "--examples", "6", "--seed", "6")
     merged = per_plan(zero)
     for plan, counts in per_plan(one).items():
         old = merged.get(plan, (0, 0, 0))
@@ -102,10 +113,11 @@ def test_a_crash_saved_in_the_shared_database_is_replayed_first_by_every_worker(
     assert found == 1 and "the pytest run over 2 workers failed" in err
     data = re.search(r"RuntimeError: injected crash on data seed (\d+)", err).group(1)
     assert int(data) % 7 == 3
-    # Now only that example crashes. Each worker's own first example (hypothesis starts from the
-    # simplest, data seed 0) does not: over a fresh database nothing crashes...
+    # Now only that example crashes. The workers' own examples (seeds 9 and 10) do not: over a fresh
+    # database nothing crashes...
     monkeypatch.setenv("CRASH_DATA", data)
-    args = ["fuzz", "--workers", "2", "--examples", "2", "--seed", "9", "--steps", "2", "--quiet", "--example-db"]
+    # (Shares of 10: the replayed examples count against a worker's share too.)
+    args = ["fuzz", "--workers", "2", "--examples", "20", "--seed", "9", "--steps", "2", "--quiet", "--example-db"]
     assert cli.main([*args, str(tmp_path / "fresh")]) in (0, 1)  # findings or none, no crash
     assert "injected crash" not in capsys.readouterr().err
     # (and nothing was saved there: the example that ends a worker's share is not a failure)
@@ -113,4 +125,4 @@ def test_a_crash_saved_in_the_shared_database_is_replayed_first_by_every_worker(
     # ...but over the database of the first run both workers replay the crash before anything else.
     assert cli.main([*args, str(db)]) == 1
     err = capsys.readouterr().err
-    assert err.count(f"RuntimeError: injected crash on data seed {data}") == 2 and "[gw0]" in err and "[gw1]" in err
+    assert err.count(f"RuntimeError: injected crash on data seed {data}") >= 2 and "[gw0]" in err and "[gw1]" in err
