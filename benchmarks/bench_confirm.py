@@ -1,6 +1,6 @@
 """Wall time of `streamcheck run --confirm` on the racy programs of tests/gpu_programs/.
 
-    python benchmarks/bench_confirm.py [--repeats 3] [--jobs 4] [--programs 'race_*']
+    python benchmarks/bench_confirm.py [--repeats 3] [--jobs 4] [--programs 'race_*'] [--suite all|cupy|torch]
 
 Per program: the median wall time of `streamcheck run prog.py` (the check alone) and of
 `streamcheck run --confirm prog.py` (the check plus one rerun per race, more when a rerun asks for
@@ -56,9 +56,11 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--jobs", type=int, default=4)
     parser.add_argument("--programs", default="race_*", help="glob over program names (default race_*)")
+    parser.add_argument("--suite", choices=("all", "cupy", "torch"), default="all",
+                        help="tests/gpu_programs/ (cupy), its torch/ folder (torch), or both")
     args = parser.parse_args()
-    programs = sorted(p for d in (PROGRAMS, PROGRAMS / "torch") for p in d.glob("*.py")
-                      if fnmatch.fnmatch(p.name, args.programs))
+    dirs = {"all": (PROGRAMS, PROGRAMS / "torch"), "cupy": (PROGRAMS,), "torch": (PROGRAMS / "torch",)}[args.suite]
+    programs = sorted(p for d in dirs for p in d.glob("*.py") if fnmatch.fnmatch(p.name, args.programs))
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         rows = list(pool.map(lambda p: measure(p, args.repeats), programs))
     print("| program | races | confirmed | run (s) | run --confirm (s) | ratio |")
