@@ -119,10 +119,36 @@ def pinning(ids: list, workers: int) -> str:
             f"(CUDA_VISIBLE_DEVICES): {shared}")
 
 
+def shared_gpu(config) -> Optional[str]:
+    """Why this xdist worker does not have its GPU to itself (workers outnumber the GPUs, or none
+    are pinned), or None: a timing test (`gpu_timing`) is only meaningful alone on its GPU, since
+    another worker's kernels delay its streams as an injected delay would."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is None:
+        return None
+    ids = workerinput.get(GPUS_KEY) or []
+    workers = int(workerinput.get("workercount", 1))
+    if workers <= max(len(ids), 1) and (ids or workers == 1):
+        return None
+    return (f"{workers} xdist workers share {len(ids) or 'the'} GPU{'s' if len(ids) != 1 else ''}"
+            + ("" if ids else " (none pinned)"))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item) -> None:
+    if item.get_closest_marker("gpu_timing") is not None:
+        why = shared_gpu(item.config)
+        if why is not None:
+            pytest.skip(f"timing test: it needs the GPU to itself and {why}; run it without -n (or with no more "
+                        "workers than GPUs)")
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     """Worker gwK: CUDA_VISIBLE_DEVICES = GPU K mod count, first of all configure hooks and before
     any test module is imported. Controller: a bad --streamcheck-gpus stops the run at start-up."""
+    config.addinivalue_line("markers", "gpu_timing: a GPU test whose outcome depends on timing (a race that must "
+                                       "not strike without its delay); skipped when xdist workers share a GPU")
     workerinput = getattr(config, "workerinput", None)
     if workerinput is None:
         value, source = option_value(config, "streamcheck_gpus")

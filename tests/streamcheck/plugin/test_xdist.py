@@ -172,3 +172,27 @@ def test_visible_gpus_stops_where_cuda_does(monkeypatch):
     assert visible_gpus() is None
     assert worker_index("gw12") == 12 and worker_index("w1") is None
     assert pinning(["0"], 2).startswith("streamcheck: 2 xdist workers but 1 GPU: fewer GPUs than workers")
+
+
+TIMING = '''
+import pytest
+
+@pytest.mark.gpu_timing
+def test_timing():
+    pass
+'''
+
+
+@pytest.mark.parametrize("args, outcome", [
+    (("-n", "2", "--streamcheck-gpus=1"), {"skipped": 1}),  # two workers share the one GPU
+    (("-n", "2", "--streamcheck-gpus=0"), {"skipped": 1}),  # none pinned: both on every GPU
+    (("-n", "2", "--streamcheck-gpus=2"), {"passed": 1}),  # one GPU each
+    (("--streamcheck-gpus=1",), {"passed": 1}),  # no xdist: the GPU is the test's
+])
+def test_a_timing_test_runs_only_with_its_gpu_to_itself(pytester, notes, args, outcome):
+    pytester.makepyfile(test_timing=TIMING)
+    result = run(pytester, *args, "-rs")
+    result.assert_outcomes(**outcome)
+    if "skipped" in outcome:
+        result.stdout.fnmatch_lines(["*timing test: it needs the GPU to itself and 2 xdist workers share*; run it "
+                                     "without -n*"])
