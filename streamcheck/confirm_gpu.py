@@ -177,35 +177,49 @@ class Probe:
                     if rec.gpu.is_capturing(stream):
                         self.captured.add(role)
                         continue  # never inside a capture: the graph's launch is targeted instead
-                    ptr = rec.gpu.stream_ptr(stream)
-                    if role == "first":
-                        if self.first_stream is None:
-                            rec.gpu.spin(stream, self.spec.delay_us)
-                            self.first_stream, self.spun_at = ptr, time.perf_counter()
-                    else:
-                        self.driver.event_record(self._event("second", ptr), ptr)
-                        self.second_issued_at = time.perf_counter()
+                    self._issuing(role, rec.gpu.stream_ptr(stream), lambda us: rec.gpu.spin(stream, us))
                 except Exception as exc:  # noqa: BLE001 - the program must not see our failure
                     self.error = f"{type(exc).__name__}: {exc}"
+
+    def _issuing(self, role: str, ptr: int, spin) -> None:
+        """The target `role` is about to be issued on stream `ptr`: the spin before the first
+        (once), event B before the second (again before each try: it marks the last)."""
+        if role == "first":
+            if self.first_stream is None:
+                spin(self.spec.delay_us)
+                self.first_stream, self.spun_at = ptr, time.perf_counter()
+        else:
+            self.driver.event_record(self._event("second", ptr), ptr)
+            self.second_issued_at = time.perf_counter()
 
     def issued(self, rec, op) -> None:
         """Right after an operation was recorded (Recorder.record)."""
         if self.error is not None:
             return
+        role, t = self._match(op)
+        if role is not None:
+            with self._lock:
+                if self.driver is None:
+                    self.driver = rec.gpu.driver
+                self._count(role, t)
+
+    def _match(self, op):
+        """(role, Target) of the target `op` is one of (its key and site), or (None, None)."""
         stream, name = Target.key_of(op)
         for role, t in self.targets:
-            if (stream, name) != (t.stream, t.name) or op.site != t.site:
-                continue
-            with self._lock:
-                if self.counts[role] == t.occurrence and not self.done[role]:
-                    self.done[role] = True
-                    try:
-                        if self.driver is None:
-                            self.driver = rec.gpu.driver
-                        self._issued(role)
-                    except Exception as exc:  # noqa: BLE001
-                        self.error = f"{type(exc).__name__}: {exc}"
-                self.counts[role] += 1
+            if (stream, name) == (t.stream, t.name) and op.site == t.site:
+                return role, t
+        return None, None
+
+    def _count(self, role: str, t: Target) -> None:
+        """One more operation of target `role`'s key was issued: at its occurrence, time it."""
+        if self.counts[role] == t.occurrence and not self.done[role]:
+            self.done[role] = True
+            try:
+                self._issued(role)
+            except Exception as exc:  # noqa: BLE001 - the program must not see our failure
+                self.error = f"{type(exc).__name__}: {exc}"
+        self.counts[role] += 1
 
     def _issued(self, role: str) -> None:
         driver = self.driver
@@ -246,13 +260,6 @@ class DeviceProbe(Probe):
 
         super().__init__(spec, CudaDriver())
 
-    def _match(self, op):
-        stream, name = Target.key_of(op)
-        for role, t in self.targets:
-            if (stream, name) == (t.stream, t.name) and op.site == t.site:
-                return role, t
-        return None, None
-
     def before_op(self, op, stream_ptr: int, spin) -> None:
         """Right before the backend issues the recorded `op` on `stream_ptr` (never inside a
         capture: the backend asks first); `spin(us)` enqueues the bounded spin there."""
@@ -260,27 +267,15 @@ class DeviceProbe(Probe):
         if role is None or self.error is not None or self.done[role] or self.counts[role] != t.occurrence:
             return
         try:
-            if role == "first":
-                spin(self.spec.delay_us)
-                self.first_stream, self.spun_at = stream_ptr, time.perf_counter()
-            else:
-                self.driver.event_record(self._event("second", stream_ptr), stream_ptr)
-                self.second_issued_at = time.perf_counter()
+            self._issuing(role, stream_ptr, spin)
         except Exception as exc:  # noqa: BLE001 - the program must not see our failure
             self.error = f"{type(exc).__name__}: {exc}"
 
     def after_op(self, op) -> None:
         """Right after the backend issued `op` (or, for a host-side operation, did it)."""
         role, t = self._match(op)
-        if role is None or self.error is not None:
-            return
-        if self.counts[role] == t.occurrence and not self.done[role]:
-            self.done[role] = True
-            try:
-                self._issued(role)
-            except Exception as exc:  # noqa: BLE001
-                self.error = f"{type(exc).__name__}: {exc}"
-        self.counts[role] += 1
+        if role is not None and self.error is None:
+            self._count(role, t)
 
 
 def probe_line(result: dict) -> str:

@@ -18,19 +18,9 @@ from streamcheck.core.trace import (Alloc, CallSite, CopyKind, DeviceSync, Event
                                     Launch, PeerAccess, Range, StreamCreate, StreamKind, StreamWait, Trace,
                                     op_to_dict)
 from streamcheck.device import Device, DeviceError
+from tests.streamcheck.test_confirm import copy_into, put
 
 RANKS = 2
-
-
-def put(value, name):
-    def kernel(x):
-        x[...] = value
-    kernel.__name__ = name
-    return kernel
-
-
-def copy_into(dst, src):
-    dst[...] = src
 
 
 def strikes(program, streams, steps=8):
