@@ -23,9 +23,11 @@ handed to torch is ever overwritten by a later step (transformers' caches may ke
 output itself, not a copy). Activations cross to CuPy as views of the same bytes
 (kernels_cuda.cupy_view); nothing goes through host memory.
 
-Prefill. A step of M >= `prefill_rows` rows (default PREFILL_ROWS, to be tuned from GPU
-measurements) does not take the dual-stream path: the post-scale pass over the n-wide output
-costs more than the overlap saves (docs: 670 vs 640 µs at 4096 rows). It runs the pre-scaled
+Prefill. A step of M >= `prefill_rows` rows (default PREFILL_ROWS = 256) does not take the
+dual-stream path: the post-scale pass over the n-wide output costs more than the overlap saves.
+On the H200 (bf16, d = 4096, n = 12288; docs/benchmarks.md) the dual-stream path wins up to
+M = 128 (33.0 vs 35.6 µs for the pre-scaled path) and loses from M = 256 on (47.3 vs 45.3; 668
+vs 615 µs at 4096 rows). It runs the pre-scaled
 path on torch's current stream, F.rms_norm(x, None, eps) then F.linear with W* (the `folded`
 baseline of benchmarks/bench_norm_proj.py). Every step, prefill or decode, takes at most
 `max_tokens` rows (batch × tokens of that step), else a ValueError names max_tokens.
@@ -49,7 +51,7 @@ from streamcheck.gpu import MAX_DELAY_US, SpinDelay
 from .fold import FlashNormError, norm_gain
 from .plan import EDGES, SyncPlan
 
-PREFILL_ROWS = 256  # rows from which a step takes the pre-scaled single-stream path
+PREFILL_ROWS = 256  # rows from which a step takes the pre-scaled single-stream path (the H200's crossover)
 KERNEL_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 _FOLD_ROWS = 8192  # rows folded at a time: bounds the fp64 temporary of a vocab × hidden lm_head
 
