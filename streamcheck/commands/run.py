@@ -11,6 +11,12 @@ own status (0, its sys.exit code, or 1 for an uncaught exception, whose tracebac
 is printed as Python would). 2: bad usage, a script that cannot be opened, or no
 GPU (CuPy missing or no CUDA device).
 
+With --confirm, each distinct race (up to --confirm-max) is then confirmed by rerunning the
+script in a fresh process with a bounded delay exactly before the race's first access and CUDA
+timing events around both accesses (streamcheck/confirm_gpu.py, docs/confirm.md); a rerun is
+`streamcheck run --confirm-probe JSON script.py`, the replay line each verdict prints. The exit
+status stays the first run's.
+
 The environment variable STREAMCHECK_RUN=1 is set while the script runs, so a
 program (or its test) can tell it is being checked. It does not instrument
 anything by itself: there is no sitecustomize hook, and child processes the
@@ -250,8 +256,8 @@ def run(args) -> int:
     verdicts = []
     if args.confirm and races:
         limit = confirm_gpu.MAX_RACES if args.confirm_max is None else args.confirm_max
-        print(f"streamcheck: confirming {min(len(races), limit)} of {len(races)} race(s): one rerun each, with a "
-              "delay before its first access", file=sys.stderr)
+        print(f"streamcheck: confirming {min(len(races), limit)} of {len(races)} race(s): the script rerun with a "
+              "delay before each race's first access (again if a rerun says what to change)", file=sys.stderr)
         verdicts = confirm_gpu.confirm_races(session.checker, session.trace, races, script, args.args,
                                              seed=args.seed, warm_up=not args.no_warm_up, max_races=limit)
         for i, verdict in enumerate(verdicts, 1):
