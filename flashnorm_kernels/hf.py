@@ -49,11 +49,39 @@ class _Identity(torch.nn.Module):
         return hidden
 
 
+class StepPerInput:
+    """A norm and the projections it feeds, run as one step per new input: q/k/v (gate/up) are
+    called one after another on the same tensor, so one step (`_step`, the subclass's) serves
+    all. The tensor is held, so that its address cannot be reused by a new one."""
+
+    _last_hidden = None
+    _last_version = -1
+    _outputs = None
+
+    def outputs(self, hidden: torch.Tensor) -> list:
+        if hidden is not self._last_hidden or hidden._version != self._last_version:
+            self._outputs = self._step(hidden)
+            self._last_hidden, self._last_version = hidden, hidden._version
+        return self._outputs
+
+
+class RoutedProjection(torch.nn.Module):
+    """Stands in for projection `index` of a group (a StepPerInput)."""
+
+    def __init__(self, group: StepPerInput, index: int):
+        super().__init__()
+        self.group = group
+        self.index = index
+
+    def forward(self, hidden):
+        return self.group.outputs(hidden)[self.index]
+
+
 class LockstepMismatch(AssertionError):
     """A device computed different values than the first one at the same step."""
 
 
-class _Group:
+class _Group(StepPerInput):
     """One norm and the projections it feeds, run as one pipeline step per new input.
 
     With several devices (lockstep), every device runs the same step on the same
@@ -73,9 +101,6 @@ class _Group:
         self.inputs = [module.alloc_input(name=f"{name}.x") for module in self.modules]
         self.callers = callers
         self.steps = 0
-        self._last_hidden = None  # held, so its address cannot be reused by a new tensor
-        self._last_version = -1
-        self._outputs = None
         self._host_input = None  # kept alive: the uploads read it when they execute
 
     @property
@@ -84,13 +109,6 @@ class _Group:
 
     def close(self) -> None:
         """Nothing to release: the Devices own their buffers."""
-
-    def outputs(self, hidden: torch.Tensor) -> list:
-        # q/k/v (gate/up) are called one after another on the same tensor: one step serves all.
-        if hidden is not self._last_hidden or hidden._version != self._last_version:
-            self._outputs = self._step(hidden)
-            self._last_hidden, self._last_version = hidden, hidden._version
-        return self._outputs
 
     def _run(self, module, x, caller, m) -> list:
         module.device.upload(x[:m], self._host_input, stream=caller)
@@ -121,16 +139,6 @@ class _Group:
                 out = out + bias  # W·(x/rms) + b: the bias is outside the deferred scale
             result.append(out.reshape(*hidden.shape[:-1], out.shape[-1]))
         return result
-
-
-class _RoutedProjection(torch.nn.Module):
-    def __init__(self, group: _Group, index: int):
-        super().__init__()
-        self.group = group
-        self.index = index
-
-    def forward(self, hidden):
-        return self.group.outputs(hidden)[self.index]
 
 
 def _norm_eps(norm) -> float:
@@ -304,7 +312,7 @@ def attach(model, devices, plan: Optional[SyncPlan] = None, *, max_tokens: int =
                for d in devices]
     groups = [_Group(_group_name(norm_path), norm, linears, gain_style, devices, plan, callers, max_tokens, dtype, skip)
               for (norm_path, norm, _, linears), skip in zip(found, unscaled)]
-    originals = _replace(model, groups, found, _RoutedProjection)
+    originals = _replace(model, groups, found, RoutedProjection)
     for device in devices:
         device.synchronize()  # weight uploads done before the first step
     return Attachment(model, devices, groups, originals, cancellation)
@@ -334,6 +342,6 @@ def _attach_cuda(model, devices, plan, *, max_tokens, dtype, cancel, prefill_row
     groups = [hf_cuda.CudaNormProjection(_group_name(norm_path), norm, linears, gain_style, eps=_norm_eps(norm),
                                          plan=plan, max_tokens=max_tokens, prefill_rows=prefill_rows)
               for norm_path, norm, proj_paths, linears in found]
-    originals = _replace(model, groups, found, hf_cuda.Projection)
+    originals = _replace(model, groups, found, RoutedProjection)
     torch.cuda.synchronize(device)  # W* folded before the first step, whatever stream it runs on
     return Attachment(model, [device], groups, originals)

@@ -49,6 +49,7 @@ from streamcheck.core.schedule import check_strike_pattern, strikes
 from streamcheck.gpu import MAX_DELAY_US, SpinDelay
 
 from .fold import FlashNormError, norm_gain
+from .hf import RoutedProjection, StepPerInput
 from .plan import EDGES, SyncPlan
 
 PREFILL_ROWS = 256  # rows from which a step takes the pre-scaled single-stream path (the H200's crossover)
@@ -117,7 +118,7 @@ class MatmulHold:
     every: int = 1
 
 
-class CudaNormProjection:
+class CudaNormProjection(StepPerInput):
     """One norm and the projections it feeds, run on the model's CUDA tensors (see the module
     docstring). `outputs(hidden)` runs one step per new input (q/k/v, gate/up are called one
     after another on the same tensor: one step serves all)."""
@@ -167,9 +168,6 @@ class CudaNormProjection:
         self._war_stream: Optional[int] = None  # handle of the stream `war` was last recorded on
         self.steps = 0  # forwards run: step 0 is the prompt's
         self.hold: Optional[MatmulHold] = None
-        self._last_hidden = None  # held, so its address cannot be reused by a new tensor
-        self._last_version = -1
-        self._outputs = None
 
     @property
     def module(self) -> "CudaNormProjection":
@@ -200,13 +198,7 @@ class CudaNormProjection:
         self._outputs = self._last_hidden = None
         self.y = self.r = self._y = self._r = None
 
-    # --- one step -------------------------------------------------------------------------
-    def outputs(self, hidden: torch.Tensor) -> list:
-        if hidden is not self._last_hidden or hidden._version != self._last_version:
-            self._outputs = self._step(hidden)
-            self._last_hidden, self._last_version = hidden, hidden._version
-        return self._outputs
-
+    # --- one step (StepPerInput.outputs calls it once per new input) --------------------------
     def _step(self, hidden: torch.Tensor) -> list:
         what = f"flashnorm attach: {self.name}"
         if hidden.device != self.device or hidden.dtype != self.dtype:
@@ -290,23 +282,12 @@ class CudaNormProjection:
                 f"prefill_rows={self.prefill_rows}, {self.plan.describe()})")
 
 
-class Projection(torch.nn.Module):
-    """Stands in for projection `index` of a CudaNormProjection group."""
-
-    def __init__(self, group: CudaNormProjection, index: int):
-        super().__init__()
-        self.group = group
-        self.index = index
-
-    def forward(self, hidden):
-        return self.group.outputs(hidden)[self.index]
-
-
 def attached_groups(model) -> list:
     """The CudaNormProjection groups attached to `model`, in model order (none for a plain model)."""
     groups = []
     for module in model.modules():
-        if isinstance(module, Projection) and all(module.group is not g for g in groups):
+        if (isinstance(module, RoutedProjection) and isinstance(module.group, CudaNormProjection)
+                and all(module.group is not g for g in groups)):
             groups.append(module.group)
     return groups
 
