@@ -134,8 +134,8 @@ def shared_gpu(config) -> Optional[str]:
             + ("" if ids else " (none pinned)"))
 
 
-@pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item) -> None:
+    # After pytest's own skipif marks (its hook runs first): a machine without a GPU says so.
     if item.get_closest_marker("gpu_timing") is not None:
         why = shared_gpu(item.config)
         if why is not None:
