@@ -49,7 +49,7 @@ from streamcheck.core.schedule import check_strike_pattern, strikes
 from streamcheck.gpu import MAX_DELAY_US, SpinDelay
 
 from .fold import FlashNormError, norm_gain
-from .hf import RoutedProjection, StepPerInput
+from .groups import RoutedProjection, StepPerInput
 from .plan import EDGES, SyncPlan
 
 PREFILL_ROWS = 256  # rows from which a step takes the pre-scaled single-stream path (the H200's crossover)

@@ -29,7 +29,13 @@ from .core.schedule import HOST, Confirm, Sequential, Target, make_policy
 from .core.trace import Free
 from .device import Device
 
-MAX_RACES = 8  # distinct races confirmed per call of confirm_races; the rest are listed as not attempted
+MAX_RACES = 8  # distinct races confirmed per call (here and on the GPU); the rest are listed as not attempted
+
+
+def check_max_races(who: str, max_races) -> int:
+    if isinstance(max_races, bool) or not isinstance(max_races, int) or max_races < 0:
+        raise ValueError(f"{who}: max_races must be an integer >= 0, got {max_races!r}")
+    return max_races
 
 
 @dataclass(frozen=True)
@@ -201,8 +207,7 @@ def confirm_races(program: Callable, races=None, *, max_races: int = MAX_RACES, 
                   seed: int = 0, **params) -> tuple:
     """Confirm each distinct race of `program` (all the sequential run reports when `races` is
     None), up to `max_races`; the rest come back not attempted."""
-    if isinstance(max_races, bool) or not isinstance(max_races, int) or max_races < 0:
-        raise ValueError(f"confirm_races: max_races must be an integer >= 0, got {max_races!r}")
+    check_max_races("confirm_races", max_races)
     reference = Device("sim", policy="sequential")
     _run(program, reference)
     races = list(reference.races if races is None else races)

@@ -35,11 +35,11 @@ import time
 from dataclasses import dataclass, replace
 from typing import Optional
 
+from .confirm import MAX_RACES, check_max_races  # noqa: F401 (MAX_RACES: --confirm-max's default, re-exported)
 from .core.schedule import HOST, Target
 from .core.trace import CallSite, GraphLaunch
 from .gpu import MAX_DELAY_US
 
-MAX_RACES = 8  # distinct races confirmed per run (--confirm-max); the rest listed as not attempted
 FIRST_DELAY_US = 2000.0  # the first try: longer than the host takes between most racing calls
 RERUN_TIMEOUT_S = 600
 RERUNS_PER_RACE = 5  # the first try, eager loading, the last occurrence, longer delays up to the cap
@@ -453,8 +453,7 @@ def confirm_device_races(program, races=None, *, max_races: int = MAX_RACES, **d
     rerun with eager kernel loading (CUDA reads that setting once per process)."""
     from .device import Device
 
-    if isinstance(max_races, bool) or not isinstance(max_races, int) or max_races < 0:
-        raise ValueError(f"confirm_device_races: max_races must be an integer >= 0, got {max_races!r}")
+    check_max_races("confirm_device_races", max_races)
     if "confirm_probe" in device_options:
         raise ValueError("confirm_device_races: confirm_probe is set per rerun; do not pass it")
 
