@@ -126,6 +126,12 @@ class Stream:
         """Block the host until everything issued to this stream so far has executed."""
         self.device._sync_stream(self, caller_site())
 
+    def query(self) -> bool:
+        """cudaStreamQuery: True if everything issued to this stream so far has executed. Never
+        blocks. True is a synchronization (the host is ordered after that work, as by
+        synchronize()); False orders nothing."""
+        return self.device._query_stream(self, caller_site())
+
     def begin_capture(self, mode="global") -> None:
         """cudaStreamBeginCapture: from now on, work issued to this stream (and to streams that
         wait on an event recorded on it) is captured into a graph instead of executing.
@@ -164,6 +170,11 @@ class Event:
     def synchronize(self) -> None:
         """Block the host until the captured work has executed (at once if never recorded)."""
         self.device._sync_event(self, caller_site())
+
+    def query(self) -> bool:
+        """cudaEventQuery: True if the captured work has executed (True at once if never recorded).
+        Never blocks. True orders the host after that work; False orders nothing."""
+        return self.device._query_event(self, caller_site())
 
     def destroy(self) -> None:
         self.device._destroy_event(self, caller_site())
@@ -849,6 +860,36 @@ class Device:
             self.capture_tracker.sync_event(op, event.id, event.name)
             self.backend.sync_event(event, site)
             self.backend.tick()
+
+    def _query_backend(self, what: str, site: CallSite, method: str):
+        from .backends.protocol import Backend
+
+        if getattr(type(self.backend), method) is getattr(Backend, method):
+            raise DeviceError(f"{what} at {site}: the {self.backend.name} backend does not support queries; "
+                              "use backend='sim' or 'cupy'")
+        return getattr(self.backend, method)
+
+    def _query_stream(self, stream: Stream, site: CallSite) -> bool:
+        query = self._query_backend(f"{stream.name or 'stream'}.query()", site, "query_stream")
+        with self._lock:
+            self._refuse_if_capturing(stream, f"query of {stream!r}", site, "querying a capturing stream is "
+                                      "refused (CUDA: cudaErrorStreamCaptureUnsupported); query after launching "
+                                      "the graph")
+            done = query(stream)
+            self._record(T.StreamQuery(self._thread_id(), site, stream=stream.id, done=done))
+            self.backend.tick()
+            return done
+
+    def _query_event(self, event: Event, site: CallSite) -> bool:
+        self._check_event(event, "query", site)
+        query = self._query_backend(f"{event.name or 'event'}.query()", site, "query_event")
+        with self._lock:
+            self.capture_tracker.sync_event(T.EventQuery(self._thread_id(), site, event=event.id), event.id,
+                                            event.name)
+            done = query(event)
+            self._record(T.EventQuery(self._thread_id(), site, event=event.id, done=done))
+            self.backend.tick()
+            return done
 
     def _destroy_event(self, event: Event, site: CallSite) -> None:
         self._check_event(event, "destroy", site)

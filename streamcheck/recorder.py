@@ -623,7 +623,7 @@ class Recorder:
         if rng is not None:
             self.record(T.Copy(tid, site, stream=sid, kind=CopyKind.D2H, src=rng, dst=None))
         if blocking:
-            self.record(T.StreamSync(tid, site, stream=sid))
+            self.record(T.StreamSync(tid, site, stream=sid, cause=name))
         return result
 
     def host_write(self, array, stream, call):
@@ -694,19 +694,31 @@ class Recorder:
         self.record(op)
         return result
 
-    def stream_sync(self, stream, call, only_if_true: bool = False):
-        """stream.synchronize(); `only_if_true`: a query (done) that orders only when it says so."""
+    def stream_sync(self, stream, call):
         op = T.StreamSync(self.tid(), self.site(), stream=self.sid(stream))
         result = self._call(call, op)
-        if not only_if_true or result:
-            self.record(op)
+        self.record(op)
         return result
 
-    def event_sync(self, event, call, only_if_true: bool = False):
+    def event_sync(self, event, call):
         op = T.EventSync(self.tid(), self.site(), event=self.eid(event))
         result = self._call(call, op)
-        if not only_if_true or result:
-            self.record(op)
+        self.record(op)
+        return result
+
+    def stream_query(self, stream, call):
+        """stream.query() / CuPy's stream.done: recorded with what it returned (done orders, not-done does not)."""
+        tid, site, sid = self.tid(), self.site(), self.sid(stream)
+        result = self._call(call, T.StreamQuery(tid, site, stream=sid))
+        self.record(T.StreamQuery(tid, site, stream=sid, done=bool(result)))
+        return result
+
+    def event_query(self, event, call):
+        """event.query() / CuPy's event.done; `event` an event object or a raw cudaEvent_t (torch's)."""
+        tid, site = self.tid(), self.site()
+        eid = self.event_handle(event) if isinstance(event, int) else self.eid(event)
+        result = self._call(call, T.EventQuery(tid, site, event=eid))
+        self.record(T.EventQuery(tid, site, event=eid, done=bool(result)))
         return result
 
     def device_sync(self, call):

@@ -31,7 +31,7 @@ def _event_done(prop):
     def done(self):
         if quiet():
             return prop.fget(self)
-        return R.current.event_sync(self, lambda: prop.fget(self), only_if_true=True)  # a query orders only if done
+        return R.current.event_query(self, lambda: prop.fget(self))
     return property(done) if isinstance(prop, property) else None
 
 
@@ -63,7 +63,7 @@ def _stream_done(prop):
     def done(self):
         if quiet():
             return prop.fget(self)
-        return R.current.stream_sync(self, lambda: prop.fget(self), only_if_true=True)
+        return R.current.stream_query(self, lambda: prop.fget(self))
     return property(done) if isinstance(prop, property) else None
 
 

@@ -21,6 +21,7 @@ import threading
 from .. import recorder as R
 from ..core import trace as T
 from ..gpu import is_suppressed
+from .patching import forwarding
 
 _installed = threading.Lock()
 _active = False  # callbacks registered with torch (once per process)
@@ -179,9 +180,31 @@ def _stream_new(orig):
     return staticmethod(__new__)
 
 
+def _stream_query(orig):
+    # No GPU-trace callback reports a query; what it returned decides whether it ordered anything.
+    def query(self):
+        rec = _recording()
+        if rec is None:
+            return orig(self)
+        return rec.stream_query(self, lambda: orig(self))
+    return forwarding(orig, query)
+
+
+def _event_query(orig):
+    def query(self):
+        rec = _recording()
+        if rec is None:
+            return orig(self)
+        # torch reports events by handle; a never-recorded event has none yet (0) and orders nothing.
+        return rec.event_query(self.cuda_event, lambda: orig(self))
+    return forwarding(orig, query)
+
+
 def patches() -> tuple:
-    """torch reports streams, events, syncs and memory through its callbacks; only the names
-    of the streams the program creates come from here."""
+    """torch reports streams, events, syncs and memory through its callbacks; the names of the
+    streams the program creates and the queries (which no callback reports) come from here."""
     from .patching import Patch
 
-    return (Patch("torch.cuda.streams.Stream.__new__", _stream_new),)
+    return (Patch("torch.cuda.streams.Stream.__new__", _stream_new),
+            Patch("torch.cuda.streams.Stream.query", _stream_query),
+            Patch("torch.cuda.streams.Event.query", _event_query))

@@ -429,6 +429,14 @@ class CupyBackend(Backend):
         with _suppressed():
             event.handle.synchronize()
 
+    def query_stream(self, stream) -> bool:
+        with _suppressed():
+            return bool(self._handle(stream).done)
+
+    def query_event(self, event) -> bool:
+        with _suppressed():
+            return bool(event.handle.done)
+
     def sync_device(self, site) -> None:
         with _suppressed():
             self._cupy.cuda.runtime.deviceSynchronize()

@@ -90,6 +90,15 @@ class Backend(abc.ABC):
     def tick(self) -> None:
         """One host call was issued: a scheduler may run work now (the sim), or not (a GPU)."""
 
+    # --- polling (optional) ---------------------------------------------------------------
+    def query_stream(self, stream) -> bool:
+        """cudaStreamQuery: has everything issued to `stream` so far executed? Never blocks."""
+        raise NotImplementedError(f"the {self.name} backend does not support stream queries")
+
+    def query_event(self, event) -> bool:
+        """cudaEventQuery: has the work `event` captured executed (True if never recorded)?"""
+        raise NotImplementedError(f"the {self.name} backend does not support event queries")
+
     # --- stream capture (optional) ------------------------------------------------------
     supports_capture: bool = False  # True: begin_capture, end_capture and launch_graph below work
 

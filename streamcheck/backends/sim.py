@@ -652,6 +652,25 @@ class SimBackend(Backend):
             return  # never recorded: returns at once, as in CUDA
         self._drain([captured], f"{event.name}.synchronize()", site)
 
+    def query_stream(self, stream) -> bool:
+        sim = self._streams[stream.id]
+        return self._poll(lambda: sim.executed >= sim.issued)
+
+    def query_event(self, event) -> bool:
+        captured = self._events[event.id]
+        return self._poll(lambda: captured is None or captured[0].executed >= captured[1])
+
+    def _poll(self, done) -> bool:
+        """A query: True if done. A host that polls is waiting for the device, so a not-done
+        answer lets the device take one step first (the policy picks which ready stream; delays
+        still count host calls): a busy loop on query() always ends, as on a GPU."""
+        if done():
+            return True
+        ready = self._ready() if self._pending else []
+        if ready:
+            self._execute(self._choose(ready, False))
+        return False
+
     def sync_device(self, site, device: Optional[int] = None) -> None:
         """cudaDeviceSynchronize: drain `device`'s streams (every stream when None)."""
         what = "device synchronize" if device is None else f"device synchronize of cuda:{device}"

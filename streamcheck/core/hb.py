@@ -49,6 +49,7 @@ from .trace import (
     EventCreate,
     EventDestroy,
     EventRecord,
+    EventQuery,
     EventSync,
     Free,
     GraphLaunch,
@@ -59,6 +60,7 @@ from .trace import (
     PeerAccess,
     StreamCreate,
     StreamKind,
+    StreamQuery,
     StreamSync,
     StreamWait,
     ThreadJoin,
@@ -310,6 +312,8 @@ class Checker:
             StreamWait: self._stream_wait,
             StreamSync: self._stream_sync,
             EventSync: self._event_sync,
+            StreamQuery: self._stream_query,
+            EventQuery: self._event_query,
             DeviceSync: self._device_sync,
             PeerAccess: self._peer_access,
             Alloc: self._alloc,
@@ -567,6 +571,20 @@ class Checker:
         if self._refused(self._capture.sync_event, op, op.event, event.name):
             return
         if event.state is not None:  # synchronizing a never-recorded event returns at once
+            self._host_join(self._threads[op.thread], event.state)
+
+    def _stream_query(self, op: StreamQuery) -> None:
+        stream = self._stream(op, op.stream)
+        # cudaStreamQuery of a capturing stream is refused like its synchronize.
+        if self._refused(self._capture.sync_stream, op, op.stream) or not op.done:
+            return
+        self._host_join(self._threads[op.thread], stream.clock)
+
+    def _event_query(self, op: EventQuery) -> None:
+        event = self._event(op, op.event)
+        if self._refused(self._capture.sync_event, op, op.event, event.name) or not op.done:
+            return
+        if event.state is not None:
             self._host_join(self._threads[op.thread], event.state)
 
     def _device(self, op: Op, index) -> _Device:

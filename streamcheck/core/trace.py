@@ -178,14 +178,20 @@ class StreamWait(Op):
     event: int = 0
 
 
+# `cause` on the host synchronizations: the call that synchronized, when it is not the plain
+# synchronize() (a host read such as "ndarray.get" or ".item()"); the sync audit names it.
+
+
 @dataclass(frozen=True)
 class StreamSync(Op):
     stream: int = 0
+    cause: str = ""
 
 
 @dataclass(frozen=True)
 class EventSync(Op):
     event: int = 0
+    cause: str = ""
 
 
 @dataclass(frozen=True)
@@ -193,6 +199,26 @@ class DeviceSync(Op):
     """cudaDeviceSynchronize of `device`: orders the host after that device's streams only."""
 
     device: int = 0
+    cause: str = ""
+
+
+@dataclass(frozen=True)
+class StreamQuery(Op):
+    """cudaStreamQuery (`Stream.query()`, CuPy's `stream.done`): `done` is what it returned. A query
+    that returned done orders the host after everything issued to the stream so far, as a
+    synchronize would; one that returned not-done orders nothing."""
+
+    stream: int = 0
+    done: bool = False
+
+
+@dataclass(frozen=True)
+class EventQuery(Op):
+    """cudaEventQuery (`Event.query()`, CuPy's `event.done`): done orders the host after the work the
+    event captured (at once for a never-recorded event, which orders nothing); not-done orders nothing."""
+
+    event: int = 0
+    done: bool = False
 
 
 @dataclass(frozen=True)
