@@ -355,6 +355,56 @@ class Checker:
                              "record ThreadStart for it first")
         handler(op)
 
+    def sync_clocks(self, op: Op) -> Optional[tuple]:
+        """For a synchronization `op` about to be fed (a wait, a host synchronize or a query that
+        returned done): (needed, have, ordered, source) — the clock it joins, the clock of what
+        it orders, that actor's owner, and the owner whose work it waits for (None for a device
+        synchronize). It adds no order where `have` already covers `needed`. None: not a
+        synchronization, or one that orders nothing (a never-recorded event)."""
+        kind = type(op)
+        thread = self._threads.get(op.thread)
+        if thread is None:
+            return None
+        if kind is StreamWait:
+            event, stream = self._events.get(op.event), self._streams.get(op.stream)
+            if event is None or stream is None or event.state is None or event.stream is None:
+                return None
+            have = dict(stream.clock)
+            _join(have, thread.clock)  # what the host issued before the wait is ordered anyway
+            return event.state, have, stream.owner, event.stream.owner
+        if kind in (StreamSync, StreamQuery):
+            stream = self._streams.get(op.stream)
+            if stream is None:
+                return None
+            return stream.clock, thread.clock, thread.owner, stream.owner
+        if kind in (EventSync, EventQuery):
+            event = self._events.get(op.event)
+            if event is None or event.state is None or event.stream is None:
+                return None
+            return event.state, thread.clock, thread.owner, event.stream.owner
+        if kind is DeviceSync:
+            needed: dict = {}
+            for stream in self._streams.values():
+                if stream.dev.index == op.device:
+                    _join(needed, stream.clock)
+            return needed, thread.clock, thread.owner, None
+        return None
+
+    @property
+    def distinct_races(self) -> int:
+        """How many distinct races were reported so far (cheap: for callers that stop at the first)."""
+        return len(self._races)
+
+    def thread_owner(self, thread: int) -> Optional[int]:
+        """The clock owner of host thread `thread` (None if it has not started)."""
+        found = self._threads.get(thread)
+        return found.owner if found is not None else None
+
+    def owner_label(self, owner: int) -> str:
+        """How reports name a clock owner: a stream's label or "host thread N"."""
+        actor = self._owners[owner]
+        return actor.label if isinstance(actor, _Stream) else f"host thread {actor.id}"
+
     def capturing(self, stream: int) -> Optional[int]:
         """The graph `stream` is capturing into now, or None."""
         return self._capture.capturing(stream)
