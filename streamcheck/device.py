@@ -50,6 +50,7 @@ streams, returning a Work whose `wait(streams)` is torch's `work.wait()`.
 from __future__ import annotations
 
 import threading
+import traceback
 import weakref
 from typing import Any, Iterable, Optional, Sequence
 
@@ -265,6 +266,10 @@ class Device:
         # and CUDA's capture errors must be raised whether or not races are checked.
         self.capture_tracker = CaptureTracker()
         self._stream_names: dict = {}  # stream id -> name, for Graph's repr
+        self._stream_objects: dict = {}  # stream id -> Stream, for the sync audit's replacement waits
+        self._event_objects = weakref.WeakValueDictionary()  # event id -> Event, likewise
+        self._edits = None  # the sync audit's proof rerun: syncs skipped or replaced (edit_syncs)
+        self._fresh: dict = {}  # stream id -> the replacement event recorded on it
         self._buffers = weakref.WeakValueDictionary()  # buffer id -> Buffer, for what a graph touches
         self.backend = make_backend(backend, device=self, policy=policy, seed=int(seed), **policy_params)
         limit = self.backend.max_devices
@@ -297,6 +302,8 @@ class Device:
         return tid
 
     def _record(self, op: T.Op) -> None:
+        if self._edits is not None:
+            self._edits.see(op)
         self.trace.append(op)
         if self.checker is not None:
             self.checker.feed(op)
@@ -383,9 +390,14 @@ class Device:
             if id is None:
                 id = self._next["stream"]
                 self._next["stream"] += 1
-            stream = Stream(self, id, kind, label or name or f"stream{id}", priority, device_index)
             tid = self._thread_id()
-            self._record(T.StreamCreate(tid, site, stream=id, kind=kind, name=name, device=device_index))
+            op = T.StreamCreate(tid, site, stream=id, kind=kind, name=name, device=device_index)
+            if self._edits is not None:  # a proof rerun without this stream's implicit legacy join
+                op = self._edits.stream_create(op)
+                kind = op.kind
+            stream = Stream(self, id, kind, label or name or f"stream{id}", priority, device_index)
+            self._stream_objects[id] = stream
+            self._record(op)
             self.capture_tracker.stream_created(id, kind, T.stream_label(kind, name, id, tid))
             self._stream_names[id] = stream.name
             self.backend.new_stream(stream)
@@ -429,6 +441,7 @@ class Device:
             id = self._next["event"]
             self._next["event"] += 1
             event = Event(self, id, name or f"event{id}")
+            self._event_objects[id] = event
             self._record(T.EventCreate(self._thread_id(), site, event=id, name=event.name))
             self.backend.new_event(event)
             return event
@@ -690,7 +703,7 @@ class Device:
         self._refuse_if_capturing(stream, f"get of {region}", site, "synchronizing it is refused (CUDA: "
                                   "cudaErrorStreamCaptureUnsupported); read it after launching the graph "
                                   "(graph.launch(stream), then get on that stream)")
-        self._sync_stream(stream, site)
+        self._sync_stream(stream, site, cause="get")
         return self._host_read(region, site)
 
     def synchronize(self, device: Optional[int] = None) -> None:
@@ -702,6 +715,8 @@ class Device:
         with self._lock:
             for index in indexes:
                 op = T.DeviceSync(self._thread_id(), site, device=index)
+                if self._edits is not None and self._edited(op):
+                    continue
                 self._record(op)
                 self.capture_tracker.sync_device(op)
                 if self.devices == 1:
@@ -807,6 +822,40 @@ class Device:
             events.append(event)
         return Work(self, name, tuple(streams), tuple(events), site)
 
+    def edit_syncs(self, edits) -> None:
+        """Skip or replace synchronizations from now on, for the sync audit's proof reruns:
+        `edits` (streamcheck.analyses.sync_audit.SyncEdits) names them as the audit does. A
+        skipped call does nothing at all; a replaced host synchronize records events and issues
+        the device-side waits instead, and the host goes on. Call it before the program runs;
+        None stops editing."""
+        with self._lock:
+            if edits is not None:
+                edits.start(self.trace)
+            self._edits = edits
+
+    def _edited(self, op) -> bool:
+        """True when the sync `op` is skipped or replaced (the replacement issued here)."""
+        edits = self._edits
+        plan = edits.decide(op)
+        if plan is None:
+            return False
+        self._edits = None  # the replacement itself is issued as it is
+        try:
+            self._issue_replacement(op, plan)
+        finally:
+            self._edits = edits
+        return True
+
+    def _issue_replacement(self, op, plan) -> None:
+        for sid in plan.records:
+            event = self._fresh.get(sid)
+            if event is None:
+                event = self._fresh[sid] = self._new_event(f"audit replacement {sid}", op.site)
+            self._record_event(event, self._stream_objects[sid], op.site)
+        for sid, source, eid in plan.waits:
+            event = self._fresh[source] if eid is None else self._event_objects[eid]
+            self._wait(self._stream_objects[sid], event, op.site)
+
     def note_implicit_sync(self, reason: str) -> None:
         """Record something that looks like a sync but is not one (see trace.ImplicitSync)."""
         site = caller_site()
@@ -838,15 +887,19 @@ class Device:
         self._check_event(event, f"{stream.name}.wait_event", site)
         with self._lock:
             op = T.StreamWait(self._thread_id(), site, stream=stream.id, event=event.id)
+            if self._edits is not None and self._edited(op):
+                return
             self._record(op)
             # A fork into, or a join within, a capture; or a capture error (isolation, merge).
             self.capture_tracker.wait(op, event._recorded_outside)
             self.backend.wait(stream, event)
             self.backend.tick()
 
-    def _sync_stream(self, stream: Stream, site: CallSite) -> None:
+    def _sync_stream(self, stream: Stream, site: CallSite, cause: str = "") -> None:
         with self._lock:
-            op = T.StreamSync(self._thread_id(), site, stream=stream.id)
+            op = T.StreamSync(self._thread_id(), site, stream=stream.id, cause=cause)
+            if self._edits is not None and self._edited(op):
+                return
             self._record(op)
             self.capture_tracker.sync_stream(op, stream.id)
             self.backend.sync_stream(stream, site)
@@ -856,6 +909,8 @@ class Device:
         self._check_event(event, "synchronize", site)
         with self._lock:
             op = T.EventSync(self._thread_id(), site, event=event.id)
+            if self._edits is not None and self._edited(op):
+                return
             self._record(op)
             self.capture_tracker.sync_event(op, event.id, event.name)
             self.backend.sync_event(event, site)
@@ -994,14 +1049,43 @@ class Device:
 
 
 class DeviceThread(threading.Thread):
+    """A program's host thread (Device.thread). One whose target raises keeps the exception in
+    `exception` and is listed by `DeviceThread.raised(device)`: threading only prints it (pytest
+    turns that into a warning), and run_schedules fails the schedule with it."""
+
+    _raised: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Device -> its threads that raised
+
     def __init__(self, device: Device, target, args):
         super().__init__(target=target, args=args, daemon=True)
         self._device = device
         self._tid: Optional[int] = None
+        self._site: CallSite = T.UNKNOWN_SITE
+        self._what = getattr(target, "__name__", "") or self.name  # threading drops its target after run
+        self.exception: Optional[BaseException] = None
+
+    @staticmethod
+    def raised(device: Device) -> list:
+        """`device`'s threads whose target raised, in the order they raised."""
+        with device._lock:
+            return list(DeviceThread._raised.get(device, ()))
+
+    def describe(self) -> str:
+        """`host thread 1 (`worker`, started at prog.py:12)`: as race reports name host threads."""
+        return f"host thread {self._tid} (`{self._what}`, started at {self._site})"
+
+    def format_exception(self) -> str:
+        """The traceback of `exception` from the target's frame on (threading's and ours left out)."""
+        exc = self.exception
+        if exc is None:
+            return ""
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename in (threading.__file__, __file__):
+            tb = tb.tb_next
+        return "".join(traceback.format_exception(type(exc), exc, tb))
 
     def start(self) -> None:
         dev = self._device
-        site = caller_site()
+        site = self._site = caller_site()
         with dev._lock:
             parent = dev._thread_id()
             self._tid = len(dev._threads)
@@ -1014,7 +1098,13 @@ class DeviceThread(threading.Thread):
         with dev._lock:
             del dev._threads[("pending", self._tid)]
             dev._threads[threading.get_ident()] = self._tid
-        super().run()
+        try:
+            super().run()
+        except BaseException as exc:
+            self.exception = exc
+            with dev._lock:
+                DeviceThread._raised.setdefault(dev, []).append(self)
+            raise  # threading's excepthook still reports it, as for any thread
 
     def join(self, timeout=None) -> None:
         site = caller_site()

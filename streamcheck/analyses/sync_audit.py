@@ -109,6 +109,13 @@ class Audit:
     races: tuple = ()  # the recorded run's own races: they come first
     implicit: tuple = ()  # ImplicitSync reasons with counts: (reason, count)
     checks: int = 0  # how many times the trace was re-checked
+    plan: tuple = ((), ())  # the minimal set as edits: (keys removed, (key, _Swap) pairs)
+
+    def edits(self, only=None) -> SyncEdits:
+        """The minimal set as a rerun applies it; `only`: a finding number, that sync alone removed."""
+        if only is not None:
+            return SyncEdits({self.findings[only - 1].sync.key})
+        return SyncEdits(self.plan[0], dict(self.plan[1]))
 
     @property
     def needed(self) -> int:
@@ -226,6 +233,11 @@ def sync_key(op, names: _Names) -> Optional[tuple]:
     return None
 
 
+def legacy_join_key(op, names: _Names) -> tuple:
+    """The implicit legacy-stream join of the blocking stream `op` (a StreamCreate) creates."""
+    return ("legacy join", op.site.file, op.site.line, op.site.function, names.stream(op.stream), "")
+
+
 def _describe(op, names: _Names) -> str:
     kind = type(op)
     if kind is T.StreamWait:
@@ -288,7 +300,7 @@ def find_syncs(ops) -> list:
         if type(op) is T.StreamCreate and op.stream in busy:
             label, skind, device = names.streams[op.stream]
             if skind.joins_legacy and device in legacy_busy:
-                key = ("legacy join", op.site.file, op.site.line, op.site.function, label, "")
+                key = legacy_join_key(op, names)
                 what = (f"{label} ({skind.value}) and the legacy default stream join implicitly (CUDA's legacy "
                         "stream semantics)")
                 syncs.append((index, Sync(key, "legacy join", op.site, what, False, (index,))))
@@ -319,8 +331,7 @@ def edit(ops, remove=frozenset(), swap=None) -> list:
         names.see(op)
         kind = type(op)
         if kind is T.StreamCreate and remove and StreamKind.parse(op.kind).joins_legacy:
-            key = ("legacy join", op.site.file, op.site.line, op.site.function, names.stream(op.stream), "")
-            if key in remove:
+            if legacy_join_key(op, names) in remove:
                 out.append(replace(op, kind=StreamKind.NON_BLOCKING))
                 continue
         if kind in SYNC_OPS:
@@ -342,6 +353,45 @@ def edit(ops, remove=frozenset(), swap=None) -> list:
                 continue
         out.append(op)
     return out
+
+
+_SKIP = _Swap((), ())  # a replacement by nothing: the sync is skipped
+
+
+class SyncEdits:
+    """What a proof rerun changes as the program issues its calls (Device.edit_syncs): the syncs
+    whose audit keys are in `remove` are skipped, those in `swap` (key -> the audit's
+    replacement) become device-side waits. `met`: the keys the rerun issued, to tell whether it
+    took the recorded run's path (a program that is not deterministic is claimed nothing of)."""
+
+    def __init__(self, remove=(), swap=None):
+        self.remove = frozenset(remove)
+        self.swap = dict(swap or {})
+        self.met: set = set()
+        self.names = _Names()
+
+    def start(self, ops) -> None:
+        for op in ops:
+            self.names.see(op)
+
+    def see(self, op) -> None:
+        self.names.see(op)
+
+    def decide(self, op) -> Optional[_Swap]:
+        key = sync_key(op, self.names)
+        if key is None:
+            return None
+        self.met.add(key)
+        return _SKIP if key in self.remove else self.swap.get(key)
+
+    def stream_create(self, op):
+        """`op` itself, or made non-blocking when its implicit legacy join is removed."""
+        if not StreamKind.parse(op.kind).joins_legacy:
+            return op
+        self.names.see(op)  # its label, as the audit named it
+        key = legacy_join_key(op, self.names)
+        self.met.add(key)
+        return replace(op, kind=StreamKind.NON_BLOCKING) if key in self.remove else op
 
 
 class _Base:
@@ -478,7 +528,7 @@ def audit(trace) -> Audit:
             implicit[op.reason] = implicit.get(op.reason, 0) + 1
     return Audit(tuple(findings), keep, tuple(f.number for f in findings if f.sync.key in swapped),
                  tuple(f.number for f in findings if f.sync.key in removed), tuple(base.races),
-                 tuple(implicit.items()), checks)
+                 tuple(implicit.items()), checks, (tuple(removed), tuple(swapped.items())))
 
 
 def _count(items, word: str) -> str:
