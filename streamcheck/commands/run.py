@@ -17,6 +17,10 @@ timing events around both accesses (streamcheck/confirm_gpu.py, docs/confirm.md)
 `streamcheck run --confirm-probe JSON script.py`, the replay line each verdict prints. The exit
 status stays the first run's.
 
+With --audit-syncs, the run's synchronizations are audited after the report
+(streamcheck/analyses/sync_audit.py, docs/sync-audit.md): each one's verdict and a minimal
+sufficient set; with --report-json the JSON becomes {"races": [...], "sync_audit": {...}}.
+
 The environment variable STREAMCHECK_RUN=1 is set while the script runs, so a
 program (or its test) can tell it is being checked. It does not instrument
 anything by itself: there is no sitecustomize hook, and child processes the
@@ -95,6 +99,10 @@ def register(subparsers) -> None:
                         "the second started before the first finished")
     p.add_argument("--confirm-max", type=_count, default=None, metavar="N",
                    help="confirm at most N races (default 8); the rest are listed as not attempted")
+    p.add_argument("--audit-syncs", action="store_true",
+                   help="after the run, audit its synchronizations: which are needed (and the race each prevents), "
+                        "which are redundant, which host syncs could be device-side waits, and a minimal sufficient "
+                        "set (docs/sync-audit.md)")
     p.add_argument("--confirm-probe", metavar="JSON", help=argparse.SUPPRESS)  # one rerun of --confirm (its replay)
     p.add_argument("--report-json", metavar="FILE", help="also write the race reports as JSON to FILE")
     p.add_argument("--trace-json", metavar="FILE", help="also write the recorded trace as JSON to FILE")
@@ -264,12 +272,20 @@ def run(args) -> int:
             race = verdict.race
             print(f"streamcheck: race {i} ({race.kind} on `{race.buffer}`, {race.first.site} -> {race.second.site}): "
                   f"{verdict.format()}", file=sys.stderr)
+    sync_audit = None
+    if args.audit_syncs and probe is None:
+        from ..analyses.sync_audit import audit
+
+        sync_audit = audit(session.trace)
+        print(sync_audit.format(width=report_width(sys.stderr)), file=sys.stderr)
     if args.report_json:
         import json
 
         data = [race.to_dict() for race in races]  # core.hb.reports_to_json's entries
         for entry, verdict in zip(data, verdicts):  # each gains what its confirmation found
             entry["confirmation"] = verdict.to_dict()
+        if sync_audit is not None:  # one report: the races, then the audit
+            data = {"races": data, "sync_audit": sync_audit.to_dict()}
         with open(args.report_json, "w", encoding="utf-8") as f:
             f.write(json.dumps(data, indent=2))
     if args.trace_json:
