@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
 from contextlib import contextmanager
@@ -29,7 +30,6 @@ TARGET_STREAM = f"{TARGET_GROUP}.A"
 STRIKE_EVERY = 97  # decode steps between injected delays
 FIRST_STRIKE, STRIKE_SPREAD = 4, 24  # the first delayed decode step: 4 + seed % 24
 STRIKE_RULE = f"{FIRST_STRIKE} + seed % {STRIKE_SPREAD}"
-PROGRESS_AFTER_S = 5.0  # shorter runs finish before a progress bar would help
 
 
 def first_strike_step(seed: int) -> int:
@@ -143,12 +143,15 @@ def _quiet_transformers():
 
 @contextmanager
 def _token_progress(model, total: int, first_run: str):
-    """A progress bar on stderr, one tick per forward pass (one token), shown only on a terminal
-    and only once the runs have taken PROGRESS_AFTER_S; cleared when done."""
+    """A progress bar on stderr, one tick per forward pass (one token), drawn from the start (as
+    fuzz's) and only on a terminal; cleared when done."""
     from tqdm import tqdm  # installed with transformers, which the runs need anyway
 
+    # The size as fuzz's bar reads it: a terminal that reports 0 x 0 (some IDE consoles, `script`)
+    # gets shutil's fallback, where tqdm's own query draws nothing at all.
+    columns, lines = shutil.get_terminal_size()
     bar = tqdm(total=total, desc=first_run, unit="token", file=sys.stderr, disable=not sys.stderr.isatty(),
-               delay=PROGRESS_AFTER_S, leave=False, dynamic_ncols=True)
+               leave=False, ncols=columns - 1, nrows=lines)
 
     def one_token(module, inputs, output) -> None:  # None: a hook's return value would replace the output
         bar.update(1)

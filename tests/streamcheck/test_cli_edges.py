@@ -7,6 +7,7 @@ subprocess, so the blocked module and the real stderr are that process's alone.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -105,3 +106,33 @@ def test_race_reports_wrap_at_the_terminal_width_only_on_a_terminal(monkeypatch)
     monkeypatch.setenv("COLUMNS", "57")
     assert report_width(Terminal()) == 57
     assert report_width(io.StringIO()) is None  # a log file or a pipe keeps whole lines
+
+
+# --- demo and pipes -------------------------------------------------------------------------
+
+def demo_lines(capsys, *argv) -> list:
+    assert cli.main(["demo", *argv]) == 0
+    return capsys.readouterr().out.splitlines()
+
+
+def test_demo_seed_picks_the_schedule(capsys):
+    struck, missed = demo_lines(capsys, "--seed", "0"), demo_lines(capsys, "--seed", "2")
+    assert "seed=0 schedule=" in struck[0] and "seed=2 schedule=" in missed[0]
+    assert struck[0].split("schedule=")[-1] != missed[0].split("schedule=")[-1]  # seed 0 holds A, seed 2 does not
+    assert struck[1].startswith("  out = [0. 0. 0. 0.]") and "did not strike" not in struck[1]
+    assert "(this seed's delay did not strike; the race is reported all the same)" in missed[1]
+    for lines in (struck, missed):
+        assert any(line.startswith("RAW race on `Y`") for line in lines)  # reported whatever the schedule
+
+
+def test_output_into_a_closed_pipe_ends_quietly():
+    # `streamcheck demo | head -1`: the reader is gone before the output is written.
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        proc = subprocess.run([sys.executable, "-c", "import sys; " + MAIN, "demo"], stdout=write,
+                              stderr=subprocess.PIPE, text=True, cwd=ROOT, timeout=120)
+    finally:
+        os.close(write)
+    assert proc.stderr == ""  # no BrokenPipeError traceback, no "Exception ignored" at exit
+    assert proc.returncode == 141  # 128 + SIGPIPE, as a shell reports for `cat`

@@ -171,10 +171,39 @@ def test_progress_is_drawn_on_a_terminal_only_and_dependencies_stay_quiet(capsys
     assert (hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()) == before  # restored for the caller
 
     terminal = Terminal()
-    monkeypatch.setattr(repro, "PROGRESS_AFTER_S", 0.0)  # draw at once instead of after 5 s
     monkeypatch.setattr("sys.stderr", terminal)
     assert main(["repro", "implicit-join", "--backend", "sim", "--tokens", "8"]) == 0
     drawn = terminal.getvalue()
     assert "\r" in drawn and "sequential reference" in drawn and "/24" in drawn  # 3 runs x 8 tokens
     assert "Loading weights" not in drawn
     assert "\r" not in capsys.readouterr().out
+
+
+def test_progress_is_drawn_on_a_terminal_that_reports_no_width(monkeypatch):
+    # A pseudo-terminal nobody sized says 0 columns (IDE consoles, `script`); the bar is drawn all the same.
+    import pty
+    import select
+    import threading
+
+    master, slave = pty.openpty()
+    received, done = [], threading.Event()
+
+    def read() -> None:  # until the command is done and the terminal has passed on all it wrote
+        while select.select([master], [], [], 0.2)[0] or not done.is_set():
+            if select.select([master], [], [], 0)[0]:
+                received.append(os.read(master, 4096))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    terminal = open(slave, "w", buffering=1, closefd=True)
+    monkeypatch.setattr("sys.stderr", terminal)
+    try:
+        assert main(["repro", "implicit-join", "--backend", "sim", "--tokens", "8"]) == 0
+    finally:
+        terminal.flush()
+        done.set()
+        reader.join(timeout=10)
+        terminal.close()
+        os.close(master)
+    drawn = b"".join(received).decode(errors="replace")
+    assert "sequential reference" in drawn and "/24" in drawn  # 3 runs x 8 tokens
