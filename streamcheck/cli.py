@@ -11,19 +11,18 @@ as a shell reports for `cat`) that the reader of stdout went away (`streamcheck 
 """
 from __future__ import annotations
 
+import argparse
 import os
 import sys
+from importlib import metadata
 
-# Only what main() needs to catch a Ctrl-C: the rest is imported inside the functions.
-from . import interrupts
+from .commands import demo, run
 
+BUILT_IN = (run, demo)
 PLUGIN_GROUP = "streamcheck.commands"
-INTERRUPTED_LINE = "streamcheck: interrupted (Ctrl-C); stopped"
 
 
 def version() -> str:
-    from importlib import metadata
-
     try:
         return metadata.version("streamcheck")
     except metadata.PackageNotFoundError:  # a source tree that was never installed
@@ -55,8 +54,6 @@ def _add_unavailable(sub, entry_point, error: BaseException) -> None:
 
 
 def _add_plugins(sub) -> None:
-    from importlib import metadata
-
     for entry_point in sorted(metadata.entry_points(group=PLUGIN_GROUP), key=lambda ep: ep.name):
         if entry_point.name in sub.choices:
             print(f"streamcheck: ignoring the plugin command {_origin(entry_point)}: "
@@ -70,17 +67,13 @@ def _add_plugins(sub) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    import argparse
-
     parser = argparse.ArgumentParser(
         prog="streamcheck", description="Find CUDA stream synchronization bugs.",
         epilog=f"Installed packages may add commands (entry point group {PLUGIN_GROUP}).")
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    from .commands import demo, run  # numpy and more: imported once main() catches a Ctrl-C
-
-    for module in (run, demo):
+    for module in BUILT_IN:
         module.register(sub)
     _add_plugins(sub)
     return parser
@@ -96,19 +89,6 @@ def _stdout_closed() -> int:
 
 
 def main(argv=None) -> int:
-    """The `streamcheck` command. Ctrl-C, wherever it lands (imports, the command, shutdown):
-    one line and exit status 130 (streamcheck/interrupts.py)."""
-    interrupts.install()
-    try:
-        return _main(argv)
-    except KeyboardInterrupt:
-        print(INTERRUPTED_LINE, file=sys.stderr)
-        return interrupts.INTERRUPTED
-    finally:
-        interrupts.at_exit(INTERRUPTED_LINE)  # after the heavy imports, so before their atexit clean-up
-
-
-def _main(argv) -> int:
     parser = build_parser()
     # parse_args, except that an unavailable plugin command takes any arguments.
     args, unknown = parser.parse_known_args(argv)
@@ -118,6 +98,8 @@ def _main(argv) -> int:
         status = int(args.func(args) or 0)
         sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
         return status
+    except KeyboardInterrupt:
+        return 130
     except BrokenPipeError:
         return _stdout_closed()
 
