@@ -192,6 +192,7 @@ class _Names:
         self.streams: dict = {}  # id -> (label, kind, device)
         self.events: dict = {}  # id -> name
         self.recorded_on: dict = {}  # event id -> stream id of its latest record
+        self.buffers: dict = {}  # buffer id -> name
 
     def see(self, op) -> None:
         kind = type(op)
@@ -202,6 +203,8 @@ class _Names:
             self.events[op.event] = op.name or f"event{op.event}"
         elif kind is T.EventRecord:
             self.recorded_on[op.event] = op.stream
+        elif kind is T.Alloc:
+            self.buffers[op.buffer] = op.name or f"buffer{op.buffer}"
 
     def stream(self, sid) -> str:
         return self.streams.get(sid, (f"stream{sid}",))[0]
@@ -471,6 +474,14 @@ def audit(trace) -> Audit:
             findings.append(Finding(number, sync, Verdict.NECESSARY,
                                     f"without it CUDA refuses the capture: {errors[0]}", tuple(races)))
             continue
+        if not races and sync.kind == "host read":
+            # The host consumes what the read copied back into host memory, which the model does
+            # not track as a device buffer: the synchronize is what makes that copy complete.
+            copied = _copied_back(ops, sync)
+            findings.append(Finding(number, sync, Verdict.HOST_NEEDED,
+                                    f"the host reads what `{sync.key[-1]}` copied back; only this synchronize makes "
+                                    "the device-to-host copy complete", host_bytes=copied))
+            continue
         if not races:
             reason = _why_redundant(sync, implied, via, numbers)
             if reason is None:  # it does order something: find the sync that gives the same order later
@@ -529,6 +540,26 @@ def audit(trace) -> Audit:
     return Audit(tuple(findings), keep, tuple(f.number for f in findings if f.sync.key in swapped),
                  tuple(f.number for f in findings if f.sync.key in removed), tuple(base.races),
                  tuple(implicit.items()), checks, (tuple(removed), tuple(swapped.items())))
+
+
+def _copied_back(ops, sync: Sync) -> tuple:
+    """What the device-to-host copies of a host read (issued at its call site just before its
+    synchronize) read on the device, as host_bytes lines."""
+    names = _Names()
+    copies = {}
+    wanted = set(sync.indexes)
+    last = None
+    for index, op in enumerate(ops):
+        names.see(op)
+        if type(op) is T.Copy and op.kind is T.CopyKind.D2H and op.src is not None:
+            last = op
+        elif index in wanted and last is not None and last.site == op.site:
+            src = last.src
+            copies.setdefault((src.buffer, src.start, src.stop), names.buffers.get(src.buffer, f"buffer{src.buffer}"))
+        if index in wanted:
+            last = None
+    return tuple(f"reads `{name}` bytes [{start}, {stop}) copied back at {sync.site}"
+                 for (_, start, stop), name in list(copies.items())[:3])
 
 
 def _count(items, word: str) -> str:

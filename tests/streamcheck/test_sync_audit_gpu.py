@@ -1,0 +1,59 @@
+"""`streamcheck run --audit-syncs` on the GPU: over-synchronized CuPy and torch programs
+(tests/gpu_programs/audit_oversync_*.py) recorded by the adapters, each synchronization's verdict
+from the real trace, with CuPy's `stream.done` and torch's `Event.query()` as polling."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from streamcheck.backends import gpu_available
+from tests.paths import GPU_PROGRAMS, ROOT
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
+    not gpu_available(), reason="needs an NVIDIA GPU and CuPy (CuPy missing or no CUDA device here)")]
+
+
+def _audit(program, tmp_path):
+    report = tmp_path / "report.json"
+    proc = subprocess.run([sys.executable, "-m", "streamcheck.cli", "run", "--audit-syncs", "--report-json",
+                           str(report), str(GPU_PROGRAMS / program)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1].partition("RESULT ")[2])
+    assert result["wrong"] == 0, result
+    data = json.loads(report.read_text())
+    assert data["races"] == [], proc.stderr
+    verdicts = {}
+    for finding in data["sync_audit"]["findings"]:
+        line = int(finding["site"].rpartition(":")[2])
+        verdicts.setdefault(line, set()).add(finding["verdict"])
+    return proc, data["sync_audit"], verdicts
+
+
+def _line(program, text) -> int:
+    lines = (GPU_PROGRAMS / program).read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if text in line)
+
+
+def test_cupy_oversync_verdicts(tmp_path):
+    program = "audit_oversync_cupy.py"
+    proc, audit, verdicts = _audit(program, tmp_path)
+    assert verdicts[_line(program, "a.synchronize()")] == {"device-side suffices"}, proc.stderr
+    assert verdicts[_line(program, "the same wait twice")] == {"redundant"}, proc.stderr
+    assert verdicts[_line(program, "while not a.done")] == {"timing-dependent"}, proc.stderr
+    assert verdicts[_line(program, "get(stream=b)")] == {"host needed"}, proc.stderr
+    assert verdicts[_line(program, "Device().synchronize()")] == {"redundant"}, proc.stderr
+    assert audit["needed"] < audit["total"], audit
+
+
+def test_torch_oversync_verdicts(tmp_path):
+    program = "audit_oversync_torch.py"
+    proc, audit, verdicts = _audit(program, tmp_path)
+    assert verdicts[_line(program, "torch.cuda.synchronize()")] == {"device-side suffices"}, proc.stderr
+    assert verdicts[_line(program, "while not done.query()")] == {"timing-dependent"}, proc.stderr
+    assert verdicts[_line(program, ".item()")] == {"host needed"}, proc.stderr
+    assert "redundant" in verdicts[_line(program, "the same wait twice")], proc.stderr
+    assert audit["needed"] < audit["total"], audit
