@@ -72,14 +72,15 @@ def render_timeline(source, path, title: Optional[str] = None, *, window=None, d
     if model.clock == MICROSECONDS:
         ax.ticklabel_format(axis="x", style="plain", useOffset=False)
 
+    labels = _Labels(ax)
     for d in model.delays:
         if d.end > x0 and d.start < x1 and d.lane in row:
             y = row[d.lane]
             ax.add_patch(Rectangle((d.start, y - 0.2), d.duration, 0.4, facecolor="#f0f0f0", edgecolor="#999999",
                                    hatch="..", linewidth=0.6, zorder=1))
             if len(d.name) * 0.6 * 7 * dpi / 72 <= _visible(d, x0, x1) * px_per_unit:
-                ax.text(_middle(d, x0, x1), y, d.name, ha="center", va="center", fontsize=7, color="#555555",
-                        zorder=4, clip_on=True)
+                labels.want(_DELAY, [(d.name, _middle(d, x0, x1), y, "center", "center")], fontsize=7,
+                            color="#555555")
 
     roles = model.race_roles()
     summary = {"path": str(path), "lanes": [lane.label for lane in lanes], "boxes": [], "highlighted": [],
@@ -103,38 +104,39 @@ def render_timeline(source, path, title: Optional[str] = None, *, window=None, d
         lines = label.split("\n")
         size = 7 if small or len(lines) > 2 else 8
         fits = len(max(lines, key=len)) * 0.6 * size * dpi / 72 <= _visible(s, x0, x1) * px_per_unit
+        middle, left, right = _middle(s, x0, x1), max(s.start, x0), min(s.end, x1)
         if racing:
             if fits:
-                ax.text(_middle(s, x0, x1), y, label, ha="center", va="center", fontsize=size,
-                        color="white", fontweight="bold", zorder=4, clip_on=True)
+                labels.want(_RACING_INSIDE, [(label, middle, y, "center", "center")], fontsize=size,
+                            color="white", fontweight="bold")
             else:
-                # Above the box; near an edge of the window, aligned to stay inside it.
-                x, align = _middle(s, x0, x1), "center"
-                if x > x1 - 0.15 * (x1 - x0):
-                    x, align = min(s.end, x1), "right"
-                elif x < x0 + 0.15 * (x1 - x0):
-                    x, align = max(s.start, x0), "left"
-                ax.text(x, y + h / 2 + 0.04, label.replace("\n", " "), ha=align, va="bottom", fontsize=8,
-                        color=_RACE, fontweight="bold", zorder=4, clip_on=True)
+                # Above the box, else under it; centred, else aligned with an end to stay in the plot.
+                flat = label.replace("\n", " ")
+                labels.want(_RACING_OUTSIDE, [(flat, x, y + side * (h / 2 + 0.04), align,
+                                               "bottom" if side > 0 else "top")
+                                              for side in (1, -1)
+                                              for x, align in ((middle, "center"), (left, "left"), (right, "right"))],
+                            fontsize=8, color=_RACE, fontweight="bold")
             for located, role in racing:
                 summary["highlighted"].append({"index": index, "lane": _label(model, s.lane), "name": s.name,
                                                "role": role, "kind": located.race.kind,
                                                "buffer": located.race.buffer, "label": label})
         elif small or not fits:
-            # Under the box, when it is not much wider than the box.
-            if len(label) * 0.6 * 7 * dpi / 72 <= 1.6 * _visible(s, x0, x1) * px_per_unit:
-                ax.text(_middle(s, x0, x1), y - h / 2 - 0.04, label, ha="center", va="top", fontsize=7,
-                        color="#333333", zorder=4, clip_on=True)
+            # Under the box (else above it), when it is not much wider than the box: the whole
+            # name, else its last part ("record …fork_a").
+            room = 1.6 * _visible(s, x0, x1) * px_per_unit
+            texts = [t for t in dict.fromkeys((label, _short(label))) if len(t) * 0.6 * 7 * dpi / 72 <= room]
+            labels.want(_UNDER, [(t, middle, y + side * (h / 2 + 0.04), "center", "bottom" if side > 0 else "top")
+                                 for t in texts for side in (-1, 1)], fontsize=7, color="#333333")
         else:
             # A sync's label sits on a patch of its colour, above the hatching.
             box = {"boxstyle": "square,pad=0.1", "facecolor": face, "edgecolor": "none"} if s.category == "sync" \
                 else None
-            ax.text(_middle(s, x0, x1), y, label, ha="center", va="center", fontsize=8, zorder=4, bbox=box,
-                    clip_on=True)
+            labels.want(_INSIDE, [(label, middle, y, "center", "center")], fontsize=8, bbox=box)
         summary["boxes"].append({"index": index, "lane": _label(model, s.lane), "name": s.name,
                                  "start": s.start, "end": s.end, "race": bool(racing)})
 
-    labelled, buffers, spots = {}, {}, []
+    missing_labels: dict = {}  # (producer, consumer lane) -> (words, buffers, the arrow's ends)
     for edge in model.edges:
         src, dst = shown.get(edge.src), shown.get(edge.dst)
         if src is None or dst is None:  # an end outside the window
@@ -152,23 +154,8 @@ def render_timeline(source, path, title: Optional[str] = None, *, window=None, d
             ax.plot([dst.start, dst.start], [yd - 0.42, yd + 0.42], color=_RACE, linewidth=3, zorder=5,
                     solid_capstyle="butt")
             # Missing edges from one producer into one lane share a label: "missing wait (Y, x)".
-            group = (edge.src, dst.lane)
-            if group not in labelled:
-                # Along the arrow, at the first spot clear of the labels already placed.
-                half = (len(edge.label.split(":")[0]) + 6) * 0.6 * 9 * dpi / 72 / px_per_unit / 2
-                for at in (0.5, 0.3, 0.7, 0.15, 0.85):
-                    spot = (start[0] + at * (end[0] - start[0]), start[1] + at * (end[1] - start[1]))
-                    if all(abs(spot[0] - x) > half + w or abs(spot[1] - y) > 0.3 for x, y, w in spots):
-                        break
-                spots.append((spot[0], spot[1], half))
-                labelled[group] = ax.text(spot[0], spot[1], "", ha="center",
-                    va="center", fontsize=9, color=_RACE, fontweight="bold", zorder=6,
-                    bbox={"boxstyle": "round,pad=0.25", "facecolor": "white", "edgecolor": _RACE, "linewidth": 1})
-                buffers[group] = []
-            buffers[group].append(edge.race.buffer if edge.race else "")
-            names = ", ".join(b for b in dict.fromkeys(buffers[group]) if b)
-            words = edge.label.split(":")[0]
-            labelled[group].set_text(f"{words} ({names})" if names else words)
+            group = missing_labels.setdefault((edge.src, dst.lane), (edge.label.split(":")[0], [], start, end))
+            group[1].append(edge.race.buffer if edge.race else "")
             summary["missing"].append({"from": (_label(model, src.lane), src.end),
                                        "to": (_label(model, dst.lane), dst.start), "label": edge.label})
         elif edge.kind == "event":
@@ -181,14 +168,93 @@ def render_timeline(source, path, title: Optional[str] = None, *, window=None, d
                                       "from": (_label(model, src.lane), start[0]),
                                       "to": (_label(model, dst.lane), end[0])})
 
+    for words, buffers, start, end in missing_labels.values():
+        names = ", ".join(b for b in dict.fromkeys(buffers) if b)
+        text = f"{words} ({names})" if names else words
+        # Along the arrow, at the first spot clear of the labels already placed.
+        spots = [(start[0] + at * (end[0] - start[0]), start[1] + at * (end[1] - start[1]) + lift)
+                 for lift in (0.0, 0.3, -0.3) for at in (0.5, 0.3, 0.7, 0.15, 0.85)]
+        labels.want(_MISSING, [(text, x, y, "center", "center") for x, y in spots], fontsize=9, color=_RACE,
+                    fontweight="bold", zorder=6,
+                    bbox={"boxstyle": "round,pad=0.25", "facecolor": "white", "edgecolor": _RACE, "linewidth": 1})
+    labels.place()
+
     summary["title"] = title if title is not None else _title(model)
-    fig.suptitle(summary["title"], fontsize=11, fontweight="bold", x=0.5, y=1 - 0.12 / height, va="top")
+    texts = [fig.suptitle(summary["title"], fontsize=11, fontweight="bold", x=0.5, y=1 - 0.12 / height, va="top")]
     for n, (line, color) in enumerate(footer_lines):
-        fig.text(0.01, (0.1 + 0.22 * (len(footer_lines) - 1 - n)) / height, line, fontsize=8, color=color,
-                 family="monospace")
+        texts.append(fig.text(0.01, (0.1 + 0.22 * (len(footer_lines) - 1 - n)) / height, line, fontsize=8,
+                              color=color, family="monospace"))
     fig.savefig(path, dpi=dpi)
     summary["size"] = tuple(fig.canvas.get_width_height())  # pixels, as written
+    # Every text in the picture, measured by matplotlib as drawn: (text, (x0, y0, x1, y1)) in pixels.
+    ticks = [tick.label1 for tick in ax.xaxis.get_major_ticks() if x0 <= tick.get_loc() <= x1]  # those drawn
+    texts += [ax.xaxis.label] + ticks + ax.get_yticklabels() + labels.placed
+    summary["labels"] = [(t.get_text(), tuple(labels.extent(t).extents)) for t in texts
+                         if t.get_visible() and t.get_text()]
     return summary
+
+
+# Labels are placed in this order, each clear of those before it: what a race needs first.
+_RACING_INSIDE, _MISSING, _RACING_OUTSIDE, _INSIDE, _UNDER, _DELAY = range(6)
+
+
+class _Labels:
+    """The labels inside the plot, placed so that none overlaps another or leaves the plot: in
+    order of importance, each takes the first of its candidate (text, x, y, ha, va) whose extent,
+    as matplotlib measures it, is clear of those placed; one with none is left out (the
+    Perfetto export keeps every name)."""
+
+    def __init__(self, ax):
+        self.ax = ax
+        self.renderer = ax.figure.canvas.get_renderer()
+        self.wanted: list = []
+        self.placed: list = []  # the Text artists drawn
+
+    def want(self, rank: int, candidates: list, **style) -> None:
+        if candidates:
+            self.wanted.append((rank, len(self.wanted), candidates, style))
+
+    def extent(self, artist):
+        """Pixels the text covers, with its background patch."""
+        from matplotlib.transforms import Bbox
+
+        box = artist.get_window_extent(self.renderer)
+        patch = artist.get_bbox_patch()
+        if patch is None:
+            return box
+        artist.update_bbox_position_size(self.renderer)
+        return Bbox.union([box, patch.get_window_extent(self.renderer)])
+
+    def place(self) -> None:
+        frame = self.ax.get_window_extent(self.renderer)
+        taken = []
+        for _rank, _order, candidates, style in sorted(self.wanted, key=lambda w: w[:2]):
+            artist = self.ax.text(0, 0, "", zorder=style.pop("zorder", 4), clip_on=True, **style)
+            for text, x, y, ha, va in candidates:
+                artist.set_text(text)
+                artist.set_position((x, y))
+                artist.set_horizontalalignment(ha)
+                artist.set_verticalalignment(va)
+                box = self.extent(artist)
+                inside = (frame.x0 <= box.x0 + 0.5 and box.x1 - 0.5 <= frame.x1
+                          and frame.y0 <= box.y0 + 0.5 and box.y1 - 0.5 <= frame.y1)
+                if inside and not any(_overlap(box, other) for other in taken):
+                    taken.append(box)
+                    self.placed.append(artist)
+                    break
+            else:
+                artist.remove()
+
+
+def _overlap(a, b) -> bool:
+    return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
+
+
+def _short(label: str) -> str:
+    """`record layers.0.input_layernorm.fork_a` -> `record …fork_a`: the verb and the name's last part."""
+    verb, _, name = label.rpartition(" ")
+    tail = name.rsplit(".", 1)[-1]
+    return f"{verb} …{tail}".strip() if tail != name else label
 
 
 def _visible(s: Slice, x0: float, x1: float) -> float:

@@ -145,3 +145,39 @@ def test_gpu_clock_draws_injected_delays_and_measured_times(tmp_path):
     assert delay["lane"] == "stream A (non_blocking)" and delay["end"] == boxes["matmul"]["start"]
     assert drawn["missing"][0]["to"] == ("stream C (non_blocking)", boxes["postscale"]["start"])
     assert "before `matmul` (stream A) finished" in drawn["title"]
+
+
+def pipeline_decode(steps: int = 3):
+    """FlashNorm's dual-stream pipeline with the talk's plan and a model's long group names, its
+    matmul held back: the picture `repro --timeline` draws, with names that crowd it."""
+    from flashnorm_kernels.pipeline import DeferredNormProjection
+    from flashnorm_kernels.plan import SyncPlan
+
+    dev = Device("sim", policy="delay", streams=["layers.0.input_layernorm.A"], kernels=["matmul"], steps=8)
+    module = DeferredNormProjection(dev, [np.eye(16, dtype=np.float32)], plan=SyncPlan.implicit_join(),
+                                    max_tokens=1, name="layers.0.input_layernorm")
+    x = module.alloc_input(steps)
+    for t in range(steps):
+        rows = x[t:t + 1]
+        dev.upload(rows, module.encode(np.full((1, 16), t + 1.0, np.float32)), stream=dev.legacy)
+        module.read(module(rows, dev.legacy), dev.legacy)
+    return dev
+
+
+@pytest.mark.parametrize("dpi", [120, 60])
+def test_labels_never_overlap_or_leave_the_canvas(tmp_path, dpi):
+    drawn = render_timeline(pipeline_decode(), tmp_path / "t.png", dpi=dpi)
+    width, height = drawn["size"]
+    boxes = dict(enumerate(drawn["labels"]))
+    for n, (text, (x0, y0, x1, y1)) in boxes.items():
+        assert -0.5 <= x0 and x1 <= width + 0.5 and -0.5 <= y0 and y1 <= height + 0.5, f"{text!r} leaves the canvas"
+        for m, (other, (a0, b0, a1, b1)) in boxes.items():
+            if m > n:
+                assert not (x0 < a1 and a0 < x1 and y0 < b1 and b0 < y1), f"{text!r} overlaps {other!r}"
+    texts = [text for text, _ in drawn["labels"]]
+    # What the race needs stays: both accesses' labels and the missing wait's.
+    assert any("writes layers.0.input_layernorm.Y" in t for t in texts)
+    assert any("reads layers.0.input_layernorm.Y" in t for t in texts)
+    assert any(t.startswith("missing wait (layers.0.input_layernorm.Y") for t in texts)
+    # Long event names under small boxes keep their last part.
+    assert "record …fork_a" in texts or "record layers.0.input_layernorm.fork_a" in texts
