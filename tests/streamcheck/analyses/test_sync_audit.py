@@ -1,0 +1,329 @@
+"""The sync audit on device-API programs run on the sim: one program per verdict, the
+over-synchronized patterns people ship, and what Audit.format() / to_dict() say.
+
+Each program records its own trace (Device("sim").trace); where the audit proposes a change, the
+test makes that change in the program and checks the run is race-free, or checks the audit's
+minimal set as a whole by core.hb.check on the edited trace.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from streamcheck.analyses.sync_audit import Verdict, audit, edit
+from streamcheck.core import trace as T
+from streamcheck.core.hb import check
+from streamcheck.device import Device
+
+
+def fill(out):
+    out[...] = 1
+
+
+def copy(src, dst):
+    dst[...] = src
+
+
+def site_of(device, name):
+    """Where the program launched kernel `name` (its first launch)."""
+    return next(op.site for op in device.trace if type(op) is T.Launch and op.name == name)
+
+
+def same_place(site, other) -> bool:
+    return (site.file, site.line) == (other.file, other.line)
+
+
+def only(result):
+    assert len(result.findings) == 1, result.format()
+    return result.findings[0]
+
+
+def minimal_trace(ops, result):
+    """The trace with the audit's removable syncs removed (no replaced ones in these programs)."""
+    assert not result.replaced, result.format()
+    by_number = {f.number: f for f in result.findings}
+    return edit(ops, remove={by_number[n].sync.key for n in result.removed})
+
+
+def assert_minimal_set_holds(device, result):
+    """The minimal set checked as a whole: race-free, and every kept sync needed in it."""
+    ops = list(device.trace)
+    assert not check(minimal_trace(ops, result)), result.format()
+    by_number = {f.number: f for f in result.findings}
+    for number in result.keep:
+        kept = by_number[number].sync.key
+        assert check(edit(minimal_trace(ops, result), remove={kept})), f"#{number} is not needed\n{result.format()}"
+
+
+# --- a host synchronize that only orders two streams --------------------------------------
+
+def host_sync_before_consumer(device_side: bool):
+    d = Device("sim")
+    a, b = d.stream("A"), d.stream("B")
+    x, y = d.alloc(4, name="x"), d.alloc(4, name="y")
+    d.launch(fill, (x,), stream=a, writes=[x], name="producer")
+    if device_side:  # what the audit tells the user to write instead
+        b.wait_event(a.record(d.event("produced")))
+    else:
+        a.synchronize()
+    d.launch(copy, (x, y), stream=b, reads=[x], writes=[y], name="consumer")
+    return d
+
+
+def test_a_host_synchronize_before_a_consumer_on_another_stream_can_be_a_device_side_wait():
+    d = host_sync_before_consumer(device_side=False)
+    result = audit(d.trace)
+    finding = only(result)
+    assert finding.verdict is Verdict.DEVICE_SIDE
+    assert finding.sync.kind == "stream synchronize" and finding.sync.host_blocking
+    (replacement,) = finding.replacement
+    assert replacement.record_on == "stream A" and replacement.wait_on == "stream B"
+    assert "`producer`" in replacement.after and "`consumer`" in replacement.before
+    assert str(site_of(d, "consumer")) in replacement.before
+    (race,) = finding.prevents
+    assert (race.kind, race.buffer) == ("RAW", "x")
+    assert result.replaced == (1,) and result.keep == () and result.removed == ()
+    assert "(1 as a device-side wait instead of a host synchronize)" in result.summary()
+    assert "replace with: record an event on stream A after `producer`" in result.format()
+
+    # Doing what it says: the program without the host synchronize is race-free, and the
+    # audit of that program calls the new wait necessary, for the same race.
+    fixed = host_sync_before_consumer(device_side=True)
+    assert not fixed.races
+    wait = only(audit(fixed.trace))
+    assert wait.verdict is Verdict.NECESSARY and wait.sync.kind == "wait_event"
+    assert [(r.kind, r.buffer) for r in wait.prevents] == [("RAW", "x")]
+
+
+# --- redundant synchronizations ------------------------------------------------------------
+
+def test_a_synchronize_after_a_copy_the_host_never_reads_is_redundant():
+    d = Device("sim")
+    a = d.stream("A")
+    x, y = d.alloc(4, name="x"), d.alloc(4, name="y")
+    d.launch(fill, (x,), stream=a, writes=[x], name="fill")
+    d.copy(y, x, stream=a)
+    a.synchronize()
+    result = audit(d.trace)
+    finding = only(result)
+    assert finding.verdict is Verdict.REDUNDANT and finding.prevents == ()
+    assert result.removed == (1,) and result.needed == 0
+    assert_minimal_set_holds(d, result)
+
+
+def double_wait():
+    d = Device("sim")
+    a, b = d.stream("A"), d.stream("B")
+    x, y = d.alloc(4, name="x"), d.alloc(4, name="y")
+    d.launch(fill, (x,), stream=a, writes=[x], name="producer")
+    done = a.record(d.event("done"))
+    b.wait_event(done)
+    b.wait_event(done)
+    d.launch(copy, (x, y), stream=b, reads=[x], writes=[y], name="consumer")
+    return d
+
+
+def test_a_double_wait_keeps_exactly_one():
+    d = double_wait()
+    result = audit(d.trace)
+    first, second = result.findings
+    assert first.verdict is second.verdict is Verdict.REDUNDANT
+    # Each names the other: the earlier is covered by the later, the later implied by the earlier.
+    assert first.reason.startswith("covered: #2")
+    assert second.reason.startswith("implied: ") and "#1" in second.reason
+    assert len(result.keep) == 1 and len(result.removed) == 1
+    assert result.summary().startswith("1 of 2 synchronizations are needed")
+    assert_minimal_set_holds(d, result)
+
+
+def test_a_wait_implied_through_a_third_stream_is_redundant_and_names_the_wait_that_implies_it():
+    d = Device("sim")
+    a, b, c = d.stream("A"), d.stream("B"), d.stream("C")
+    x, y, z = d.alloc(4, name="x"), d.alloc(4, name="y"), d.alloc(4, name="z")
+    d.launch(fill, (x,), stream=a, writes=[x], name="producer")
+    a_done = a.record(d.event("a_done"))
+    b.wait_event(a_done)
+    d.launch(copy, (x, y), stream=b, reads=[x], writes=[y], name="middle")
+    c.wait_event(b.record(d.event("b_done")))
+    c.wait_event(a_done)  # already implied: A -> B -> C
+    d.launch(copy, (y, z), stream=c, reads=[x, y], writes=[z], name="consumer")
+    result = audit(d.trace)
+    verdicts = [(f.verdict, f.sync.what) for f in result.findings]
+    assert verdicts == [(Verdict.NECESSARY, "stream B waits on event `a_done` (recorded on stream A)"),
+                        (Verdict.NECESSARY, "stream C waits on event `b_done` (recorded on stream B)"),
+                        (Verdict.REDUNDANT, "stream C waits on event `a_done` (recorded on stream A)")]
+    assert result.findings[2].reason.startswith("implied: what it waits for was already ordered by #2 ")
+    assert result.keep == (1, 2) and result.removed == (3,)
+    assert_minimal_set_holds(d, result)
+
+
+# --- what the host itself needs; queries ---------------------------------------------------
+
+@pytest.mark.parametrize("how", ["get", "synchronize then host_read"])
+def test_a_host_read_of_what_the_gpu_wrote_needs_the_host_to_block(how):
+    d = Device("sim")
+    a = d.stream("A")
+    x = d.alloc(4, name="x")
+    d.launch(fill, (x,), stream=a, writes=[x], name="producer")
+    if how == "get":
+        value = d.get(x, stream=a)
+    else:
+        a.synchronize()
+        value = d.host_read(x)
+    assert value.tolist() == [1, 1, 1, 1]
+    result = audit(d.trace)
+    finding = only(result)
+    assert finding.verdict is Verdict.HOST_NEEDED
+    assert finding.sync.kind == ("host read" if how == "get" else "stream synchronize")
+    (what,) = finding.host_bytes
+    assert what.startswith("reads `x` bytes [0, 16) at ") and "which `producer` on stream A" in what
+    assert result.keep == (1,)
+    assert "      the host reads `x` bytes [0, 16) at " in result.format()
+
+
+def test_a_busy_loop_on_query_is_checked_and_its_query_is_timing_dependent():
+    d = Device("sim", policy="delay", streams=["A"], steps=4)  # A's work waits: the loop polls
+    a = d.stream("A")
+    x = d.alloc(4, name="x")
+    d.launch(fill, (x,), stream=a, writes=[x], name="producer")
+    polls = 1
+    while not a.query():
+        polls += 1
+    assert d.host_read(x).tolist() == [1, 1, 1, 1]
+    assert polls > 1 and not d.races  # a done query orders the host read: no race, none flagged
+    result = audit(d.trace)
+    finding = only(result)  # the not-done polls ordered nothing: not synchronizations
+    assert finding.verdict is Verdict.TIMING and finding.sync.kind == "query"
+    assert result.keep == (1,) and result.removed == ()
+
+
+# --- necessary waits -----------------------------------------------------------------------
+
+def test_a_necessary_wait_names_the_race_kind_the_buffer_and_both_call_sites():
+    d = host_sync_before_consumer(device_side=True)
+    finding = only(audit(d.trace))
+    assert finding.verdict is Verdict.NECESSARY and finding.reason == "removing it alone makes 1 race"
+    (race,) = finding.prevents
+    assert (race.kind, race.buffer, race.start, race.stop) == ("RAW", "x", 0, 16)
+    assert same_place(race.first.site, site_of(d, "producer")) and race.first.actor == "stream A"
+    assert same_place(race.second.site, site_of(d, "consumer")) and race.second.actor == "stream B"
+
+
+def test_the_implicit_join_of_a_blocking_stream_with_the_legacy_stream_can_be_necessary():
+    # Legacy-stream semantics order the consumer after the producer: no wait is written, and
+    # without the join (the stream non-blocking) the consumer reads `x` too early.
+    d = Device("sim")
+    b = d.stream("B", kind="blocking")
+    x, y = d.alloc(4, name="x"), d.alloc(4, name="y")
+    d.launch(fill, (x,), writes=[x], name="producer")  # the legacy default stream
+    d.launch(copy, (x, y), stream=b, reads=[x], writes=[y], name="consumer")
+    assert not d.races
+    result = audit(d.trace)
+    finding = only(result)
+    assert finding.sync.kind == "legacy join"
+    assert finding.verdict is Verdict.NECESSARY, result.format()
+    assert [(r.kind, r.buffer) for r in finding.prevents] == [("RAW", "x")]
+    assert result.keep == (1,)
+
+
+# --- syncs needed together -----------------------------------------------------------------
+
+def host_sync_then_wait():
+    d = Device("sim")
+    a, b = d.stream("A"), d.stream("B")
+    x, y = d.alloc(4, name="x"), d.alloc(4, name="y")
+    d.launch(fill, (x,), stream=a, writes=[x], name="producer")
+    done = a.record(d.event("done"))
+    a.synchronize()  # the host waits for A ...
+    b.wait_event(done)  # ... and B waits for A too: either orders the consumer
+    d.launch(copy, (x, y), stream=b, reads=[x], writes=[y], name="consumer")
+    return d
+
+
+@pytest.mark.parametrize("program", [double_wait, host_sync_then_wait])
+def test_two_syncs_redundant_alone_are_not_removable_together(program):
+    d = program()
+    ops = list(d.trace)
+    result = audit(ops)
+    first, second = result.findings
+    assert first.verdict is second.verdict is Verdict.REDUNDANT
+    assert not check(edit(ops, remove={first.sync.key})) and not check(edit(ops, remove={second.sync.key}))
+    both = check(edit(ops, remove={first.sync.key, second.sync.key}))
+    assert [(r.kind, r.buffer) for r in both] == [("RAW", "x")]
+    assert len(result.keep) == 1 and result.needed == 1
+    assert_minimal_set_holds(d, result)
+
+
+def test_a_host_synchronize_covered_by_a_later_wait_says_so():
+    # Removing both makes a race, so the host synchronize does order shared bytes: its reason
+    # must name the wait that covers it, not say it orders nothing.
+    first = audit(host_sync_then_wait().trace).findings[0]
+    assert first.sync.kind == "stream synchronize"
+    assert first.reason.startswith("covered: #2 "), first.reason
+
+
+def test_the_minimal_set_drops_the_host_synchronize_and_keeps_the_device_side_wait():
+    # Of two orderings of the same stream pair, the one that does not block the host stays
+    # (DESIGN: a host sync whose only purpose is to order two streams becomes a device-side wait).
+    result = audit(host_sync_then_wait().trace)
+    assert [f.sync.kind for f in result.findings] == ["stream synchronize", "wait_event"]
+    assert result.removed == (1,) and result.keep == (2,), result.format()
+
+
+# --- runs without syncs, runs with races ---------------------------------------------------
+
+def test_a_run_without_any_synchronization_says_so():
+    d = Device("sim")
+    a = d.stream("A")
+    x = d.alloc(4, name="x")
+    d.launch(fill, (x,), stream=a, writes=[x], name="producer")
+    result = audit(d.trace)
+    assert result.findings == () and result.needed == 0
+    assert result.summary() == "no synchronization in this run"
+    assert "no synchronization in this run" in result.format()
+    assert result.to_dict()["total"] == 0 and result.to_dict()["findings"] == []
+
+
+def test_a_run_with_a_race_already_says_the_races_come_first():
+    d = Device("sim")
+    a, b = d.stream("A"), d.stream("B")
+    x, y = d.alloc(4, name="x"), d.alloc(4, name="y")
+    d.launch(fill, (x,), stream=a, writes=[x], name="producer")
+    d.launch(copy, (x, y), stream=b, reads=[x], writes=[y], name="consumer")  # no wait: a race
+    a.synchronize()
+    result = audit(d.trace)
+    assert [(r.kind, r.buffer) for r in result.races] == [("RAW", "x")]
+    assert "the run has 1 race already; fix those first" in result.format().splitlines()[1]
+    assert result.to_dict()["races_first"] == 1
+
+
+# --- the report ----------------------------------------------------------------------------
+
+def test_format_and_to_dict_say_the_same():
+    d = Device("sim")
+    a, b = d.stream("A"), d.stream("B")
+    x, y = d.alloc(4, name="x"), d.alloc(4, name="y")
+    for _ in range(3):  # a decode loop: one line, seen three times
+        d.launch(fill, (x,), stream=a, writes=[x], name="producer")
+        b.wait_event(a.record(d.event("produced")))
+        d.launch(copy, (x, y), stream=b, reads=[x], writes=[y], name="consumer")
+        d.synchronize()
+        d.synchronize()  # twice: either one orders the host read, one is needed
+        d.host_read(y)
+    result = audit(d.trace)
+    data = json.loads(json.dumps(result.to_dict()))
+    assert data["summary"] == result.summary() == "2 of 3 synchronizations are needed; removable: #3"
+    assert (data["needed"], data["total"], data["keep"], data["removed"]) == (2, 3, [1, 2], [3])
+    assert [(f["kind"], f["verdict"], f["count"]) for f in data["findings"]] == [
+        ("wait_event", "necessary", 3), ("device synchronize", "redundant", 3),
+        ("device synchronize", "redundant", 3)]
+    assert data["findings"][0]["prevents"][0]["buffer"] == "x"
+    assert data["findings"][1]["reason"].startswith("covered: #3 ")
+    assert data["findings"][2]["reason"].startswith("implied: what it waits for was already ordered by #2 ")
+    text = result.format()
+    assert text.splitlines()[0] == "streamcheck sync audit (this run: these inputs, this control flow)"
+    assert "  minimal sufficient set: 2 of 3 synchronizations are needed; removable: #3" in text
+    assert "    keep: #1, #2" in text
+    for f in data["findings"]:
+        assert f"  #{f['number']} {f['verdict']}: {f['reason']}" in text

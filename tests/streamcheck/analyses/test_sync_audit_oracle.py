@@ -1,0 +1,177 @@
+"""The sync audit against the exhaustive oracle of tests/streamcheck/core/test_hb_oracle.py.
+
+The oracle derives "must execute before" from the CUDA rules, independently of core/hb.py and of
+the audit. Each generated program is recorded as a trace (the oracle test's `to_trace`), audited,
+edited as a verdict says (sync_audit.edit), turned back into a program and judged by the oracle:
+its unordered conflicting pairs, by call-site line (operation i is at line i + 1, and edits
+keep sites), are the races. The checker reports every operation that races with an earlier one
+(not every earlier one it races with: test_hb_oracle's property 2), so "no new race" is judged
+at that grain: the same racing operations. For every program:
+
+- a sync called redundant, removed alone, leaves the racing operations as they were;
+- a sync called necessary (host needed, device-side suffices) removed alone gives the races it
+  names, each a new unordered pair of that kind;
+- the minimal set (drop `removed`, turn `replaced` into the waits its replacement text names)
+  leaves the racing operations as they were; dropping any other sync on top adds a race.
+"""
+from __future__ import annotations
+
+from hypothesis import HealthCheck, event, example, given, settings
+
+from streamcheck.analyses.sync_audit import Verdict, audit, edit
+from streamcheck.core import trace as T
+from streamcheck.core.trace import StreamKind, device_label, stream_label
+from tests.streamcheck.core.test_hb_oracle import (CELL, RANGES, TALK_BUG, TALK_FIX, _examples, ancestors,
+                                                   must_happen_before, programs, to_trace, unordered_conflicts)
+
+RANGE_NAMES = {cells: name for name, cells in RANGES.items()}
+FRESH_EVENT = 100  # events the replacements record: above every event a program uses
+
+NB = StreamKind.NON_BLOCKING
+# A host synchronize whose only reader is another stream: the replacement must order it.
+SYNC_FOR_A_STREAM = ((NB, NB), 2, (("launch", 0, (), ((0, "all"),)), ("ssync", 0),
+                                   ("launch", 1, ((0, "all"),), ())))
+# Two waits on one record, each redundant alone, one needed.
+DOUBLE_WAIT = ((NB, NB), 2, (("launch", 0, (), ((0, "all"),)), ("record", 1, 0), ("wait", 1, 1), ("wait", 1, 1),
+                             ("launch", 1, ((0, "all"),), ())))
+# A device synchronize then an event synchronize: the host reads after both.
+TWO_HOST_SYNCS = ((NB, NB), 2, (("launch", 0, (), ((0, "all"),)), ("record", 1, 0), ("dsync", 0), ("esync", 1),
+                                ("hread", (0, "all"))))
+
+
+def program_of(ops, swaps=None):
+    """The oracle's program for a trace (to_trace's inverse), with each host sync whose line is
+    in `swaps` replaced by those (record/wait) operations. Returns (kinds, n_buffers, program,
+    devices, lines): lines[i] is the call-site line of program operation i."""
+    swaps = swaps or {}
+    kinds, devices, n_buffers, program, lines = {}, {}, 0, [], []
+
+    def access(rng):
+        return rng.buffer, RANGE_NAMES[tuple(range(rng.start // CELL, rng.stop // CELL))]
+
+    def add(op, line):
+        program.append(op)
+        lines.append(line)
+
+    for op in ops:
+        kind, line = type(op), op.site.line
+        if kind is T.StreamCreate:
+            kinds[op.stream], devices[op.stream] = StreamKind.parse(op.kind), op.device
+        elif kind is T.Alloc:
+            n_buffers += 1
+        elif line in swaps and kind in (T.StreamSync, T.EventSync, T.DeviceSync):
+            for replacement in swaps[line]:
+                add(replacement, line)
+        elif kind is T.Launch:
+            add(("launch", op.stream, tuple(map(access, op.reads)), tuple(map(access, op.writes))), line)
+        elif kind is T.EventRecord:
+            add(("record", op.event, op.stream), line)
+        elif kind is T.StreamWait:
+            add(("wait", op.stream, op.event), line)
+        elif kind is T.StreamSync:
+            add(("ssync", op.stream), line)
+        elif kind is T.EventSync:
+            add(("esync", op.event), line)
+        elif kind is T.DeviceSync:
+            add(("dsync", op.device), line)
+        elif kind is T.HostAccess:
+            add(("hread", access(op.reads[0])) if op.reads else ("hwrite", access(op.writes[0])), line)
+    order = sorted(kinds)
+    assert order == list(range(len(order)))
+    return (tuple(kinds[s] for s in order), n_buffers, tuple(program), tuple(devices[s] for s in order),
+            tuple(lines))
+
+
+def oracle_races(ops, swaps=None) -> dict:
+    """(line of first, line of second) -> race kinds, for every pair the oracle leaves unordered."""
+    kinds, _, program, devices, lines = program_of(ops, swaps)
+    pairs = unordered_conflicts(program, ancestors(must_happen_before(kinds, program, devices)))
+    return {(lines[i], lines[j]): found for (i, j), found in pairs.items()}
+
+
+def replacement_ops(ops, finding) -> list:
+    """The record/wait operations a device-side-suffices finding's replacement text names, with
+    streams and events found by the labels and names reports use."""
+    streams, events = {}, {}
+    for op in ops:
+        if type(op) is T.StreamCreate:
+            label = stream_label(StreamKind.parse(op.kind), op.name, op.stream, op.thread)
+            streams[label] = streams[device_label(label, op.device)] = op.stream
+        elif type(op) is T.EventCreate:
+            events[op.name] = op.event
+    records, waits = [], []
+    for replacement in finding.replacement:
+        if replacement.event:
+            waits.append(("wait", streams[replacement.wait_on], events[replacement.event]))
+            continue
+        source = streams[replacement.record_on]
+        record = ("record", FRESH_EVENT + source, source)
+        if record not in records:
+            records.append(record)
+        waits.append(("wait", streams[replacement.wait_on], FRESH_EVENT + source))
+    return records + waits
+
+
+def minimal_set(ops, result, drop=()):
+    """The audit's minimal set as the oracle's races; `drop`: numbers of syncs removed on top."""
+    by_number = {f.number: f for f in result.findings}
+    removed = {by_number[n].sync.key for n in result.removed + tuple(drop)}
+    swaps = {}
+    for n in result.replaced:
+        if n not in drop:
+            finding = by_number[n]
+            swaps[finding.sync.site.line] = replacement_ops(ops, finding)
+    return oracle_races(edit(ops, remove=removed), swaps)
+
+
+def racing(races: dict) -> set:
+    """The lines of the operations that race with an earlier one."""
+    return {second for _, second in races}
+
+
+def race_line(race) -> tuple:
+    return race.first.site.line, race.second.site.line
+
+
+@settings(max_examples=_examples(floor=200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@example(TALK_BUG)
+@example(TALK_FIX)
+@example(SYNC_FOR_A_STREAM)
+@example(DOUBLE_WAIT)
+@example(TWO_HOST_SYNCS)
+@given(programs())
+def test_every_verdict_holds_by_the_oracle(program):
+    kinds, n_buffers, prog, *devices = program
+    ops = list(to_trace(kinds, n_buffers, prog, devices[0] if devices else None))
+    recorded = oracle_races(ops)
+    result = audit(ops)
+    assert bool(result.races) == bool(recorded), result.format()
+    for finding in result.findings:
+        event(finding.verdict.value)
+        without = oracle_races(edit(ops, remove={finding.sync.key}))
+        new = {pair: found for pair, found in without.items() if pair not in recorded}
+        if finding.verdict is Verdict.REDUNDANT:
+            assert racing(without) == racing(recorded), f"#{finding.number} is not redundant: {new}\n{result.format()}"
+        else:
+            assert finding.verdict is not Verdict.TIMING  # no queries in these programs
+            assert new, f"#{finding.number} removed alone makes no race\n{result.format()}"
+            for race in finding.prevents:
+                assert race.kind in new.get(race_line(race), ()), (
+                    f"#{finding.number}: the oracle has no new {race.kind} at {race_line(race)}: {new}\n"
+                    f"{result.format()}")
+
+    assert racing(minimal_set(ops, result)) == racing(recorded), f"the minimal set is not sufficient\n{result.format()}"
+    for number in result.keep + result.replaced:
+        assert minimal_set(ops, result, drop=(number,)) != recorded, (
+            f"the minimal set still holds without #{number}\n{result.format()}")
+    event(f"{result.needed} of {len(result.findings)} needed")
+
+
+def test_the_examples_reach_each_verdict():
+    """The property's own examples get the verdicts they were written for (else it checks little)."""
+    R, N, D, H = Verdict.REDUNDANT, Verdict.NECESSARY, Verdict.DEVICE_SIDE, Verdict.HOST_NEEDED
+    for program, verdicts, needed in [(SYNC_FOR_A_STREAM, [D], 1), (DOUBLE_WAIT, [R, R], 1),
+                                      (TWO_HOST_SYNCS, [R, R], 1), (TALK_FIX, [N, H], 2)]:
+        result = audit(list(to_trace(*program)))
+        assert [f.verdict for f in result.findings] == verdicts, result.format()
+        assert result.needed == needed, result.format()
