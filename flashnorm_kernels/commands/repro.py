@@ -17,10 +17,10 @@ import os
 import shutil
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext, redirect_stdout
 from typing import Optional
 
-from streamcheck.commands import report_width
+from streamcheck.commands import STDOUT, output_problem, report_width, timeline_file, timeline_problem
 
 FIXTURE = "tiny_llama_zen"
 # The stale read is injected into layer 0's q/k/v projection: its matmul stream is held
@@ -67,42 +67,12 @@ def side_by_side_text(left: str, right: str, titles=("reference", "candidate"), 
     return "\n".join(rows)
 
 
-def timeline_file(name: str) -> str:
-    """The file `--timeline NAME` writes: matplotlib adds `.png` to a name without a suffix."""
-    return name if os.path.splitext(name)[1] else name + ".png"
-
-
-def _output_problem(option: str, path: str, example: str) -> Optional[str]:
-    """Why `path` cannot be written, found before the runs rather than after them."""
-    if os.path.isdir(path):
-        return f"{option} {path} is a directory; give a file name, e.g. {option} {os.path.join(path, example)}"
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        return f"{option} {path}: the directory {parent} does not exist; create it or choose another place"
-    if not os.access(parent, os.W_OK):
-        return f"{option} {path}: the directory {parent} is not writable; choose another place"
-    return None
-
-
 def _usage_problem(args) -> Optional[str]:
     if args.tokens < 1:
         return "--tokens must be at least 1"
-    if args.timeline:
-        if os.path.splitext(args.timeline)[1].lower() not in ("", ".png"):
-            return f"--timeline {args.timeline}: the timeline is a PNG; give a name ending in .png"
-        try:
-            import matplotlib.figure  # noqa: F401  (render_timeline draws with it, after minutes of runs)
-        except ImportError:
-            return ("--timeline needs matplotlib, which is not installed here: pip install 'streamcheck[plot]', "
-                    "or leave --timeline out")
-    outputs = (("--timeline", args.timeline, "timeline.png"),
-               ("--timeline", args.timeline and timeline_file(args.timeline), "timeline.png"),
-               ("--trace", args.trace, "race.json"), ("--json", args.json, "repro.json"))
-    for option, path, example in outputs:
-        problem = path and _output_problem(option, path, example)
-        if problem:
-            return problem
-    return None
+    # Checked before minutes of runs, not after them.
+    return (timeline_problem(args.timeline) or output_problem("--trace", args.trace, "race.json")
+            or output_problem("--json", args.json, "repro.json"))
 
 
 def _write_whole(path: str, write) -> None:
@@ -188,9 +158,10 @@ def run(args) -> int:
         return 2
     from ..testing.fixtures import FixtureCorruptError
 
+    json_out = sys.stdout if args.json == STDOUT else None  # `--json -`: stdout holds the JSON alone
     try:
-        with _quiet_transformers():
-            return _repro(backend, args)
+        with _quiet_transformers(), redirect_stdout(sys.stderr) if json_out else nullcontext():
+            return _repro(backend, args, json_out)
     except (BackendUnavailable, FixtureCorruptError, FileNotFoundError) as exc:
         # A missing or damaged fixture, a GPU that went away: say so, exit 2.
         print(f"streamcheck repro: {exc}", file=sys.stderr)
@@ -205,7 +176,7 @@ def _run_record(check, races_json: str) -> dict:
             "lag1": comparison.lag1, "races": json.loads(races_json)}
 
 
-def _repro(backend: str, args) -> int:
+def _repro(backend: str, args, json_out=None) -> int:
     from streamcheck.core.hb import reports_to_json
 
     from ..generation import check_generation, check_generation_cuda, run_generation, run_generation_cuda
@@ -295,8 +266,11 @@ def _repro(backend: str, args) -> int:
                       "result": result, "reference_text": ref_text, "implicit_join_text": bug_text,
                       "implicit_join": _run_record(buggy, reports_to_json(races)),
                       "correct": _run_record(fixed, reports_to_json(fixed.candidate.races))}
-            _write_whole(args.json, lambda name: _write_text(name, json.dumps(report, indent=2) + "\n"))
-            print(f"JSON report: {args.json}")
+            if json_out is not None:
+                json_out.write(json.dumps(report, indent=2) + "\n")
+            else:
+                _write_whole(args.json, lambda name: _write_text(name, json.dumps(report, indent=2) + "\n"))
+                print(f"JSON report: {args.json}")
         if (args.timeline or args.trace) and buggy.comparison.matches:
             # Still the run named above, not the fixed one: its race is marked even though it did not strike.
             print("  (the delay did not change the implicit-join run's text; its race is marked all the same)")
@@ -314,7 +288,8 @@ def register(subparsers) -> None:
                               description=__doc__.split("\n\n")[0],
                               epilog="Exit status: 0 reproduced and fixed, 1 not reproduced, 2 bad usage or "
                                      "environment.")
-    p.add_argument("bug", choices=["implicit-join"], help="which bug to reproduce")
+    p.add_argument("bug", choices=["implicit-join"], metavar="BUG",
+                   help="which bug to reproduce: implicit-join (the FlashNorm talk's)")
     p.add_argument("--backend", default="auto", help="auto (cupy with a GPU, else sim), sim or cupy")
     p.add_argument("--tokens", type=int, default=300,
                    help=f"tokens to generate per run (default 300); the first delay strikes at decode step "
@@ -329,5 +304,6 @@ def register(subparsers) -> None:
     p.add_argument("--trace", metavar="FILE",
                    help="also write a Perfetto (Chrome trace) JSON of the implicit-join run to FILE")
     p.add_argument("--json", metavar="FILE",
-                   help="also write the outcome as JSON to FILE: reproduced/fixed, the diagnosis, the race reports")
+                   help="also write the outcome as JSON to FILE (- for stdout, the text then on stderr): "
+                        "reproduced/fixed, the diagnosis, the race reports")
     p.set_defaults(func=run)

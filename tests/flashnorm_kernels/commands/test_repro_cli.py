@@ -207,3 +207,23 @@ def test_progress_is_drawn_on_a_terminal_that_reports_no_width(monkeypatch):
         os.close(master)
     drawn = b"".join(received).decode(errors="replace")
     assert "sequential reference" in drawn and "/24" in drawn  # 3 runs x 8 tokens
+
+
+def test_json_dash_is_stdout_and_holds_the_json_alone(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["repro", "implicit-join", "--backend", "sim", "--tokens", "8", "--json", "-"]) == 0
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)  # nothing else on stdout
+    assert report["reproduced"] and report["fixed"] and report["implicit_join"]["races"]
+    assert "result: reproduced" in captured.err  # the text goes to stderr instead
+    assert list(tmp_path.iterdir()) == []  # no file named `-`
+
+
+def test_no_bug_named_says_what_its_usage_shows(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["repro"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    usage = err.split("streamcheck repro: error:")[0].split()
+    assert usage[:3] == ["usage:", "streamcheck", "repro"] and usage[-1] == "BUG"  # not {implicit-join}
+    assert err.rstrip().endswith("error: the following arguments are required: BUG")
