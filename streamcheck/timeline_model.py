@@ -19,7 +19,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 from .core import trace as T
@@ -419,6 +419,34 @@ def build_model(source) -> Model:
                   + [Lane(k, lane_labels.get(k, f"stream{k[1]}")) for k in streams])
     return Model(lanes, out, tuple(edges), located, tuple(notes), clock, backend, schedule,
                  _delay_slices(delays, out, clock))
+
+
+RACE_CONTEXT = 12  # operations shown before and after each racing access (around_races)
+
+
+def around_races(model: Model, context: int = RACE_CONTEXT) -> Model:
+    """The part of `model` around its racing pairs: each located access and the `context`
+    operations that start just before and just after it (on any lane), with the edges, notes,
+    delays and lanes among them. A whole program's run is far too long to draw, and what a user
+    must see is the two accesses and where the wait belongs. Without a located race: `model`."""
+    order = sorted(model.slices.values(), key=lambda s: (s.start, s.index))
+    position = {s.index: n for n, s in enumerate(order)}
+    spans = []
+    for located in model.races:
+        for index in (located.first, located.second):
+            if index is None:
+                continue
+            n = position[index]
+            low, high = order[max(n - context, 0)], order[min(n + context, len(order) - 1)]
+            spans.append((low.start, max(high.end, model.slices[index].end)))
+    if not spans:
+        return model
+    kept = {i: s for i, s in model.slices.items() if any(s.start <= b and s.end >= a for a, b in spans)}
+    used = {s.lane for s in kept.values()}
+    return replace(model, lanes=tuple(lane for lane in model.lanes if lane.key in used), slices=kept,
+                   edges=tuple(e for e in model.edges if e.src in kept and e.dst in kept),
+                   notes=tuple(note for note in model.notes if note[0] in kept),
+                   delays=tuple(d for d in model.delays if d.index in kept))
 
 
 def _delay_slices(delays, slices: dict, clock: str) -> tuple:

@@ -1,15 +1,23 @@
-"""`streamcheck run [options] script.py [args...]`: check an unmodified CuPy program.
+"""`streamcheck run [options] script.py [args...]`: check an unmodified CuPy, torch or Triton program.
 
 The command runs the script in this process, as `python script.py args...` would
 (as module `__main__`, with sys.argv and sys.path[0] set alike), after
-streamcheck.instrument has wrapped CuPy's entry points; every stream operation is
-recorded and fed to the happens-before checker. At the end each race is printed
-to stderr.
+streamcheck.instrument has wrapped the entry points of CuPy, torch and Triton; every
+stream operation is recorded and fed to the happens-before checker. At the end each
+race is printed to stderr.
+
+Outputs, named as in `repro` and `fuzz`: --json FILE (the race reports; `-`: stdout),
+--trace FILE (Perfetto) and --timeline FILE (PNG) of the racing pairs and the operations
+around them (timeline_model.around_races), --ops-json FILE (every recorded operation).
+The old spellings --report-json and --trace-json still work, with a note.
 
 Exit status: --error-exitcode when a race or a refused capture was found (if given), else the script's
 own status (0, its sys.exit code, or 1 for an uncaught exception, whose traceback
 is printed as Python would). 2: bad usage, a script that cannot be opened, or no
-GPU (CuPy missing or no CUDA device).
+GPU (no CUDA device, or neither CuPy nor a CUDA build of torch); with --skip-without-gpu,
+no GPU is one line and 0. 3 (INTERNAL_ERROR), whatever the script's status: the recorder
+hit an internal error (a record the checker refused, a call it could not record), so the
+check is incomplete: a race may hide behind it; each error and refused record is printed.
 
 With --confirm, each distinct race (up to --confirm-max) is then confirmed by rerunning the
 script in a fresh process with a bounded delay exactly before the race's first access and CUDA
@@ -19,7 +27,7 @@ status stays the first run's.
 
 With --audit-syncs, the run's synchronizations are audited after the report
 (streamcheck/analyses/sync_audit.py, docs/sync-audit.md): each one's verdict and a minimal
-sufficient set; with --report-json the JSON becomes {"races": [...], "sync_audit": {...}}.
+sufficient set; with --json the JSON becomes {"races": [...], "sync_audit": {...}}.
 
 The environment variable STREAMCHECK_RUN=1 is set while the script runs, so a
 program (or its test) can tell it is being checked. It does not instrument
@@ -37,7 +45,9 @@ import traceback
 import types
 
 from ..gpu import MAX_DELAY_US
-from . import report_width
+from . import STDOUT, output_problem, report_width, timeline_file, timeline_problem
+
+INTERNAL_ERROR = 3  # the recording is incomplete: a refused record can hide a race
 
 
 def _delay_us(text: str) -> float:
@@ -71,15 +81,26 @@ def _count(text: str) -> int:
     return value
 
 
+class _Renamed(argparse.Action):
+    """An option's old spelling (--report-json, --trace-json): it still works, and says its new name."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        new = "--" + self.dest.replace("_", "-")
+        print(f"streamcheck run: note: {option_string} is now {new}; the old spelling still works", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "run", help="run an unmodified CuPy script and report its stream races",
+        "run", help="run an unmodified CuPy, torch or Triton script and report its stream races",
         usage="%(prog)s [options] script.py [args ...]",
-        description="Run a CuPy script with every stream operation recorded and checked for races "
+        description="Run a CuPy, torch or Triton script with every stream operation recorded and checked for races "
                     "(happens-before analysis; optionally with injected delays so that races strike).",
         epilog="Streams are named in creation order: s1, s2, ...; the legacy default stream is 'legacy', "
                "per-thread default streams 'ptds<thread>'. STREAMCHECK_RUN=1 is set while the script runs. "
-               "See docs/instrument.md for what can and cannot be seen.")
+               "See docs/instrument.md for what can and cannot be seen. Exit status: the script's own, or "
+               "--error-exitcode's when something was found; 2 bad usage or no GPU (0 with --skip-without-gpu); "
+               "3 an internal error of the recorder (the check is incomplete).")
     p.add_argument("--delay-us", type=_delay_us, default=0.0, metavar="N",
                    help=f"spin N microseconds (<= {MAX_DELAY_US}) on targeted streams before each launch or copy")
     p.add_argument("--delay-stream", action="append", default=[], metavar="NAME",
@@ -104,8 +125,20 @@ def register(subparsers) -> None:
                         "which are redundant, which host syncs could be device-side waits, and a minimal sufficient "
                         "set (docs/sync-audit.md)")
     p.add_argument("--confirm-probe", metavar="JSON", help=argparse.SUPPRESS)  # one rerun of --confirm (its replay)
-    p.add_argument("--report-json", metavar="FILE", help="also write the race reports as JSON to FILE")
-    p.add_argument("--trace-json", metavar="FILE", help="also write the recorded trace as JSON to FILE")
+    p.add_argument("--skip-without-gpu", action="store_true",
+                   help="without a GPU (no CUDA device, or neither CuPy nor a CUDA build of torch), print one line "
+                        "saying so and exit 0 instead of 2: one CI job for runners with and without GPUs")
+    p.add_argument("--json", metavar="FILE",
+                   help="also write the race reports as JSON to FILE (- for stdout, after the script's own output)")
+    p.add_argument("--trace", metavar="FILE",
+                   help="also write a Perfetto (Chrome trace) JSON of the racing pairs and the operations around them "
+                        "to FILE (open in https://ui.perfetto.dev)")
+    p.add_argument("--timeline", metavar="PNG",
+                   help="also draw the racing pairs and the operations around them to PNG (.png is added to a name "
+                        "without one; needs matplotlib)")
+    p.add_argument("--ops-json", metavar="FILE", help="also write every recorded operation as JSON to FILE")
+    p.add_argument("--report-json", dest="json", action=_Renamed, metavar="FILE", help=argparse.SUPPRESS)
+    p.add_argument("--trace-json", dest="ops_json", action=_Renamed, metavar="FILE", help=argparse.SUPPRESS)
     p.add_argument("script", metavar="script.py", help="the Python script to run")
     script_args = p.add_argument("args", nargs=argparse.REMAINDER,
                                  help="arguments for the script (optional): everything after it, options included")
@@ -190,7 +223,18 @@ def run(args) -> int:
                   "it confirms nothing itself; drop --delay-us and --confirm", file=sys.stderr)
             return 2
 
+    problem = (timeline_problem(args.timeline) or output_problem("--trace", args.trace, "race.json")
+               or output_problem("--json", args.json, "races.json") or output_problem("--ops-json", args.ops_json,
+                                                                                        "ops.json"))
+    if problem:  # before the run, not after it
+        print(f"streamcheck run: {problem}", file=sys.stderr)
+        return 2
+
     if not (cuda_device_present() and gpu_library_installed()):
+        if args.skip_without_gpu:
+            print(f"streamcheck run: skipped {script}: no GPU here (no CUDA device, or neither CuPy nor a CUDA build "
+                  "of torch installed); --skip-without-gpu exits 0", file=sys.stderr)
+            return 0
         print("streamcheck run: needs an NVIDIA GPU and CuPy (pip install 'streamcheck[gpu]') or a CUDA build of "
               "torch; none found here (no CUDA device, or neither library installed). Programs written against the "
               "device API can be checked on the CPU with Device('sim')."
@@ -278,7 +322,7 @@ def run(args) -> int:
 
         sync_audit = audit(session.trace)
         print(sync_audit.format(width=report_width(sys.stderr)), file=sys.stderr)
-    if args.report_json:
+    if args.json:
         import json
 
         data = [race.to_dict() for race in races]  # core.hb.reports_to_json's entries
@@ -286,11 +330,62 @@ def run(args) -> int:
             entry["confirmation"] = verdict.to_dict()
         if sync_audit is not None:  # one report: the races, then the audit
             data = {"races": data, "sync_audit": sync_audit.to_dict()}
-        with open(args.report_json, "w", encoding="utf-8") as f:
-            f.write(json.dumps(data, indent=2))
-    if args.trace_json:
-        with open(args.trace_json, "w", encoding="utf-8") as f:
+        if args.json == STDOUT:
+            print(json.dumps(data, indent=2))
+        else:
+            with open(args.json, "w", encoding="utf-8") as f:
+                f.write(json.dumps(data, indent=2))
+    if args.ops_json:
+        with open(args.ops_json, "w", encoding="utf-8") as f:
             f.write(session.trace.to_json())
+    if args.trace or args.timeline:
+        draw_races(session, races, args.trace, args.timeline)
+    if session.errors:
+        for line in internal_error_lines(session):
+            print(line, file=sys.stderr)
+        return INTERNAL_ERROR
     if session.findings and args.error_exitcode is not None:  # races and refused captures
         return args.error_exitcode
     return status
+
+
+def draw_races(session, races, trace: str = None, timeline: str = None) -> None:
+    """--trace (Perfetto) and --timeline (PNG) of the racing pairs, each with the operations around
+    it: a whole program's run is too long to draw, and its pictures are about the missing wait."""
+    if not races:
+        print("streamcheck: no race, so no --trace or --timeline was written (they draw racing pairs)",
+              file=sys.stderr)
+        return
+    from ..timeline_model import around_races, build_model
+
+    model = around_races(build_model({"trace": session.trace, "races": races,
+                                      "backend": "+".join(sorted(getattr(session, "libraries", ()))) or "gpu"}))
+    shown = f"{len(races)} racing pair{'s' if len(races) != 1 else ''} and the operations around them"
+    if trace:
+        from ..export import write_chrome_trace
+
+        write_chrome_trace(model, trace)
+        print(f"streamcheck: Perfetto trace of {shown}: {trace} (open in https://ui.perfetto.dev)", file=sys.stderr)
+    if timeline:
+        from ..timeline import render_timeline
+
+        path = timeline_file(timeline)
+        render_timeline(model, path)
+        print(f"streamcheck: timeline of {shown}: {path}", file=sys.stderr)
+
+
+def internal_error_lines(session) -> list:
+    """Each internal error of the recording, and each record the checker refused (fed again in
+    order, as the recorder fed them): what to send with a bug report."""
+    from ..core.hb import Checker, TraceError
+
+    lines = [f"streamcheck: internal error: {error}" for error in session.errors]
+    checker = Checker()
+    for index, op in enumerate(session.trace):
+        try:
+            checker.feed(op)
+        except TraceError as exc:
+            lines.append(f"streamcheck: refused record #{index}: {op!r} ({exc})")
+    lines.append(f"streamcheck: the check is incomplete (a refused record can hide a race): exit status "
+                 f"{INTERNAL_ERROR}; please report it with the lines above")
+    return lines

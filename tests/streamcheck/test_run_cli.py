@@ -6,6 +6,7 @@ lazy imports, and the pure pieces (CUDA signature parsing, delay targeting).
 """
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -13,6 +14,9 @@ import textwrap
 import pytest
 
 from streamcheck import cli
+from streamcheck.commands import run as run_command
+from streamcheck.timeline_model import RACE_CONTEXT
+from tests.streamcheck.test_export import trace_event_errors
 from streamcheck.backends.cupy_backend import MAX_DELAY_US, _Policy
 from streamcheck.core.schedule import Delay
 from streamcheck.kernel_access import kernel_signature, param_names
@@ -275,8 +279,130 @@ def test_the_strike_hint_names_the_race_directed_delay_of_each_first_access():
     (line,) = strike_hints([race, race], 0, "prog.py", ["--steps", "4"])
     assert line.startswith("streamcheck: to make them strike, rerun with delays: streamcheck run --delay-us 200 "
                            "--delay-stream s1 --delay-kernel matmul prog.py --steps 4  (delays stream s1 (created at "
-                           "prog.py:3): `matmul` writes at test_run_cli.py:")
+                           "prog.py:3): `matmul` writes at tests/streamcheck/test_run_cli.py:")
     assert line.endswith("so that `postscale` (test_run_cli.py:" + str(race.second.site.line) + ") runs first)")
     host_first = replace(race, first=replace(race.first, actor="host thread 0"))
     assert strike_hints([host_first], 3, "prog.py", []) == [
         "streamcheck: to make them strike, rerun with delays: streamcheck run --delay-us 200 --seed 3 prog.py"]
+
+
+# --- outputs, on a GPU faked with test_recorder's FakeGpu ---------------------------------
+
+RACY = """
+import streamcheck.recorder as R
+from tests.streamcheck.test_recorder import FakeArray, FakeStream
+
+rec = R.current
+s1, s2 = FakeStream(0x10), FakeStream(0x20)
+rec.alloc(0x1000, 64, stream=s1)
+rec.alloc(0x2000, 64, stream=s1)
+y, z = FakeArray(0x1000, 64), FakeArray(0x2000, 64)
+for _ in range(60):  # a long run before the race ...
+    rec.launch("busy", lambda: None, stream=s1, writes=(z,))
+rec.launch("matmul", lambda: None, stream=s1, writes=(y,))
+rec.launch("postscale", lambda: None, stream=s2, reads=(y,))  # never waited for s1
+for _ in range(60):  # ... and after it
+    rec.launch("busy", lambda: None, stream=s1, writes=(z,))
+"""
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """`streamcheck run` where a GPU seems present: the recording is a Recorder on FakeGpu, started
+    as the import hook would start it, and the script records through it (streamcheck.recorder.current)."""
+    from streamcheck import instrument
+    from streamcheck import recorder as R
+    from tests.streamcheck.test_recorder import FakeGpu
+
+    monkeypatch.setattr("streamcheck.gpu.cuda_device_present", lambda: True)
+    monkeypatch.setattr("streamcheck.gpu.gpu_library_installed", lambda: True)
+
+    class Hook:
+        def __init__(self, **options):
+            self.session = R.Recorder(FakeGpu(), seed=options["seed"])
+            self.session.activate()
+
+        def remove(self):
+            self.session.deactivate()
+
+    monkeypatch.setattr(instrument, "StartAtImport", Hook)
+
+
+def program(tmp_path, source: str) -> str:
+    path = tmp_path / "prog.py"
+    path.write_text(source)
+    return str(path)
+
+
+def test_trace_and_timeline_show_the_racing_pair_among_the_operations_around_it(fake_gpu, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    trace, png = tmp_path / "race.json", tmp_path / "race"
+    assert cli.main(["run", "--trace", str(trace), "--timeline", str(png), program(tmp_path, RACY)]) == 0
+    err = capsys.readouterr().err
+    assert f"Perfetto trace of 1 racing pair and the operations around them: {trace}" in err
+    assert f"timeline of 1 racing pair and the operations around them: {png}.png" in err
+
+    events = json.loads(trace.read_text())["traceEvents"]
+    slices = [e for e in events if e["ph"] == "X"]
+    assert {e["name"] for e in slices if e["name"].startswith("RACE: ")} == {"RACE: matmul", "RACE: postscale"}
+    busy = [e for e in slices if e["name"] == "busy"]
+    assert 0 < len(busy) <= 2 * RACE_CONTEXT + 2  # the race's neighbourhood, not the 120 launches
+    flows = {e["name"] for e in events if e["ph"] in ("s", "f")}
+    assert "missing wait" in flows
+    assert trace_event_errors({"traceEvents": events}) == []
+
+    assert (tmp_path / "race.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_no_race_writes_no_picture_and_says_why(fake_gpu, tmp_path, capsys):
+    quiet = RACY.replace("stream=s2, reads=(y,)", "stream=s1, reads=(y,)")  # stream order: no race
+    trace = tmp_path / "race.json"
+    assert cli.main(["run", "--trace", str(trace), program(tmp_path, quiet)]) == 0
+    assert "no race, so no --trace or --timeline was written" in capsys.readouterr().err
+    assert not trace.exists()
+
+
+def test_json_dash_writes_the_reports_to_stdout(fake_gpu, tmp_path, capsys):
+    assert cli.main(["run", "--json", "-", program(tmp_path, RACY)]) == 0
+    (race,) = json.loads(capsys.readouterr().out)
+    assert (race["kind"], race["first"]["name"], race["second"]["name"]) == ("RAW", "matmul", "postscale")
+    assert not (tmp_path / "-").exists()
+
+
+def test_old_output_spellings_still_work_with_a_note(fake_gpu, tmp_path, capsys):
+    reports, ops = tmp_path / "r.json", tmp_path / "o.json"
+    assert cli.main(["run", "--report-json", str(reports), "--trace-json", str(ops), program(tmp_path, RACY)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert "streamcheck run: note: --report-json is now --json; the old spelling still works" in err
+    assert "streamcheck run: note: --trace-json is now --ops-json; the old spelling still works" in err
+    assert [r["second"]["name"] for r in json.loads(reports.read_text())] == ["postscale"]
+    assert len(json.loads(ops.read_text())) > 120  # every recorded operation
+
+
+def test_a_refused_record_is_an_internal_error_exit_3_with_the_record(fake_gpu, tmp_path, capsys):
+    refused = RACY.replace("stream=s2, reads=(y,))", "stream=s1, reads=(y,))") + (
+        "from streamcheck.core import trace as T\n"
+        "rec.record(T.EventRecord(rec.tid(), rec.site(), event=999, stream=0))  # an event never created\n")
+    assert cli.main(["run", "--error-exitcode", "0", program(tmp_path, refused)]) == run_command.INTERNAL_ERROR == 3
+    err = capsys.readouterr().err
+    (line,) = [line for line in err.splitlines() if line.startswith("streamcheck: refused record #")]
+    assert "EventRecord(" in line and "event=999" in line and "unknown event 999" in line
+    assert "the check is incomplete (a refused record can hide a race): exit status 3" in err
+
+
+def test_skip_without_gpu_exits_0_with_one_line(script, monkeypatch, capsys):
+    monkeypatch.setattr("streamcheck.gpu.cuda_device_present", lambda: False)
+    assert cli.main(["run", "--skip-without-gpu", script]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == ""  # the script did not run
+    (line,) = captured.err.splitlines()
+    assert line.startswith(f"streamcheck run: skipped {script}: no GPU here") and "--skip-without-gpu" in line
+
+
+def test_outputs_are_checked_before_the_run(fake_gpu, tmp_path, capsys):
+    ran = program(tmp_path, "print('ran')\n")
+    assert cli.main(["run", "--timeline", str(tmp_path / "t.svg"), ran]) == 2
+    assert cli.main(["run", "--trace", str(tmp_path / "no" / "t.json"), ran]) == 2
+    captured = capsys.readouterr()
+    assert "ran" not in captured.out
+    assert "the timeline is a PNG" in captured.err and "does not exist" in captured.err

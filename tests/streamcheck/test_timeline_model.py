@@ -74,3 +74,47 @@ def test_the_model_of_any_cut_trace_is_whole_and_exports_valid_json(source):
     assert all(i in model.slices for loc in model.races for i in (loc.first, loc.second) if i is not None)
     # The views rely on it: the export draws every edge and note without looking them up.
     assert trace_event_errors(to_chrome_trace(model)) == []
+
+
+@settings(max_examples=40, deadline=None)
+@given(cut_runs(), st.integers(0, 6))
+def test_the_part_around_the_races_is_whole_and_keeps_every_located_pair(source, context):
+    from streamcheck.timeline_model import around_races
+
+    whole = build_model(source)
+    model = around_races(whole, context)
+    lanes = {lane.key for lane in model.lanes}
+    assert set(model.slices) <= set(whole.slices) and lanes <= {lane.key for lane in whole.lanes}
+    assert all(s.lane in lanes for s in model.slices.values())
+    assert all(d.lane in lanes and d.index in model.slices for d in model.delays)
+    assert all(e.src in model.slices and e.dst in model.slices for e in model.edges)
+    assert all(index in model.slices for index, _text in model.notes)
+    assert model.races == whole.races
+    assert all(i in model.slices for loc in model.races for i in (loc.first, loc.second) if i is not None)
+    assert [e for e in whole.edges if e.kind == "missing"] == [e for e in model.edges if e.kind == "missing"]
+    assert trace_event_errors(to_chrome_trace(model)) == []
+
+
+def test_around_races_keeps_the_neighbourhood_of_each_access_only():
+    from streamcheck.device import Device
+    from streamcheck.timeline_model import around_races
+
+    dev = Device("sim")
+    a, b = dev.stream("A"), dev.stream("B")
+    y, z = dev.alloc(4, name="Y", fill=0.0), dev.alloc(4, name="Z", fill=0.0)
+    for _ in range(30):
+        dev.launch(lambda v: None, (z,), stream=a, writes=[z], name="busy")
+    dev.launch(lambda v: None, (y,), stream=a, writes=[y], name="produce")
+    dev.launch(lambda v: None, (y,), stream=b, reads=[y], name="consume")
+    for _ in range(30):
+        dev.launch(lambda v: None, (z,), stream=a, writes=[z], name="busy")
+    whole = build_model(dev)
+    model = around_races(whole, context=3)
+    names = [s.name for s in sorted(model.slices.values(), key=lambda s: s.start)]
+    assert {"produce", "consume"} <= set(names) and names.count("busy") <= 2 * 3 + 2
+    assert len(model.slices) < len(whole.slices) / 4
+    alone = Device("sim")
+    buffer = alone.alloc(4, fill=0.0)
+    alone.launch(lambda v: None, (buffer,), writes=[buffer], name="alone")
+    quiet = build_model(alone)
+    assert around_races(quiet) is quiet  # no race: nothing to narrow to
