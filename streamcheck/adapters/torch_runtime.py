@@ -92,7 +92,7 @@ def _device_synchronized() -> None:
 
 def _stream_synchronized(stream: int) -> None:
     rec = _recording()
-    if rec is not None:
+    if rec is not None and not rec.reading:  # .item() and the like: host_read records it, with its cause
         rec.record(T.StreamSync(rec.tid(), rec.site(), stream=rec.sid(stream)))
 
 

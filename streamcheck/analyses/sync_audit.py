@@ -232,7 +232,8 @@ def sync_key(op, names: _Names) -> Optional[tuple]:
     if kind is T.StreamQuery and op.done:
         return ("query",) + base + (names.stream(op.stream), "")
     if kind is T.EventQuery and op.done:
-        return ("query",) + base + (names.event(op.event), "event")
+        src = names.recorded_on.get(op.event)  # as a wait: a fresh event each step is one poll
+        return ("query",) + base + (names.stream(src) if src is not None else names.event(op.event), "event")
     return None
 
 

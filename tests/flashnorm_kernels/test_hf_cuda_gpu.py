@@ -28,7 +28,8 @@ if not gpu_available() or not torch.cuda.is_available():
 from flashnorm_kernels.commands.repro import strike_hold, strike_policy  # noqa: E402
 from flashnorm_kernels.generation import check_generation_cuda, run_generation_cuda  # noqa: E402
 from flashnorm_kernels.hf import attach  # noqa: E402
-from flashnorm_kernels.hf_cuda import (CudaNormProjection, GraphCaptureError, Projection,  # noqa: E402
+from flashnorm_kernels.groups import RoutedProjection  # noqa: E402
+from flashnorm_kernels.hf_cuda import (CudaNormProjection, GraphCaptureError,  # noqa: E402
                                        decode_with_graph, greedy_decode)
 from flashnorm_kernels.plan import SyncPlan  # noqa: E402
 from flashnorm_kernels.testing.fixtures import (PROMPT, cyclic_bytes, decode, encode,  # noqa: E402
@@ -86,7 +87,7 @@ def test_detach_restores_the_original_modules_bit_for_bit(model):
     originals = dict(model.named_modules())
     before = _logits(model, ids)
     with attach(model, "cuda", max_tokens=P) as attachment:
-        assert isinstance(model.model.layers[0].self_attn.q_proj, Projection)
+        assert isinstance(model.model.layers[0].self_attn.q_proj, RoutedProjection)
         assert len(attachment.groups) == 5  # 2 layers x (q/k/v, gate/up) + lm_head
     assert dict(model.named_modules()) == originals
     assert torch.equal(_logits(model, ids), before)
@@ -162,7 +163,8 @@ def test_training_mode_forward_is_refused(model):
 
 # --- the talk's bug -------------------------------------------------------------------------
 
-@pytest.mark.gpu_timing  # the first divergence and the lag share: strikes other than the held ones would move them
+# The first divergence and the lag share: strikes other than the held ones would move them.
+@pytest.mark.streamcheck_gpu_timing
 @pytest.mark.parametrize("seed", [0, 7])
 def test_talks_plan_stutters_with_a_one_step_lag_when_the_matmul_is_held(model, reference, seed):
     strike = strike_policy("cupy", seed)
