@@ -464,11 +464,14 @@ def audit(trace) -> Audit:
                                     "it ordered the host only because it returned done; a loop or branch on "
                                     "query() depends on timing, so it is never offered for removal"))
             continue
-        if implied[sync.key] is True or implied[sync.key] == "no-op":
+        if sync.kind != "legacy join" and implied[sync.key] in (True, "no-op"):
             # It changed no clock at any occurrence, so the trace without it checks the same.
             findings.append(Finding(number, sync, Verdict.REDUNDANT, _why_redundant(sync, implied, via, numbers)))
             continue
-        checker = _feed(edit(ops, remove={sync.key}))
+        # A wait's verdict needs one new race: stop at the first (more distinct races than the
+        # run's own means a new one). A host sync's needs them all: its replacement covers each.
+        stop = None if sync.host_blocking else (lambda c, n=len(base.keys): c.distinct_races > n)
+        checker = _feed(edit(ops, remove={sync.key}), stop=stop)
         checks += 1
         races, errors = _new(checker, base)
         if errors:
@@ -492,7 +495,7 @@ def audit(trace) -> Audit:
             continue
         if not sync.host_blocking:
             findings.append(Finding(number, sync, Verdict.NECESSARY,
-                                    f"removing it alone makes {_count(races, 'race')}", tuple(races)))
+                                    "removing it alone makes a race (the first one found)", tuple(races)))
             continue
         host = [race for race in races if _host_side(checker, race)]
         if host:
@@ -514,7 +517,9 @@ def audit(trace) -> Audit:
     removed, swapped = set(), {}
     # Greedy, checked as a whole (each redundant alone may not be together). Latest first: of a
     # double wait, or a wait implied by an earlier one, the later one goes; then the swaps.
-    order = [f for f in reversed(findings) if f.verdict is Verdict.REDUNDANT]
+    # Host-blocking ones before device-side waits: a host synchronize costs the host its lead.
+    order = [f for f in reversed(findings) if f.verdict is Verdict.REDUNDANT and f.sync.host_blocking]
+    order += [f for f in reversed(findings) if f.verdict is Verdict.REDUNDANT and not f.sync.host_blocking]
     order += [f for f in findings if f.verdict is Verdict.DEVICE_SIDE]
     everything = ({f.sync.key for f in order if f.verdict is Verdict.REDUNDANT},
                   {f.sync.key: swaps[f.sync.key] for f in order if f.verdict is Verdict.DEVICE_SIDE})
@@ -680,14 +685,14 @@ COVER_CANDIDATES = 3  # later syncs tried as the one that gives the same order (
 
 
 def _covered_by(ops, base: _Base, sync: Sync, syncs, numbers: dict) -> tuple:
-    """Why a sync that adds order is still redundant alone: a later sync ordering the same actor
-    gives that order before anything relies on it (removing both makes a race), or nothing
-    after it touches the bytes it orders. Returns (reason, checks made)."""
+    """Why a sync that adds order is still redundant alone: a later sync gives that order before
+    anything relies on it (removing both makes a race; those ordering the same actor are tried
+    first), or nothing after it touches the bytes it orders. Returns (reason, checks made)."""
     first = sync.indexes[0]
     actor = _ordered_actor(ops[first])
-    later = [s for s in syncs if s is not sync and s.kind != "legacy join" and s.indexes[-1] > first
-             and _ordered_actor(ops[s.indexes[0]]) == actor]
-    later.sort(key=lambda s: min((i for i in s.indexes if i > first), default=first))
+    later = [s for s in syncs if s is not sync and s.kind != "legacy join" and s.indexes[-1] > first]
+    later.sort(key=lambda s: (_ordered_actor(ops[s.indexes[0]]) != actor,
+                              min((i for i in s.indexes if i > first), default=first)))
     tried = 0
     for other in later[:COVER_CANDIDATES]:
         tried += 1
