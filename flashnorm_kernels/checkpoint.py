@@ -18,6 +18,8 @@ from pathlib import Path
 
 from safetensors import SafetensorError, safe_open
 
+from streamcheck.atomic_files import sync_directory, sync_tree
+
 from .fold import AlreadyFoldedError, FlashNormError, flashify, is_folded, layout_for
 
 logger = logging.getLogger(__name__)
@@ -275,9 +277,12 @@ def _write_atomically(model, src: Path, dst: Path) -> None:
             if (src / name).is_file():
                 shutil.copy2(src / name, tmp / name)
         _give_plain_file_modes(tmp)
+        # On disk before the rename: otherwise a crash of the machine can leave DST with empty files.
+        sync_tree(tmp)
         if dst.exists() or dst.is_symlink():  # created by someone else while we worked; rename would replace an empty dir
             raise CheckpointPathError(f"flashify_checkpoint: destination {dst} appeared while folding; not overwriting it.")
         os.rename(tmp, dst)
+        sync_directory(dst.parent)  # the new name itself
     except (OSError, SafetensorError) as e:  # safetensors reports a failed write (disk full) as SafetensorError
         shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointWriteError(

@@ -8,14 +8,17 @@ Exit codes: 0 success, 2 usage or input error (one line on stderr), 130 interrup
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import logging
+import os
 import sys
-from importlib import metadata
+
+# Only what main() needs to catch a Ctrl-C: the rest is imported inside the functions.
+from streamcheck import interrupts
 
 
 def _version() -> str:
+    from importlib import metadata
+
     try:
         return metadata.version("streamcheck")  # flashnorm_kernels ships in the streamcheck distribution
     except metadata.PackageNotFoundError:
@@ -23,6 +26,8 @@ def _version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import argparse
+
     parser = argparse.ArgumentParser(
         prog="flashnorm",
         description="FlashNorm tools: fold RMSNorm gains into projection weights.",
@@ -45,11 +50,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command is None:
-        parser.print_help(sys.stderr)
-        return 2
+    """The `flashnorm` command. Ctrl-C, wherever it lands (imports, the fold, shutdown): one line
+    that says what is on disk, and exit status 130 (streamcheck/interrupts.py)."""
+    interrupts.install()  # before torch and transformers are imported
+    args, dst_existed = None, False
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        dst_existed = args.command is not None and os.path.lexists(args.dst)
+        if args.command is None:
+            parser.print_help(sys.stderr)
+            return 2
+        return _flashify(args)
+    except KeyboardInterrupt:
+        print(_interrupted_line(args, dst_existed), file=sys.stderr)
+        return interrupts.INTERRUPTED
+    finally:
+        if args is not None and args.command is not None:  # after the heavy imports: before their atexit clean-up
+            interrupts.at_exit(lambda: _interrupted_line(args, dst_existed))
+
+
+def _flashify(args) -> int:
     # Imported here so `flashnorm --help` does not pay for torch.
     from .checkpoint import flashify_checkpoint
     from .fold import FlashNormError
@@ -58,13 +79,23 @@ def main(argv: list[str] | None = None) -> int:
         with _quiet_transformers(), _checkpoint_notes_on_stderr():
             dst = flashify_checkpoint(args.src, args.dst)
     except (FlashNormError, OSError) as e:  # OSError: a file-system failure none of our checks foresaw
+        if interrupts.received():  # a library made another error of the KeyboardInterrupt (a lazy import)
+            raise KeyboardInterrupt from e
         print(f"flashnorm flashify: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"flashnorm flashify: interrupted; {args.dst} was not written.", file=sys.stderr)
-        return 130
     print(f"flashnorm flashify: wrote folded checkpoint {dst}")
     return 0
+
+
+def _interrupted_line(args, dst_existed: bool) -> str:
+    """Said from what is on disk: DST appears only complete (a rename is the fold's last step)."""
+    if args is None or args.command is None:
+        return "flashnorm: interrupted; nothing was written."
+    if dst_existed:
+        return f"flashnorm flashify: interrupted; {args.dst} existed before and was left as it was."
+    if os.path.lexists(args.dst):
+        return f"flashnorm flashify: interrupted after {args.dst} was written; it is complete."
+    return f"flashnorm flashify: interrupted; {args.dst} was not written."
 
 
 @contextlib.contextmanager
@@ -91,6 +122,8 @@ def _quiet_transformers():
 @contextlib.contextmanager
 def _checkpoint_notes_on_stderr():
     """Print flashify_checkpoint's notes (leftover temporary directories) as one stderr line each."""
+    import logging
+
     checkpoint_logger = logging.getLogger("flashnorm_kernels.checkpoint")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("flashnorm flashify: %(message)s"))

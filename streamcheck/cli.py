@@ -7,22 +7,24 @@ the modules of streamcheck.commands; a package adds its own with an entry point 
 adds `repro` and `fuzz`: the tool never imports its subject). A plugin that fails to load
 leaves the other commands working and says why when its command is run.
 Exit status 2 means bad usage or an environment that cannot run the command; 141 (128 + SIGPIPE,
-as a shell reports for `cat`) that the reader of stdout went away (`streamcheck demo | head`).
+as a shell reports for `cat`) that the reader of stdout went away (`streamcheck demo | head`); 130
+that Ctrl-C stopped it, wherever it landed (one line on stderr, streamcheck/interrupts.py).
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-from importlib import metadata
 
-from .commands import demo, run
+# Only what main() needs to catch a Ctrl-C: the rest is imported inside the functions.
+from . import interrupts
 
-BUILT_IN = (run, demo)
 PLUGIN_GROUP = "streamcheck.commands"
+INTERRUPTED_LINE = "streamcheck: interrupted (Ctrl-C); stopped"
 
 
 def version() -> str:
+    from importlib import metadata
+
     try:
         return metadata.version("streamcheck")
     except metadata.PackageNotFoundError:  # a source tree that was never installed
@@ -54,6 +56,8 @@ def _add_unavailable(sub, entry_point, error: BaseException) -> None:
 
 
 def _add_plugins(sub) -> None:
+    from importlib import metadata
+
     for entry_point in sorted(metadata.entry_points(group=PLUGIN_GROUP), key=lambda ep: ep.name):
         if entry_point.name in sub.choices:
             print(f"streamcheck: ignoring the plugin command {_origin(entry_point)}: "
@@ -67,13 +71,17 @@ def _add_plugins(sub) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import argparse
+
     parser = argparse.ArgumentParser(
         prog="streamcheck", description="Find CUDA stream synchronization bugs.",
         epilog=f"Installed packages may add commands (entry point group {PLUGIN_GROUP}).")
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for module in BUILT_IN:
+    from .commands import demo, run  # numpy and more: imported once main() catches a Ctrl-C
+
+    for module in (run, demo):
         module.register(sub)
     _add_plugins(sub)
     return parser
@@ -89,6 +97,19 @@ def _stdout_closed() -> int:
 
 
 def main(argv=None) -> int:
+    """The `streamcheck` command. Ctrl-C, wherever it lands (imports, the command, shutdown):
+    one line and exit status 130 (streamcheck/interrupts.py)."""
+    interrupts.install()
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print(INTERRUPTED_LINE, file=sys.stderr)
+        return interrupts.INTERRUPTED
+    finally:
+        interrupts.at_exit(INTERRUPTED_LINE)  # after the heavy imports, so before their atexit clean-up
+
+
+def _main(argv) -> int:
     parser = build_parser()
     # parse_args, except that an unavailable plugin command takes any arguments.
     args, unknown = parser.parse_known_args(argv)
@@ -98,8 +119,6 @@ def main(argv=None) -> int:
         status = int(args.func(args) or 0)
         sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
         return status
-    except KeyboardInterrupt:
-        return 130
     except BrokenPipeError:
         return _stdout_closed()
 

@@ -469,3 +469,28 @@ def test_console_script_help_and_fold(src, tmp_path):
     )
     assert again.returncode == 2
     assert "already exists" in again.stderr
+
+
+def test_every_file_and_directory_is_on_disk_before_and_after_the_rename(src, tmp_path, monkeypatch):
+    # Without fsync before the rename, a crash of the machine can leave DST with files of zero length.
+    events = []
+    fsync, rename = os.fsync, os.rename
+
+    def recorded_fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        return fsync(fd)
+
+    def recorded_rename(old, new):
+        events.append(("rename", str(new)))
+        return rename(old, new)
+
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("names the synced files through /proc (Linux)")
+    monkeypatch.setattr(os, "fsync", recorded_fsync)
+    monkeypatch.setattr(os, "rename", recorded_rename)
+    dst = flashify_checkpoint(src, tmp_path / "dst")
+    at = events.index(("rename", str(dst)))
+    synced_before = {os.path.basename(path) for kind, path in events[:at] if kind == "fsync"}
+    assert set(os.listdir(dst)) <= synced_before  # each file of the checkpoint
+    assert any(name.startswith(".dst.flashnorm-tmp-") for name in synced_before)  # and its directory
+    assert ("fsync", str(tmp_path)) in events[at:]  # the parent, which holds the new name

@@ -154,3 +154,66 @@ def test_leftover_temp_dirs_are_reported_one_line_each(src, tmp_path, monkeypatc
         f"([Errno 13] Permission denied: '{refused}'); remove it by hand.\n"
     )
     assert sorted(os.listdir(tmp_path)) == [".dst.flashnorm-tmp-4567abcd", "dst", "src"]
+
+
+# --- Ctrl-C wherever it lands: one line that says what is on disk, exit 130 ---------------
+
+
+def _snapshot(directory: Path) -> dict:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
+
+
+def _sigint_here() -> None:
+    """A real SIGINT to this process, handled before this returns (as a Ctrl-C lands)."""
+    import signal
+    import time
+
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(5)  # the handler raises KeyboardInterrupt out of the sleep
+
+
+def test_ctrl_c_just_after_the_rename_says_dst_is_complete(src, tmp_path, monkeypatch, capsys):
+    before = _snapshot(src)
+    rename = os.rename
+
+    def rename_then_ctrl_c(old, new):
+        rename(old, new)
+        _sigint_here()
+
+    monkeypatch.setattr(os, "rename", rename_then_ctrl_c)
+    dst = tmp_path / "dst"
+    assert main(["flashify", str(src), str(dst)]) == 130
+    assert capsys.readouterr().err == f"flashnorm flashify: interrupted after {dst} was written; it is complete.\n"
+    assert json.loads((dst / "config.json").read_text())["flashnorm"]  # the folded checkpoint, whole
+    assert {"config.json", "model.safetensors", "generation_config.json"} <= set(os.listdir(dst))
+    assert sorted(os.listdir(tmp_path)) == ["dst", "src"]  # no temporary directory left
+    assert _snapshot(src) == before
+
+
+def test_ctrl_c_that_a_lazy_import_turns_into_another_error_is_still_an_interrupt(src, tmp_path, monkeypatch,
+                                                                                 capsys):
+    # transformers' lazy modules catch what an interrupted import raises and report a missing
+    # module; the checkpoint is not to blame.
+    def interrupted_import(*args, **kwargs):
+        try:
+            _sigint_here()
+        except KeyboardInterrupt:
+            raise ModuleNotFoundError("Could not import module 'LlamaForCausalLM'") from None
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", interrupted_import)
+    assert main(["flashify", str(src), str(tmp_path / "dst")]) == 130
+    assert capsys.readouterr().err == f"flashnorm flashify: interrupted; {tmp_path / 'dst'} was not written.\n"
+    assert sorted(os.listdir(tmp_path)) == ["src"]
+
+
+def test_ctrl_c_during_the_start_up_imports_gives_one_line(src, tmp_path):
+    from tests.paths import FAULT_INJECTION
+
+    before = _snapshot(src)
+    path = os.pathsep.join(filter(None, [str(FAULT_INJECTION), str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, PYTHONPATH=path, STREAMCHECK_TEST_FAULT="INT import torch")
+    done = subprocess.run([sys.executable, "-m", "flashnorm_kernels.cli", "flashify", str(src), str(tmp_path / "dst")],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stderr) == (130, f"flashnorm flashify: interrupted; {tmp_path / 'dst'} was not written.\n")
+    assert sorted(os.listdir(tmp_path)) == ["src"]
+    assert _snapshot(src) == before

@@ -114,7 +114,7 @@ def test_a_plugin_cannot_replace_a_built_in_command(tmp_path):
 
 def test_without_the_plugin_the_command_is_an_unknown_choice(capsys, monkeypatch):
     # As when the package that provides `repro` is not installed: argparse's usage error.
-    monkeypatch.setattr(cli.metadata, "entry_points", lambda group: [])
+    monkeypatch.setattr(metadata, "entry_points", lambda group: [])
     with pytest.raises(SystemExit) as exc:
         cli.main(["repro", "implicit-join"])
     assert exc.value.code == 2
