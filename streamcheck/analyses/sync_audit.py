@@ -458,6 +458,7 @@ def audit(trace) -> Audit:
     numbers = {sync.key: (number, sync) for number, sync in enumerate(syncs, 1)}
     findings = []
     swaps: dict = {}
+    alone_clean: dict = {}  # key -> removing that sync alone leaves the run race-free (cached checks)
     for number, sync in enumerate(syncs, 1):
         if sync.kind == "query":
             findings.append(Finding(number, sync, Verdict.TIMING,
@@ -489,7 +490,7 @@ def audit(trace) -> Audit:
         if not races:
             reason = _why_redundant(sync, implied, via, numbers)
             if reason is None:  # it does order something: find the sync that gives the same order later
-                reason, tried = _covered_by(ops, base, sync, syncs, numbers)
+                reason, tried = _covered_by(ops, base, sync, syncs, numbers, alone_clean)
                 checks += tried
             findings.append(Finding(number, sync, Verdict.REDUNDANT, reason))
             continue
@@ -684,7 +685,7 @@ def _why_redundant(sync: Sync, implied: dict, via: dict, numbers: dict) -> str:
 COVER_CANDIDATES = 3  # later syncs tried as the one that gives the same order (a check each)
 
 
-def _covered_by(ops, base: _Base, sync: Sync, syncs, numbers: dict) -> tuple:
+def _covered_by(ops, base: _Base, sync: Sync, syncs, numbers: dict, alone_clean: dict) -> tuple:
     """Why a sync that adds order is still redundant alone: a later sync gives that order before
     anything relies on it (removing both makes a race; those ordering the same actor are tried
     first), or nothing after it touches the bytes it orders. Returns (reason, checks made)."""
@@ -695,6 +696,13 @@ def _covered_by(ops, base: _Base, sync: Sync, syncs, numbers: dict) -> tuple:
                               min((i for i in s.indexes if i > first), default=first)))
     tried = 0
     for other in later[:COVER_CANDIDATES]:
+        # A cover needed on its own explains nothing about this one: only a sync whose removal
+        # alone is harmless, but not together with this one, covers it.
+        if other.key not in alone_clean:
+            tried += 1
+            alone_clean[other.key] = _clean(edit(ops, remove={other.key}), base)
+        if not alone_clean[other.key]:
+            continue
         tried += 1
         if not _clean(edit(ops, remove={sync.key, other.key}), base):
             number = numbers[other.key][0]

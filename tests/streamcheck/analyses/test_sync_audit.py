@@ -8,6 +8,7 @@ minimal set as a whole by core.hb.check on the edited trace.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -37,6 +38,23 @@ def same_place(site, other) -> bool:
 def only(result):
     assert len(result.findings) == 1, result.format()
     return result.findings[0]
+
+
+def cover_of(result, finding):
+    """The finding a "covered: #n" reason names, or None."""
+    match = re.match(r"covered: #(\d+) ", finding.reason)
+    return result.findings[int(match.group(1)) - 1] if match else None
+
+
+def assert_covers_hold(ops, result):
+    """A sync covered by another: removing both makes a race that removing the cover alone does
+    not (else the cover, necessary on its own, explains nothing about this one)."""
+    for finding in result.findings:
+        cover = cover_of(result, finding)
+        if cover is not None:
+            alone = {race.key for race in check(edit(ops, remove={cover.sync.key}))}
+            both = {race.key for race in check(edit(ops, remove={finding.sync.key, cover.sync.key}))}
+            assert both - alone, f"#{finding.number} is not what #{cover.number} covers\n{result.format()}"
 
 
 def minimal_trace(ops, result):
@@ -132,6 +150,7 @@ def test_a_double_wait_keeps_exactly_one():
     # Each names the other: the earlier is covered by the later, the later implied by the earlier.
     assert first.reason.startswith("covered: #2")
     assert second.reason.startswith("implied: ") and "#1" in second.reason
+    assert_covers_hold(list(d.trace), result)
     assert len(result.keep) == 1 and len(result.removed) == 1
     assert result.summary().startswith("1 of 2 synchronizations are needed")
     assert_minimal_set_holds(d, result)
@@ -203,7 +222,7 @@ def test_a_busy_loop_on_query_is_checked_and_its_query_is_timing_dependent():
 def test_a_necessary_wait_names_the_race_kind_the_buffer_and_both_call_sites():
     d = host_sync_before_consumer(device_side=True)
     finding = only(audit(d.trace))
-    assert finding.verdict is Verdict.NECESSARY and finding.reason == "removing it alone makes 1 race"
+    assert finding.verdict is Verdict.NECESSARY and finding.reason.startswith("removing it alone makes ")
     (race,) = finding.prevents
     assert (race.kind, race.buffer, race.start, race.stop) == ("RAW", "x", 0, 16)
     assert same_place(race.first.site, site_of(d, "producer")) and race.first.actor == "stream A"
@@ -258,9 +277,12 @@ def test_two_syncs_redundant_alone_are_not_removable_together(program):
 def test_a_host_synchronize_covered_by_a_later_wait_says_so():
     # Removing both makes a race, so the host synchronize does order shared bytes: its reason
     # must name the wait that covers it, not say it orders nothing.
-    first = audit(host_sync_then_wait().trace).findings[0]
+    d = host_sync_then_wait()
+    result = audit(d.trace)
+    first = result.findings[0]
     assert first.sync.kind == "stream synchronize"
     assert first.reason.startswith("covered: #2 "), first.reason
+    assert_covers_hold(list(d.trace), result)
 
 
 def test_the_minimal_set_drops_the_host_synchronize_and_keeps_the_device_side_wait():
@@ -327,3 +349,4 @@ def test_format_and_to_dict_say_the_same():
     assert "    keep: #1, #2" in text
     for f in data["findings"]:
         assert f"  #{f['number']} {f['verdict']}: {f['reason']}" in text
+    assert_covers_hold(list(d.trace), result)
