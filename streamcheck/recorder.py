@@ -145,8 +145,11 @@ class Recorder:
                  check: bool = True):
         self.gpu = gpu
         self.trace = T.Trace()
-        self.checker: Optional[Checker] = Checker() if check else None
+        self.reading = False  # inside a blocking host read, which records its own StreamSync
+        self._checker: Optional[Checker] = Checker() if check else None
+        self._checked = None  # with defer_checks(): how many trace records the checker has seen
         self.errors: list = []  # internal problems while recording (never raised into the program)
+        self.refused: list = []  # (trace index, record, TraceError) the checker refused: a race can hide there
         self.unpatched: list = []  # entry points an adapter could not wrap in this library version
         self.notices: list = []  # what is not checked and why, said once
         self.state: dict = {}  # per library adapter ("torch": ...): what it keeps for this recording
@@ -178,13 +181,13 @@ class Recorder:
         self._unmapped: Optional[int] = None  # pseudo-buffer of absolute addresses (last resort)
         self._graph_held: dict = {}  # buffer id -> graphs alive whose nodes use it
         self._freed_while_held: dict = {}  # buffer id -> (alloc, thread, site) of a free a graph defers
-        # the user's line: the first frame outside streamcheck and the library
-        self.site = SiteResolver(d + os.sep for d in (_PACKAGE_DIR,) + tuple(gpu.library_dirs))
+        # the user's line: the first frame outside streamcheck and the libraries (the Gpu's among them)
+        self.site = SiteResolver((_PACKAGE_DIR + os.sep,), libraries=(d + os.sep for d in gpu.library_dirs))
         self._signatures: dict = {}
         self._next_graph = 1
         self._capture_origin: dict = {}  # stream id -> (graph id, trace index of its CaptureBegin)
         self._append = self.trace.ops.append
-        self._feed = self.checker.feed if self.checker is not None else None
+        self._feed = self._checker.feed if self._checker is not None else None
         self.record(T.StreamCreate(0, self.site(), stream=0, kind=StreamKind.LEGACY, name="legacy default stream"))
         self._streams[0] = 0
         self._stream_names[0] = "legacy"
@@ -201,6 +204,35 @@ class Recorder:
             current = None
 
     # --- results ------------------------------------------------------------------------
+    @property
+    def checker(self) -> Optional[Checker]:
+        """The happens-before checker, having seen every record so far (None: checking is off)."""
+        if self._checked is not None:
+            self.check_now()
+        return self._checker
+
+    def defer_checks(self) -> None:
+        """Feed the checker at host synchronizations (and when results are read) instead of at
+        each record: the program's thread issues its GPU work sooner, and the check runs while
+        the GPU catches up (measured in docs/benchmarks.md). Not with a probe, which needs each
+        record checked as it is issued."""
+        if self._checker is not None and self.probe is None and self._checked is None:
+            with self._lock:
+                self._checked = len(self.trace)
+                self._feed = None
+
+    def check_now(self) -> None:
+        """Feed the checker what defer_checks held back."""
+        with self._lock:
+            ops, feed = self.trace.ops, self._checker.feed
+            while self._checked < len(ops):
+                op = ops[self._checked]
+                self._checked += 1
+                try:
+                    feed(op)
+                except TraceError as exc:
+                    self.errors.append(f"{exc}; refused record: {op!r}")
+
     @property
     def races(self) -> list:
         return self.checker.races if self.checker is not None else []
@@ -252,6 +284,7 @@ class Recorder:
                     self._feed(op)
                 except TraceError as exc:  # a trace we built wrong: keep the program running
                     self.errors.append(str(exc))
+                    self.refused.append((len(self.trace.ops) - 1, op, exc))
             if self.probe is not None:
                 self.probe.issued(self, op)
         if self._deferred and not self._lock._is_owned():
@@ -535,10 +568,13 @@ class Recorder:
 
     def refresh_library_dirs(self) -> None:
         """The program imported another library: its frames are not the user's either."""
-        self.site = SiteResolver(d + os.sep for d in (_PACKAGE_DIR,) + tuple(self.gpu.library_dirs))
+        self.site = SiteResolver((_PACKAGE_DIR + os.sep,), libraries=(d + os.sep for d in self.gpu.library_dirs))
 
     def set_probe(self, probe) -> None:
         """Confirm one race in this run: `probe.issuing` before each issue, `probe.issued` after."""
+        if self._checked is not None:  # the probe reads the checker at each record
+            self.check_now()
+            self._checked, self._feed = None, self._checker.feed
         self.probe = probe
         self.intercepts = True
 
@@ -618,7 +654,13 @@ class Recorder:
         sid = self.sid(stream)
         if self.intercepts:
             self.before_issue(stream, sid, name)
-        result = inside(call)
+        if blocking and self._checked is not None:
+            self.check_now()  # while the GPU catches up: the host waits in the call anyway
+        self.reading = blocking  # the library's own report of this sync (torch's callback) is this one
+        try:
+            result = inside(call)
+        finally:
+            self.reading = False
         rng = self.range_of(array)
         if rng is not None:
             self.record(T.Copy(tid, site, stream=sid, kind=CopyKind.D2H, src=rng, dst=None))
@@ -696,12 +738,16 @@ class Recorder:
 
     def stream_sync(self, stream, call):
         op = T.StreamSync(self.tid(), self.site(), stream=self.sid(stream))
+        if self._checked is not None:
+            self.check_now()  # while the GPU catches up
         result = self._call(call, op)
         self.record(op)
         return result
 
     def event_sync(self, event, call):
         op = T.EventSync(self.tid(), self.site(), event=self.eid(event))
+        if self._checked is not None:
+            self.check_now()  # while the GPU catches up
         result = self._call(call, op)
         self.record(op)
         return result
@@ -723,6 +769,8 @@ class Recorder:
 
     def device_sync(self, call):
         op = T.DeviceSync(self.tid(), self.site())
+        if self._checked is not None:
+            self.check_now()  # while the GPU catches up
         result = self._call(call, op)
         self.record(op)
         return result
