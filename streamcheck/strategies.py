@@ -38,9 +38,12 @@ SEED_MAX = 2**32 - 1
 # --- streams ------------------------------------------------------------------------------
 
 
-def stream_kinds(*, legacy: bool = True) -> st.SearchStrategy[StreamKind]:
-    """Stream kinds; `legacy=False` leaves out the legacy default stream."""
-    return st.sampled_from([k for k in StreamKind if legacy or k is not StreamKind.LEGACY])
+def stream_kinds(*, default_streams: bool = False) -> st.SearchStrategy[StreamKind]:
+    """The kinds `device.stream(kind=...)` creates: blocking and non-blocking.
+    `default_streams=True` adds the legacy and per-thread default streams, which exist already
+    (`device.legacy`, `device.per_thread_stream()`): CUDA creates no stream of those kinds."""
+    creatable = (StreamKind.BLOCKING, StreamKind.NON_BLOCKING)
+    return st.sampled_from([k for k in StreamKind if default_streams or k in creatable])
 
 
 # --- schedules ----------------------------------------------------------------------------

@@ -5,16 +5,18 @@ Registered through the pytest11 entry point `streamcheck` (with PYTEST_DISABLE_P
 each feature is a plugin module of its own, over public hooks:
 
 - options: the `--streamcheck-…` options and their ini twins, validated at start-up;
+- usage: whether the run uses streamcheck (an option given, a test with its fixtures or markers):
+  until then the plugin prints, stores, pins and imports nothing;
 - seeds: the base seed (random, given, `last`, the controller's under xdist), per-test and
   per-schedule seeds, the replay command;
 - fixtures: streamcheck_seed, streamcheck_device, run_schedules, streamcheck_gpu and the streamcheck marker;
 - reporting: the header, race reports in failures, the junitxml property, the summary, the
   trace files of failing tests;
 - profiles: our hypothesis profiles, when asked for, and the shared example database;
-- workers: pytest-xdist workers pinned one per GPU (CUDA_VISIBLE_DEVICES).
+- workers: pytest-xdist workers pinned one per GPU (CUDA_VISIBLE_DEVICES), when --streamcheck-gpus asks.
 
 results.py holds run_schedules' comparison (no hooks). Loading the plugin imports neither cupy,
-torch, hypothesis nor the device API: the fixtures import what they use.
+torch, numpy, hypothesis nor streamcheck's core: the fixtures import what they use.
 """
 import importlib
 
@@ -22,6 +24,7 @@ import importlib
 # assertion rewriting just before importing it, and warns about one a sibling imported earlier.
 pytest_plugins = [
     "streamcheck.plugin.options",
+    "streamcheck.plugin.usage",
     "streamcheck.plugin.seeds",
     "streamcheck.plugin.reporting",
     "streamcheck.plugin.fixtures",
@@ -40,6 +43,7 @@ _EXPORTS = {
                   "FINDINGS_KEY", "WORKER_WIDTH_KEY", "Findings", "ScheduleFailure", "describe_schedule",
                   "terminal_width"),
     "results": ("compare",),
+    "usage": ("FIXTURES", "MARKERS", "in_use", "uses_streamcheck"),
     "workers": ("GPUS_KEY", "detect_gpus", "pinning"),
 }
 _HOME = {name: module for module, names in _EXPORTS.items() for name in names}

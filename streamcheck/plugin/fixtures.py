@@ -5,6 +5,8 @@ The device API is imported inside the fixtures, so a plain `pytest` run pays not
 """
 from __future__ import annotations
 
+import inspect
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
@@ -126,10 +128,18 @@ def streamcheck_gpu(request, streamcheck_seed):
         yield session
     finally:
         instrument.stop()
+    problems = []
     if session.capture_errors:
         from ..recorder import format_capture_errors
 
-        pytest.fail(format_capture_errors(session.capture_errors) + f"\nreplay: {found.replay}", pytrace=False)
+        problems.append(format_capture_errors(session.capture_errors))
+    if session.errors:  # a record the checker refused is a hole in the trace, where a race can hide
+        problems.append(f"streamcheck: {len(session.errors)} internal error{'s' if len(session.errors) != 1 else ''} "
+                        "of the recorder: the trace is incomplete, so the check is too")
+        problems.extend(f"  {error}" for error in session.errors)
+        problems.extend(f"  refused record #{index}: {op!r}" for index, op, _ in session.refused)
+    if problems:
+        pytest.fail("\n".join(problems) + f"\nreplay: {found.replay}", pytrace=False)
 
 
 @dataclass(frozen=True)
@@ -166,6 +176,8 @@ def run_schedules(request, streamcheck_seed):
         settings = config.stash[SETTINGS_KEY]
         tconf = _test_config(item, settings)
         count = schedules if schedules is not None else tconf.schedules
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:  # as the marker refuses it
+            raise bad_value("run_schedules(schedules=...)", str(count), "an integer >= 1")
         names = parse_policies(",".join(policies), "run_schedules(policies=...)") if policies else tconf.policies
         check_mode = check if check is not None else tconf.check
         if check_mode not in CHECK_MODES:
@@ -176,6 +188,11 @@ def run_schedules(request, streamcheck_seed):
         reference_spec = ScheduleSpec("sequential", 0, streamcheck_seed)
         ref_device = _make_device(config, reference_spec, check_mode)
         reference = _call(fn, ref_device, reference_spec, config, item.nodeid)
+        if isinstance(reference, Iterator):
+            # Its body would run only when compared, after its schedule ended: every schedule "wrong".
+            what = "a generator" if inspect.isgenerator(reference) else f"an iterator ({type(reference).__name__})"
+            raise TypeError(f"streamcheck: run_schedules: the program returned {what}, which runs only when "
+                            "iterated, after its schedule; return a list of it (return list(...))")
         found.add_races(ref_device.races)
 
         results, first_wrong, first_device = [], None, None

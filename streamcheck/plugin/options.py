@@ -33,6 +33,7 @@ class Settings:
 
 
 SETTINGS_KEY = pytest.StashKey[Settings]()
+IN_USE_KEY = pytest.StashKey[bool]()  # set by usage.py
 BACKEND_KEY = pytest.StashKey[str]()
 
 _OPTIONS = (
@@ -59,12 +60,13 @@ _OPTIONS = (
      "its second ran made a value differ, with the values (docs/confirm.md).", "false"),
     ("--streamcheck-gpus", "streamcheck_gpus", "auto|N|0",
      "pytest-xdist: GPUs the workers are pinned to, one each, round-robin (CUDA_VISIBLE_DEVICES); auto: "
-     "CUDA_VISIBLE_DEVICES's, else nvidia-smi -L's, else the driver's count; 0: no pinning.", "auto"),
+     "CUDA_VISIBLE_DEVICES's, else nvidia-smi -L's, else the driver's count; 0: no pinning.", "0"),
     ("--streamcheck-example-db", "streamcheck_example_db", "DIR",
      "a hypothesis example database (DirectoryBasedExampleDatabase) for the loaded profile and ours, shared "
      "by every xdist worker: a failure one finds, the others and later runs replay first. Relative as "
      "--streamcheck-trace-dir.", ""),
 )
+_DEFAULTS = {ini: default for _, ini, _, _, default in _OPTIONS}
 _BOOLS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
 
 
@@ -72,12 +74,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     """Each option, with its ini twin."""
     group = parser.getgroup("streamcheck", "streamcheck: CUDA stream race checking")
     for flag, ini, metavar, help, default in _OPTIONS:
+        # No ini default: None tells an unset option from one set to its default (options_given).
+        ini_help = f"default for {flag} ({default or 'none'}): {help}"
         if ini == "streamcheck_confirm":  # a switch (a value after it would swallow a test path)
             group.addoption(flag, dest=ini, action="store_const", const="true", default=None, help=help)
-            parser.addini(ini, help=f"default for {flag}: {help}", default=default)
+            group.addoption("--no-" + flag[2:], dest=ini, action="store_const", const="false",
+                            help=f"turn {flag} off (where the ini file turns it on).")
+            parser.addini(ini, help=ini_help, default=None)
             continue
         group.addoption(flag, dest=ini, metavar=metavar, default=None, help=help)
-        parser.addini(ini, help=f"default for {flag}: {help}", default=default)
+        # linelist: a TOML list (["delay", "pct"], as the marker takes) or an ini file's string.
+        parser.addini(ini, help=ini_help, type="linelist" if ini == "streamcheck_policy" else None, default=None)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -98,7 +105,24 @@ def option_value(config, ini: str) -> tuple[str, str]:
     value = config.getoption(ini)
     if value is not None:
         return str(value).strip(), flag
-    return str(config.getini(ini)).strip(), f"ini option {ini}"
+    value = config.getini(ini)
+    if value is None:
+        return _DEFAULTS[ini], f"the default of {flag}"
+    if isinstance(value, list):  # streamcheck_policy's lines or TOML list
+        value = ",".join(str(v).strip() for v in value)
+    return str(value).strip(), f"ini option {ini}"
+
+
+def options_given(config) -> list:
+    """The streamcheck options this run sets, on the command line or in an ini file: any of them
+    means the run uses streamcheck (usage.py)."""
+    return [ini for _, ini, _, _, _ in _OPTIONS if config.getoption(ini) is not None or config.getini(ini) is not None]
+
+
+def in_use(config) -> bool:
+    """Whether this run uses streamcheck, as usage.py found out so far (collection may still find
+    a test that uses it)."""
+    return config.stash.get(IN_USE_KEY, False)
 
 
 def bad_value(source: str, value: str, accepted: str) -> pytest.UsageError:
@@ -134,7 +158,14 @@ def _replay(value: str, source: str) -> Optional[tuple]:
 
 
 def _trace_dir(config) -> Optional[str]:
-    return path_option(config, "streamcheck_trace_dir")
+    """The directory is made when a test fails; its parent must exist (as repro's and fuzz's
+    output files: a typo must not create a tree of directories)."""
+    path = path_option(config, "streamcheck_trace_dir")
+    if path is not None and not os.path.isdir(os.path.dirname(path)):
+        value, source = option_value(config, "streamcheck_trace_dir")
+        raise pytest.UsageError(f"streamcheck: {source}={value!r}: the directory {os.path.dirname(path)} does not "
+                                "exist; create it or choose another place")
+    return path
 
 
 def path_option(config, ini: str) -> Optional[str]:

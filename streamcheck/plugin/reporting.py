@@ -2,6 +2,10 @@
 failures), the JSON `streamcheck` property --junitxml keeps, the terminal summary, and the
 trace files of failing tests under --streamcheck-trace-dir.
 
+The header is shown only in a run that uses streamcheck (usage.py): with the others when an
+option is given, else after "collected N items" when a collected test uses it, else (the xdist
+controller, which collects nothing) at the top of the terminal summary.
+
 The fixtures record what they saw in a Findings in the item's stash; the hooks here turn it
 into reports. Lines are wrapped at the terminal's width; replay lines stay whole.
 """
@@ -19,8 +23,10 @@ import pytest
 
 from .options import SETTINGS_KEY, backend_name
 from .seeds import ScheduleSpec, base_seed
+from .usage import PROPERTY, in_use
 
 WORKER_WIDTH_KEY = "streamcheck_width"  # the controller's terminal width: workers' reports print there
+HEADER_SHOWN_KEY = pytest.StashKey[bool]()
 
 
 @dataclass
@@ -77,12 +83,60 @@ def pytest_configure_node(node) -> None:
     node.workerinput[WORKER_WIDTH_KEY] = terminal_width(node.config)
 
 
-def pytest_report_header(config) -> str:
-    """The settings, and the seed that replays the run."""
+def header_line(config) -> str:
+    """The settings, and the seed that replays the run (resolving `auto` may import CuPy: only
+    in a run that uses streamcheck)."""
     s = config.stash[SETTINGS_KEY]
     replay = f" replay={s.replay[0]}:{s.replay[1]}" if s.replay else ""
     return (f"streamcheck: backend={backend_name(config)} policy={','.join(s.policies)} schedules={s.schedules} "
             f"check={s.check}{replay} --streamcheck-seed={base_seed(config)}")
+
+
+def _show_header(config) -> list:
+    """The header line, the first time it is asked for in a run that uses streamcheck (and
+    shows pytest's header: not under -q or --no-header)."""
+    if (not in_use(config) or config.stash.get(HEADER_SHOWN_KEY, False) or config.get_verbosity() < 0
+            or config.getoption("no_header", False)):
+        return []
+    config.stash[HEADER_SHOWN_KEY] = True
+    return [header_line(config)]
+
+
+def pytest_report_header(config) -> list:
+    """The header line, when an option says the run uses streamcheck."""
+    return _show_header(config)
+
+
+def pytest_report_collectionfinish(config, items) -> list:
+    """The header line, when it is the tests that use streamcheck (after "collected N items");
+    and the tests whose marker runs other settings than the header's."""
+    lines = _show_header(config)
+    overrides = [(item.nodeid, _marker_settings(item)) for item in items]
+    overrides = [(nodeid, settings) for nodeid, settings in overrides if settings]
+    if overrides and config.get_verbosity() >= 0:
+        shown = "; ".join(f"{nodeid} ({settings})" for nodeid, settings in overrides[:MARKERS_LISTED])
+        more = f"; and {len(overrides) - MARKERS_LISTED} more" if len(overrides) > MARKERS_LISTED else ""
+        lines.append(f"streamcheck: @pytest.mark.streamcheck overrides these in {len(overrides)} "
+                     f"test{'s' if len(overrides) != 1 else ''}: {shown}{more}")
+    return lines
+
+
+MARKERS_LISTED = 3  # tests named in the header's marker line
+
+
+def _marker_settings(item) -> str:
+    """`schedules=3 policies=random`: what the test's marker sets of the header's settings."""
+    marker = item.get_closest_marker("streamcheck")
+    if marker is None:
+        return ""
+    shown = []
+    for key, header_name in (("policies", "policy"), ("schedules", "schedules"), ("check", "check")):
+        if key in marker.kwargs:
+            value = marker.kwargs[key]
+            if isinstance(value, (list, tuple)):
+                value = ",".join(map(str, value))
+            shown.append(f"{header_name}={value}")
+    return " ".join(shown)
 
 
 def terminal_width(config) -> int:
@@ -291,7 +345,7 @@ def pytest_runtest_makereport(item, call):
     found_something = bool(races or found.wrong)
     # JSON, not a dict: --junitxml writes each property with str(), and JSON is what a CI
     # reads back. Call sites are relative to the rootdir, as pytest's node ids are.
-    entry = ("streamcheck", json.dumps({
+    entry = (PROPERTY, json.dumps({
         "races": [race.to_dict(str(config.rootpath)) for race in races],
         "schedules": found.schedules, "wrong": found.wrong,
         "schedule": found.schedule if found_something else "",
@@ -315,17 +369,18 @@ class _Summary:
         if report.when != "call":
             return
         for name, value in report.user_properties:
-            if name == "streamcheck" and isinstance(value, str):
+            if name == PROPERTY and isinstance(value, str):
                 self.rows.append((report.nodeid, report.outcome, json.loads(value)))
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
-        from ..core.hb import wrap_lines
-
         if not self.rows:
             return
+        from ..core.hb import wrap_lines
         width = terminal_width(self.config)
         found = [row for row in self.rows if row[2]["races"] or row[2]["wrong"]]
         terminalreporter.section("streamcheck")
+        for line in _show_header(self.config):  # the xdist controller's: it collected nothing
+            terminalreporter.line(line)
         for nodeid, outcome, value in found:
             parts = []
             races = value["races"]

@@ -1,8 +1,9 @@
 """Seeds you can paste back.
 
-One base seed per run: random unless --streamcheck-seed gives one; `last` is the previous run's,
-kept in pytest's cache. Per test `base + crc32(node id)`, so a test's seed does not depend on
-which other tests were selected (-k) or which xdist worker runs it; under xdist the controller
+One base seed per run: random unless --streamcheck-seed gives one; `last` is the previous run's
+that used streamcheck (usage.py), kept in pytest's cache. Per test `base + crc32(node id)`, so a
+test's seed does not depend on which other tests were selected (-k) or which xdist worker runs
+it; under xdist the controller
 draws the base seed and hands it to the workers. Per schedule, a seed from the test's and the
 schedule's name (`POLICY:INDEX`). The replay command of a failure names all of it.
 """
@@ -16,7 +17,8 @@ from typing import Optional, Sequence
 
 import pytest
 
-from .options import SETTINGS_KEY, backend_name, bad_value, option_value
+from .options import SETTINGS_KEY, backend_name, bad_value, option_value, options_given
+from .usage import in_use
 
 SEED_MOD = 2**32
 CACHE_KEY = "streamcheck/seed"
@@ -25,13 +27,20 @@ SEED_KEY = pytest.StashKey[int]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Read the base seed; store it for `last`."""
+    """Read the base seed (drawing one costs nothing: it is stored and shown only if used)."""
     # Not tryfirst: the cacheprovider (tryfirst) must have made config.cache for `last`.
-    seed = config.stash[SEED_KEY] = _read_base_seed(config)
+    config.stash[SEED_KEY] = _read_base_seed(config)
+
+
+def pytest_sessionfinish(session) -> None:
+    """Store the seed for `last`, in a run that used streamcheck (on the xdist controller, which
+    knows it by then from the workers' reports)."""
+    config = session.config
     cache = getattr(config, "cache", None)
     # --co runs no test: `last` must still name the last run that did.
-    if cache is not None and not hasattr(config, "workerinput") and not config.option.collectonly:
-        cache.set(CACHE_KEY, seed)
+    if (cache is not None and in_use(config) and not hasattr(config, "workerinput")
+            and not config.option.collectonly):
+        cache.set(CACHE_KEY, base_seed(config))
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -95,10 +104,8 @@ class ScheduleSpec:
 def schedule_specs(test_seed: int, policies: Sequence[str], count: int,
                    replay: Optional[tuple] = None) -> list[ScheduleSpec]:
     """Round-robin over policies; the k-th schedule of a policy always gets the same seed,
-    whatever the other policies or the count, so `POLICY:INDEX` names it for good."""
-    if replay is not None:
-        policy, index = replay
-        return [ScheduleSpec(policy, index, schedule_seed(test_seed, policy, index))]
+    whatever the other policies or the count, so `POLICY:INDEX` names it for good. `replay`
+    (--streamcheck-replay's): only that schedule, which must be one of these."""
     counters = dict.fromkeys(policies, 0)
     specs = []
     for i in range(count):
@@ -106,7 +113,16 @@ def schedule_specs(test_seed: int, policies: Sequence[str], count: int,
         index = counters[policy]
         counters[policy] += 1
         specs.append(ScheduleSpec(policy, index, schedule_seed(test_seed, policy, index)))
-    return specs
+    if replay is None:
+        return specs
+    policy, index = replay
+    if counters.get(policy, 0) <= index:
+        # Another schedule than the test's would replay nothing the test ever ran.
+        accepted = ", ".join(f"{p}:0" if n == 1 else f"{p}:0 to {p}:{n - 1}" for p, n in counters.items() if n)
+        raise pytest.UsageError(f"streamcheck: --streamcheck-replay={policy}:{index} is not a schedule this test runs "
+                                f"(its policies and count come from the options, its marker or run_schedules' "
+                                f"arguments); accepted values: {accepted}")
+    return [spec for spec in specs if spec.policy == policy and spec.index == index]
 
 
 def replay_command(config, nodeid: str, spec: Optional[ScheduleSpec]) -> str:
@@ -115,7 +131,12 @@ def replay_command(config, nodeid: str, spec: Optional[ScheduleSpec]) -> str:
     backend = backend_name(config)
     parts = ["pytest", shlex.quote(nodeid), f"--streamcheck-seed={base_seed(config)}",
              f"--streamcheck-backend={backend}"]
+    given = options_given(config)
+    if "streamcheck_policy" in given:  # the policies and count a replayed schedule must be one of
+        parts.append(f"--streamcheck-policy={','.join(settings.policies)}")
     if spec is not None:
+        if "streamcheck_schedules" in given:
+            parts.append(f"--streamcheck-schedules={settings.schedules}")
         parts.append(f"--streamcheck-replay={spec.label}")
         if backend == "cupy" and spec.policy in ("delay", "pct"):
             parts.append(f"--streamcheck-delay-us={settings.delay_us}")

@@ -1,7 +1,9 @@
-"""pytest-xdist across GPUs: with `-n N`, each worker is pinned to one GPU.
+"""pytest-xdist across GPUs: with `-n N` and --streamcheck-gpus, each worker is pinned to one GPU.
 
-The controller finds the GPUs once (--streamcheck-gpus: auto, a count, or 0 for no pinning) and
-hands the list to every worker, as seeds.py hands the base seed; worker gwK then sets
+Opt-in (--streamcheck-gpus=auto or a count; 0, the default, pins nothing): the plugin is loaded
+by every project in the environment, and a suite whose workers each use several GPUs must keep
+its CUDA_VISIBLE_DEVICES. The controller finds the GPUs once and hands the list to every
+worker, as seeds.py hands the base seed; worker gwK then sets
 CUDA_VISIBLE_DEVICES to GPU K mod count in its pytest_configure, which runs before any test module
 is imported, so before CuPy or torch can initialise CUDA there (CUDA reads the variable when the
 driver initialises; importing either library does not initialise it). With fewer GPUs than
@@ -25,6 +27,7 @@ from typing import Optional
 import pytest
 
 from .options import bad_value, option_value
+from .usage import TIMING_MARKER
 
 GPUS_KEY = "streamcheck_gpus"  # in xdist's workerinput: the GPU ids the workers share
 GPU_LIST_KEY = pytest.StashKey[list]()
@@ -88,11 +91,11 @@ def detect_gpus() -> list:
 
 def gpu_list(config) -> list:
     """The controller's GPU list from --streamcheck-gpus (cached): auto detects, N means GPUs 0..N-1
-    (whether or not they exist: for tests and for machines the tools cannot see), 0 none."""
+    (whether or not they exist: for tests and for machines the tools cannot see), 0 (the default) none."""
     ids = config.stash.get(GPU_LIST_KEY, None)
     if ids is None:
         value, source = option_value(config, "streamcheck_gpus")
-        if value in ("", "auto"):
+        if value == "auto":
             ids = detect_gpus()
         elif value.isdigit():
             ids = [str(i) for i in range(int(value))]
@@ -121,7 +124,7 @@ def pinning(ids: list, workers: int) -> str:
 
 def shared_gpu(config) -> Optional[str]:
     """Why this xdist worker does not have its GPU to itself (workers outnumber the GPUs, or none
-    are pinned), or None: a timing test (`gpu_timing`) is only meaningful alone on its GPU, since
+    are pinned), or None: a timing test (streamcheck_gpu_timing) is only meaningful alone on its GPU, since
     another worker's kernels delay its streams as an injected delay would."""
     workerinput = getattr(config, "workerinput", None)
     if workerinput is None:
@@ -131,12 +134,12 @@ def shared_gpu(config) -> Optional[str]:
     if workers <= max(len(ids), 1) and (ids or workers == 1):
         return None
     return (f"{workers} xdist workers share {len(ids) or 'the'} GPU{'s' if len(ids) != 1 else ''}"
-            + ("" if ids else " (none pinned)"))
+            + ("" if ids else " (none pinned: --streamcheck-gpus=auto pins one per worker)"))
 
 
 def pytest_runtest_setup(item) -> None:
     # After pytest's own skipif marks (its hook runs first): a machine without a GPU says so.
-    if item.get_closest_marker("gpu_timing") is not None:
+    if item.get_closest_marker(TIMING_MARKER) is not None:
         why = shared_gpu(item.config)
         if why is not None:
             pytest.skip(f"timing test: it needs the GPU to itself and {why}; run it without -n (or with no more "
@@ -147,12 +150,12 @@ def pytest_runtest_setup(item) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     """Worker gwK: CUDA_VISIBLE_DEVICES = GPU K mod count, first of all configure hooks and before
     any test module is imported. Controller: a bad --streamcheck-gpus stops the run at start-up."""
-    config.addinivalue_line("markers", "gpu_timing: a GPU test whose outcome depends on timing (a race that must "
-                                       "not strike without its delay); skipped when xdist workers share a GPU")
+    config.addinivalue_line("markers", f"{TIMING_MARKER}: a GPU test whose outcome depends on timing (a race that "
+                                       "must not strike without its delay); skipped when xdist workers share a GPU")
     workerinput = getattr(config, "workerinput", None)
     if workerinput is None:
         value, source = option_value(config, "streamcheck_gpus")
-        if value not in ("", "auto") and not value.isdigit():
+        if value != "auto" and not value.isdigit():
             raise bad_value(source, value, "auto, or a number of GPUs >= 0 (0: no pinning)")
         return
     ids = workerinput.get(GPUS_KEY)

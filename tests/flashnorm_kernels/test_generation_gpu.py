@@ -27,14 +27,15 @@ def reference(model):
     return run
 
 
-@pytest.mark.gpu_timing  # without a delay the race must not strike, which another worker sharing the GPU can make it
+# Without a delay the race must not strike, which another worker sharing the GPU can make it.
+@pytest.mark.streamcheck_gpu_timing
 def test_implicit_join_hides_without_delay_but_is_flagged(model, reference):
     run = run_generation(model, PROMPT_IDS, 96, SyncPlan.implicit_join(), backend="cupy", policy="eager")
     assert run.tokens == reference.tokens
     assert any(r.kind == "RAW" and r.buffer.endswith(".Y") for r in run.races), run.report()
 
 
-@pytest.mark.gpu_timing  # the lag share: strikes other than the injected ones would lower it
+@pytest.mark.streamcheck_gpu_timing  # the lag share: strikes other than the injected ones would lower it
 @pytest.mark.parametrize("seed", [0, 7])
 def test_spin_delay_makes_it_strike_with_a_one_step_lag(model, reference, seed):
     result = check_generation(model, PROMPT_IDS, 96, SyncPlan.implicit_join(), backend="cupy", policy="delay",

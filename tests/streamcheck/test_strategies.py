@@ -55,10 +55,19 @@ def test_safe_and_unsafe_plans_follow_the_oracle(safe, unsafe):
     assert is_safe(safe) and not is_safe(unsafe)
 
 
-def test_stream_kinds_can_leave_out_the_legacy_stream():
-    assert find(sst.stream_kinds(), lambda k: k is StreamKind.LEGACY) is StreamKind.LEGACY
+@given(kind=sst.stream_kinds())
+def test_every_drawn_stream_kind_makes_a_stream(kind):
+    device = Device("sim")
+    assert device.stream("s", kind=kind).kind is kind
+
+
+def test_stream_kinds_draw_both_creatable_kinds_and_the_default_streams_only_when_asked():
+    for kind in (StreamKind.BLOCKING, StreamKind.NON_BLOCKING):
+        assert find(sst.stream_kinds(), lambda k, kind=kind: k is kind) is kind
     with pytest.raises(NoSuchExample):
-        find(sst.stream_kinds(legacy=False), lambda k: k is StreamKind.LEGACY)
+        find(sst.stream_kinds(), lambda k: k in (StreamKind.LEGACY, StreamKind.PER_THREAD))
+    for kind in (StreamKind.LEGACY, StreamKind.PER_THREAD):
+        assert find(sst.stream_kinds(default_streams=True), lambda k, kind=kind: k is kind) is kind
 
 
 def _racy(device):

@@ -225,6 +225,10 @@ def test_bad_marker(run_schedules):
     assert notes["unchecked"] == [0, ["eager:0", "eager:1"]]
     assert "@pytest.mark.streamcheck on test_marked.py::test_bad_marker: schedules='0' is not valid; " \
            "accepted values: an integer >= 1" in result.stdout.str()
+    # The header's settings are the session's: it says which tests run others.
+    assert ("streamcheck: @pytest.mark.streamcheck overrides these in 3 tests: test_marked.py::test_marked "
+            "(policy=random schedules=3); test_marked.py::test_unchecked (check=off); test_marked.py::test_bad_marker "
+            "(schedules=0)") in result.stdout.lines
 
 
 def test_trace_dir_gets_the_failing_runs_trace(pytester, tmp_path):
@@ -417,6 +421,9 @@ def test_last_is_the_last_run_not_a_collect_only(pytester, tmp_path):
     (["--streamcheck-replay=delay"], "--streamcheck-replay='delay' is not valid; accepted values: POLICY:INDEX"),
     (["-o", "streamcheck_delay_steps=-1"], "ini option streamcheck_delay_steps='-1' is not valid"),
     (["--streamcheck-seed=last", "-p", "no:cacheprovider"], "no previous seed is stored"),
+    # As repro and fuzz refuse an output file there: a typo must not create a tree of directories.
+    (["--streamcheck-trace-dir=/nonexistent/dir"], "--streamcheck-trace-dir='/nonexistent/dir': the directory "
+                                                   "/nonexistent does not exist; create it or choose another place"),
 ])
 def test_bad_option_values_are_usage_errors(pytester, args, message):
     # In-process: pytest stops in pytest_configure, before any test runs, so nothing leaks.
@@ -481,6 +488,130 @@ def test_profile():
     pytester.runpytest_subprocess("--hypothesis-profile=streamcheck-fuzz").assert_outcomes(passed=1)
 
 
+# --- edges: what the plugin refuses, and says why ------------------------------------------------
+
+EDGES = PROGRAMS + '''
+def test_no_schedules(run_schedules):
+    run_schedules(lambda dev: program(dev, join=True), schedules=0)
+
+def test_negative_schedules(run_schedules):
+    run_schedules(lambda dev: program(dev, join=True), schedules=-2)
+
+def test_generator(run_schedules):
+    def steps(dev):  # the docs' decode, without list(...)
+        yield program(dev, join=True)
+    run_schedules(steps)
+'''
+
+
+def _inprocess(pytester, *args):
+    return pytester.runpytest_inprocess("--streamcheck-backend=sim", "-p", "no:hypothesispytest", *args)
+
+
+def test_run_schedules_refuses_no_schedules_and_a_program_that_returns_a_generator(pytester):
+    pytester.makepyfile(test_edges=EDGES)
+    result = _inprocess(pytester)
+    result.assert_outcomes(failed=3)  # a clean program too: no schedule ran, so nothing was checked
+    out = result.stdout.str()
+    assert "streamcheck: run_schedules(schedules=...)='0' is not valid; accepted values: an integer >= 1" in out
+    assert "streamcheck: run_schedules(schedules=...)='-2' is not valid" in out
+    assert ("TypeError: streamcheck: run_schedules: the program returned a generator, which runs only when iterated, "
+            "after its schedule; return a list of it (return list(...))") in out
+    assert "IndexError" not in out and "schedules wrong" not in out
+
+
+MARKED_SIXTEEN = PROGRAMS + '''
+@pytest.mark.streamcheck(policies=["delay"], schedules=16)
+def test_sixteen(run_schedules):
+    run = run_schedules(lambda dev: program(dev, join=True))
+    note("ran", [r.spec.label for r in run.results])
+'''
+
+
+@pytest.mark.parametrize("replay", ["random:0", "delay:16", "delay:99"])
+def test_a_replay_the_test_never_runs_is_refused_with_the_ones_it_does(pytester, tmp_path, replay):
+    pytester.makepyfile(test_marked=MARKED_SIXTEEN)
+    result = _inprocess(pytester, f"--streamcheck-replay={replay}")
+    result.assert_outcomes(failed=1)
+    assert (f"streamcheck: --streamcheck-replay={replay} is not a schedule this test runs (its policies and count "
+            "come from the options, its marker or run_schedules' arguments); accepted values: delay:0 to delay:15") \
+        in result.stdout.str()
+    assert not (tmp_path / "notes" / "ran").exists()
+
+
+def test_a_replay_the_test_runs_runs_it_alone(pytester, tmp_path):
+    pytester.makepyfile(test_marked=MARKED_SIXTEEN)
+    _inprocess(pytester, "--streamcheck-replay=delay:15").assert_outcomes(passed=1)
+    assert _notes(tmp_path)["ran"] == ["delay:15"]
+
+
+def test_a_replay_line_names_the_policies_and_count_that_make_its_schedule(pytester):
+    # The schedule a replay names must be one of the test's: with the session's own policies and
+    # count, the replay line carries them.
+    pytester.makepyfile(test_racy=RACY)
+    options = ("--streamcheck-seed=7", "--streamcheck-policy=random", "--streamcheck-schedules=12")
+    first = _inprocess(pytester, *options)
+    first.assert_outcomes(failed=1)
+    [command] = [line.split("replay: ", 1)[1] for line in _failure_block(first) if "replay: pytest" in line]
+    argv = shlex.split(command)
+    assert argv[2:5] == ["--streamcheck-seed=7", "--streamcheck-backend=sim", "--streamcheck-policy=random"]
+    assert argv[5] == "--streamcheck-schedules=12" and argv[6].startswith("--streamcheck-replay=random:")
+    again = _inprocess(pytester, *argv[1:])
+    again.assert_outcomes(failed=1)
+    assert "(1 of 1 schedules wrong)" in again.stdout.str()
+
+
+@pytest.mark.parametrize("section", ["tool.pytest.ini_options", "tool.pytest"])
+def test_the_policy_ini_takes_a_toml_list_as_the_marker_does(pytester, section):
+    pytester.makepyprojecttoml(f'[{section}]\nstreamcheck_policy = ["random", "pct"]\n')
+    pytester.makepyfile(test_nothing="def test_nothing(): pass")
+    result = pytester.runpytest_inprocess("-p", "no:hypothesispytest", "--co")
+    assert result.ret == pytest.ExitCode.OK, result.stderr.str()
+    assert "streamcheck: backend=" in result.stdout.str() and " policy=random,pct " in result.stdout.str()
+    pytester.makepyprojecttoml(f'[{section}]\nstreamcheck_policy = ["random", "bogus"]\n')
+    bad = pytester.runpytest_inprocess("-p", "no:hypothesispytest", "--co")
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR
+    assert "ini option streamcheck_policy='random,bogus' is not valid" in bad.stderr.str()
+
+
+# A recording on a machine without a GPU: the recorder on a Gpu that knows no library. The
+# test records what no CUDA program could (a synchronize of a stream never created): the
+# checker refuses it, a hole in the trace where a race could hide.
+REFUSED = '''
+import types
+import pytest
+import streamcheck.gpu
+import streamcheck.instrument
+from streamcheck import recorder
+from streamcheck.core import trace as T
+
+@pytest.fixture(autouse=True)
+def a_recording_without_a_gpu(monkeypatch):
+    monkeypatch.setattr(streamcheck.gpu, "cuda_device_present", lambda: True)
+    monkeypatch.setattr(streamcheck.instrument, "start",
+                        lambda **kw: recorder.Recorder(types.SimpleNamespace(library_dirs=()), **kw))
+    monkeypatch.setattr(streamcheck.instrument, "stop", lambda: None)
+
+def test_refused(streamcheck_gpu):
+    streamcheck_gpu.record(T.StreamSync(0, streamcheck_gpu.site(), stream=99))
+
+def test_accepted(streamcheck_gpu):
+    streamcheck_gpu.record(T.StreamSync(0, streamcheck_gpu.site(), stream=0))
+'''
+
+
+def test_a_record_the_checker_refuses_fails_a_streamcheck_gpu_test_with_the_record(pytester):
+    pytester.makepyfile(test_refused=REFUSED)
+    result = _inprocess(pytester, "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2, errors=1)  # test_refused passed its call and errs in teardown
+    out = result.stdout.str()
+    assert "ERROR at teardown of test_refused" in out
+    assert "streamcheck: 1 internal error of the recorder: the trace is incomplete, so the check is too" in out
+    assert re.search(r"^E?\s+StreamSync at .*: unknown stream 99", out, re.M), out
+    assert re.search(r"^E?\s+refused record #1: StreamSync\(thread=0, site=.*stream=99", out, re.M), out
+    assert "replay: pytest test_refused.py::test_refused --streamcheck-seed=" in out
+
+
 # --- the pieces, directly -----------------------------------------------------------------------
 
 
@@ -490,7 +621,7 @@ def test_schedule_seeds_name_a_schedule_for_good():
     # The k-th schedule of a policy keeps its seed whatever the count or the other policies.
     alone = schedule_specs(99, ("random",), 3)
     assert [s.seed for s in alone] == [s.seed for s in specs if s.policy == "random"]
-    assert schedule_specs(99, ("delay",), 8, replay=("random", 2)) == [specs[5]]
+    assert schedule_specs(99, ("delay", "random"), 6, replay=("random", 2)) == [specs[5]]
     assert len({s.seed for s in specs}) == 6
     assert schedule_specs(100, ("delay",), 1)[0].seed != specs[0].seed
 

@@ -76,6 +76,18 @@ def test_without_the_option_the_hint_names_the_race_directed_delay(pytester, tmp
             "steps=8)") in text
 
 
+def test_the_command_line_turns_off_what_the_ini_file_turns_on(pytester):
+    pytester.makeini("[pytest]\nstreamcheck_confirm = true\n")
+    pytester.makepyfile(test_racy=RACY)
+    texts = {}
+    for args in ([], ["--no-streamcheck-confirm"]):
+        result = pytester.runpytest_inprocess("--streamcheck-backend=sim", "-p", "no:hypothesispytest", *args)
+        result.assert_outcomes(failed=1)
+        texts[bool(args)] = _text(result)
+    assert "confirmation (--streamcheck-confirm):" in texts[False] and "to make them strike" not in texts[False]
+    assert "confirmation (--streamcheck-confirm)" not in texts[True] and "to make them strike" in texts[True]
+
+
 def test_confirmation_never_changes_the_outcome_of_a_correct_program(pytester, tmp_path):
     pytester.makepyfile(test_fixed=FIXED)
     for args in ([], ["--streamcheck-confirm"]):

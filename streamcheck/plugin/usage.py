@@ -1,0 +1,50 @@
+"""Whether this run uses streamcheck: one of its options given (command line or ini file), or a
+test that uses one of its fixtures or markers.
+
+Installed, the plugin is loaded by every project in the environment. Until a run uses it, it
+prints no header, stores no seed in the cache, pins no GPU and imports nothing beyond itself, as
+pytest's cacheprovider and xdist's looponfail stay silent when unused. The other features ask
+`in_use(config)`: true from pytest_configure when an option is given, from collection when a
+test uses streamcheck, and on the xdist controller (which collects nothing) from the first
+report of such a test.
+"""
+from __future__ import annotations
+
+import pytest
+
+from .options import IN_USE_KEY, in_use, options_given
+
+FIXTURES = ("streamcheck_seed", "streamcheck_device", "run_schedules", "streamcheck_gpu")
+TIMING_MARKER = "streamcheck_gpu_timing"  # workers.py: skipped when xdist workers share a GPU
+MARKERS = ("streamcheck", TIMING_MARKER)
+PROPERTY = "streamcheck"  # the user property each test that used a fixture gets (reporting.py)
+__all__ = ["FIXTURES", "MARKERS", "PROPERTY", "TIMING_MARKER", "in_use", "uses_streamcheck"]
+
+
+def uses_streamcheck(item) -> bool:
+    """Whether a test asks for one of our fixtures (itself or through its fixtures) or markers."""
+    return (not set(FIXTURES).isdisjoint(getattr(item, "fixturenames", ()))
+            or any(item.get_closest_marker(name) is not None for name in MARKERS))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[IN_USE_KEY] = bool(options_given(config))
+    config.pluginmanager.register(_Reports(config), "streamcheck-usage-reports")
+
+
+@pytest.hookimpl(trylast=True)  # after -k and -m deselected theirs
+def pytest_collection_modifyitems(config, items) -> None:
+    if any(uses_streamcheck(item) for item in items):
+        config.stash[IN_USE_KEY] = True
+
+
+class _Reports:
+    """The xdist controller collects nothing: a test's report says it used streamcheck."""
+
+    def __init__(self, config):
+        self.config = config
+
+    def pytest_runtest_logreport(self, report) -> None:
+        if any(name == PROPERTY for name, _ in report.user_properties):
+            self.config.stash[IN_USE_KEY] = True
