@@ -6,13 +6,14 @@ The device API is imported inside the fixtures, so a plain `pytest` run pays not
 from __future__ import annotations
 
 import inspect
+import textwrap
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 import pytest
 
-from .options import CHECK_MODES, SETTINGS_KEY, Settings, backend_name, bad_value, parse_policies
+from .options import CHECK_MODES, SETTINGS_KEY, Settings, backend_name, bad_value, parse_policies, parse_timeout
 from .reporting import (EXCEPTION_MARGIN, EXCEPTION_NAME, ScheduleFailure, confirmation_text, describe_schedule,
                         failure_text, findings, format_races, strike_hint, terminal_width, trace_note, write_trace)
 from .results import compare
@@ -23,8 +24,8 @@ def pytest_configure(config: pytest.Config) -> None:
     """Declare the marker."""
     config.addinivalue_line(
         "markers",
-        "streamcheck(schedules=N, policies='delay,random', check='on'): override the streamcheck options "
-        "for this test")
+        "streamcheck(schedules=N, policies='delay,random', check='on', timeout=SECONDS): override the "
+        "streamcheck options for this test")
 
 
 @dataclass(frozen=True)
@@ -34,19 +35,20 @@ class _TestConfig:
     schedules: int
     policies: tuple
     check: str
+    timeout: float
 
 
 def _test_config(item, settings: Settings) -> _TestConfig:
-    schedules, policies, check = settings.schedules, settings.policies, settings.check
+    schedules, policies, check, timeout = settings.schedules, settings.policies, settings.check, settings.timeout
     marker = item.get_closest_marker("streamcheck")
     if marker is not None:
         if marker.args:
             raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.streamcheck takes keywords only "
-                                    "(schedules=, policies=, check=)")
-        unknown = set(marker.kwargs) - {"schedules", "policies", "check"}
+                                    "(schedules=, policies=, check=, timeout=)")
+        unknown = set(marker.kwargs) - {"schedules", "policies", "check", "timeout"}
         if unknown:
             raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.streamcheck got unknown keywords "
-                                    f"{sorted(unknown)}; accepted: schedules, policies, check")
+                                    f"{sorted(unknown)}; accepted: schedules, policies, check, timeout")
         source = f"@pytest.mark.streamcheck on {item.nodeid}:"
         if "schedules" in marker.kwargs:
             schedules = marker.kwargs["schedules"]
@@ -60,7 +62,10 @@ def _test_config(item, settings: Settings) -> _TestConfig:
             check = {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
             if check not in CHECK_MODES:
                 raise bad_value(f"{source} check", str(value), ", ".join(CHECK_MODES))
-    return _TestConfig(schedules, policies, check)
+        if "timeout" in marker.kwargs:
+            value = marker.kwargs["timeout"]
+            timeout = parse_timeout("" if isinstance(value, bool) else str(value), f"{source} timeout")
+    return _TestConfig(schedules, policies, check, timeout)
 
 
 def _policy_params(policy: str, backend: str, settings: Settings) -> dict:
@@ -87,7 +92,10 @@ def streamcheck_seed(request) -> int:
 @pytest.fixture
 def streamcheck_device(request, streamcheck_seed):
     """A Device on the chosen backend, running the first policy's first schedule of this test.
-    With check on, a race the checker finds fails the test even if every value was right."""
+    With check on, a race the checker finds fails the test even if every value was right; a
+    device thread (Device.thread) that raised fails it at teardown."""
+    from ..device import DeviceThread
+
     config = request.config
     settings = config.stash[SETTINGS_KEY]
     tconf = _test_config(request.node, settings)
@@ -99,6 +107,9 @@ def streamcheck_device(request, streamcheck_seed):
     found.replay = replay_command(config, request.node.nodeid, spec)
     yield device
     found.add_races(device.races)
+    raised = DeviceThread.raised(device)
+    if raised:
+        pytest.fail(f"streamcheck: {_threads_raised(raised)}\n  replay: {found.replay}", pytrace=False)
 
 
 @pytest.fixture
@@ -185,9 +196,9 @@ def run_schedules(request, streamcheck_seed):
         found = findings(item)
         found.check = check_mode
 
+        width = terminal_width(config) - EXCEPTION_MARGIN
         reference_spec = ScheduleSpec("sequential", 0, streamcheck_seed)
-        ref_device = _make_device(config, reference_spec, check_mode)
-        reference = _call(fn, ref_device, reference_spec, config, item.nodeid)
+        ref_device, reference = _run_one(fn, reference_spec, check_mode, tconf.timeout, item, None, width)
         if isinstance(reference, Iterator):
             # Its body would run only when compared, after its schedule ended: every schedule "wrong".
             what = "a generator" if inspect.isgenerator(reference) else f"an iterator ({type(reference).__name__})"
@@ -197,8 +208,8 @@ def run_schedules(request, streamcheck_seed):
 
         results, first_wrong, first_device = [], None, None
         for spec in schedule_specs(streamcheck_seed, names, count, settings.replay):
-            device = _make_device(config, spec, check_mode)
-            got = _call(fn, device, spec, config, item.nodeid)
+            found.schedules += 1  # counted before it runs: a schedule that raises ran too
+            device, got = _run_one(fn, spec, check_mode, tconf.timeout, item, len(results), width)
             found.add_races(device.races)
             diff = compare(reference, got, atol=atol, rtol=rtol)
             schedule = describe_schedule(spec, device)
@@ -207,15 +218,13 @@ def run_schedules(request, streamcheck_seed):
                 first_device = device
             if diff is not None and first_wrong is None:
                 first_wrong = (spec, schedule, diff, device)
-        found.schedules += len(results)
         wrong = sum(not r.matches for r in results)
         found.wrong += wrong
         races = tuple(found.races.values())
         outcome = ScheduleRun(reference, tuple(results), races)
-        width = terminal_width(config) - EXCEPTION_MARGIN
 
         if (first_wrong is not None or (races and check_mode == "on")) and races:
-            confirmed = "\n" + _confirmations(config, fn, races, streamcheck_seed)
+            confirmed = "\n" + _confirmations(config, fn, races, streamcheck_seed, tconf.timeout)
         else:
             confirmed = ""
         if first_wrong is not None:
@@ -245,26 +254,73 @@ def run_schedules(request, streamcheck_seed):
     return run
 
 
-def _confirmations(config, fn, races, seed: int) -> str:
-    """The failure's confirmation section (--streamcheck-confirm), or the "to make them strike" hint."""
+def _confirmations(config, fn, races, seed: int, timeout: float) -> str:
+    """The failure's confirmation section (--streamcheck-confirm), or the "to make them strike" hint.
+    Its reruns (a sequential one, one per race up to MAX_RACES) get `timeout` each."""
     if not config.stash[SETTINGS_KEY].confirm:
         return strike_hint(races)
     if backend_name(config) != "sim":
         return ("  confirmation (--streamcheck-confirm): not attempted: it runs on the sim backend "
                 "(--streamcheck-backend=sim); confirming on a GPU is not built")
-    from ..confirm import confirm_races
+    from ..confirm import MAX_RACES, confirm_races
+    from ..timeout import RunTimedOut, run_with_timeout
 
+    reruns = 1 + min(len(races), MAX_RACES)
     try:
-        return confirmation_text(confirm_races(fn, races, seed=seed))
+        return confirmation_text(run_with_timeout(lambda: confirm_races(fn, races, seed=seed), timeout * reruns,
+                                                  "streamcheck confirmation"))
+    except RunTimedOut as exc:
+        return f"  confirmation (--streamcheck-confirm): not finished: its {reruns} reruns {exc}"
     except Exception as exc:  # a program that cannot run again must not hide the failure itself
         return f"  confirmation (--streamcheck-confirm): the rerun raised {type(exc).__name__}: {exc}"
 
 
-def _call(fn, device, spec: ScheduleSpec, config, nodeid: str):
+def _run_one(fn, spec: ScheduleSpec, check: str, timeout: float, item, ran: Optional[int], width: int) -> tuple:
+    """(device, fn(device)) on a fresh device for `spec`, in a thread of its own under `timeout`.
+    `ran`: how many schedules ran before this one (None: this is the sequential reference).
+    A run past its time, or one of whose program threads raised, fails with ScheduleFailure;
+    the program's own exception is raised with a note naming the schedule."""
+    __tracebackhide__ = True  # the program's frames are what a failure shows
+    from ..device import DeviceThread
+    from ..timeout import RunTimedOut, last_operation, run_with_timeout
+
+    config = item.config
+    what = "the sequential reference run" if ran is None else f"schedule {spec.label}"
+    replay = replay_command(config, item.nodeid, None if ran is None else spec)
+    made: dict = {}
+
+    def one() -> tuple:
+        __tracebackhide__ = True
+        device = made["device"] = _make_device(config, spec, check)
+        made["first"] = len(device.trace)  # what the device recorded of its own set-up is not the program's
+        return device, fn(device)
+
     try:
-        return fn(device)
+        device, result = run_with_timeout(one, timeout, f"streamcheck {what}")
+    except RunTimedOut as exc:
+        last = last_operation(made["device"], made["first"]) if "first" in made else "none (no device yet)"
+        findings(item).replay = replay
+        raise ScheduleFailure(failure_text(
+            f"{what} {exc}; the limit is --streamcheck-timeout or the streamcheck marker's timeout=",
+            spec, "", None, f"  last recorded operation: {last}", replay, width, len(EXCEPTION_NAME))) from None
     except Exception as exc:
         if hasattr(exc, "add_note"):  # Python 3.11+; on 3.10 the traceback alone must do
-            exc.add_note(f"streamcheck: raised under schedule {spec.label} (seed {spec.seed}); replay: "
-                         f"{replay_command(config, nodeid, spec if spec.policy != 'sequential' else None)}")
+            after = ("before any schedule" if ran is None else
+                     f"after {ran} schedule{'s' if ran != 1 else ''} that ran without raising")
+            exc.add_note(f"streamcheck: raised in {what} (seed {spec.seed}), {after}; replay: {replay}")
         raise
+    raised = DeviceThread.raised(device)
+    if raised:
+        findings(item).replay = replay
+        headline, tracebacks = _threads_raised(raised).split("\n", 1)
+        raise ScheduleFailure(failure_text(f"in {what}, {headline}", spec, describe_schedule(spec, device, elide=True),
+                                           None, tracebacks, replay, width, len(EXCEPTION_NAME)))
+    return device, result
+
+
+def _threads_raised(raised) -> str:
+    """`N of the program's threads raised`, then each thread with its traceback."""
+    lines = [f"{len(raised)} of the program's threads raised (Device.thread)"]
+    for thread in raised:
+        lines += [f"  {thread.describe()} raised:", textwrap.indent(thread.format_exception().rstrip(), "    ")]
+    return "\n".join(lines)

@@ -15,6 +15,8 @@ import pytest
 POLICIES = ("sequential", "eager", "delay", "random", "pct")
 BACKENDS = ("auto", "sim", "cupy")
 CHECK_MODES = ("on", "warn", "off")  # on: races fail the test; warn: only reported; off: no checker
+# Far above what an honest program takes on the sim (a decode test's schedule: well under 1 s).
+DEFAULT_TIMEOUT = 60.0
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,7 @@ class Settings:
     trace_dir: Optional[str]  # absolute (see _trace_dir)
     replay: Optional[tuple]  # (policy, index): run only that schedule
     confirm: bool = False  # a failing test's races are confirmed on the sim (streamcheck.confirm)
+    timeout: float = DEFAULT_TIMEOUT  # seconds a run_schedules schedule may take; 0: no limit
 
 
 SETTINGS_KEY = pytest.StashKey[Settings]()
@@ -65,6 +68,9 @@ _OPTIONS = (
      "a hypothesis example database (DirectoryBasedExampleDatabase) for the loaded profile and ours, shared "
      "by every xdist worker: a failure one finds, the others and later runs replay first. Relative as "
      "--streamcheck-trace-dir.", ""),
+    ("--streamcheck-timeout", "streamcheck_timeout", "SECONDS",
+     "a run_schedules schedule (or its sequential reference) that runs longer fails, naming its last device "
+     "call; 0: no limit (the program runs in the test's own thread).", f"{DEFAULT_TIMEOUT:g}"),
 )
 _DEFAULTS = {ini: default for _, ini, _, _, default in _OPTIONS}
 _BOOLS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
@@ -196,7 +202,20 @@ def _read_settings(config) -> Settings:
         trace_dir=_trace_dir(config),
         replay=_replay(*option_value(config, "streamcheck_replay")),
         confirm=_bool(config, "streamcheck_confirm"),
+        timeout=parse_timeout(*option_value(config, "streamcheck_timeout")),
     )
+
+
+def parse_timeout(value: str, source: str) -> float:
+    """Seconds >= 0 (0: no limit), checked."""
+    accepted = "a number of seconds >= 0 (0: no limit)"
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise bad_value(source, value, accepted) from None
+    if not seconds >= 0 or seconds == float("inf"):  # `not >=`: NaN too
+        raise bad_value(source, value, accepted)
+    return seconds
 
 
 def _bool(config, ini: str) -> bool:

@@ -6,12 +6,15 @@ HYPOTHESIS_PROFILE and the loaded profile otherwise stay the user's.
 DIR on our profiles and on the loaded one. Every xdist worker (and every later run) opens the same
 directory, so a failing example one worker saved is replayed first by any other that runs the test.
 A derandomized profile (streamcheck-ci) implies no database in hypothesis; it keeps none, with a
-warning when it is the loaded one.
+warning when it is the loaded one. An entry damaged on disk is not replayed, stays where it is, and
+gets a warning naming its file (checked_database).
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -46,6 +49,62 @@ def _select_hypothesis_profile(config) -> None:
             raise pytest.UsageError(f"streamcheck: {exc}") from None
 
 
+# The start of the warning an unreadable entry gets (`streamcheck fuzz --workers` passes it on).
+UNREADABLE_ENTRY = "streamcheck: example database entry"
+# DirectoryBasedExampleDatabase's own list of its keys: its entries are keys, not examples.
+KEYS_ENTRY = b".hypothesis-keys"
+
+
+def entry_name(data: bytes) -> str:
+    """The name DirectoryBasedExampleDatabase gives the folder of a key and the file of a value."""
+    return hashlib.sha384(data).hexdigest()[:16]
+
+
+def checked_database(path: str):
+    """A DirectoryBasedExampleDatabase at `path` that replays only the entries hypothesis wrote.
+    Hypothesis skips an entry it cannot decode and deletes it, and replays a truncated one as some
+    other example: either way the failure saved there is lost without a word. Here such an entry
+    (its bytes no longer hash to its file's name, or they do not decode) is not replayed, stays
+    where it is, and gets a warning naming its file, once per run."""
+    from hypothesis.database import DirectoryBasedExampleDatabase, choices_from_bytes
+
+    class CheckedExampleDatabase(DirectoryBasedExampleDatabase):
+        def __init__(self) -> None:
+            super().__init__(path)
+            self.reported: set = set()  # the files already warned about
+
+        def fetch(self, key: bytes):
+            folder = Path(self.path, entry_name(key))
+            try:
+                names = sorted(os.listdir(folder))
+            except OSError:
+                return  # nothing saved for this key
+            for name in names:
+                file = folder / name
+                try:
+                    value = file.read_bytes()
+                except OSError as exc:
+                    self._unreadable(file, f"cannot be read ({exc.strerror or exc})")
+                    continue
+                if name != entry_name(value):
+                    self._unreadable(file, f"holds {len(value)} bytes that are not what hypothesis saved there "
+                                     "(their hash is not the file's name: truncated, emptied or overwritten)")
+                elif key != KEYS_ENTRY and choices_from_bytes(value) is None:
+                    self._unreadable(file, "is not in the format of this hypothesis version")
+                else:
+                    yield value
+
+        def _unreadable(self, file: Path, problem: str) -> None:
+            if file in self.reported:
+                return
+            self.reported.add(file)
+            warnings.warn(pytest.PytestWarning(
+                f"{UNREADABLE_ENTRY} {file} could not be read: it {problem}. It is kept there and not replayed: "
+                "restore it, or delete it to drop that example"), stacklevel=2)
+
+    return CheckedExampleDatabase()
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
     """The shared example database, after hypothesis's plugin loaded the profile it was asked for."""
@@ -56,11 +115,10 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"streamcheck: --streamcheck-example-db={path!r} is a file; name a directory "
                                 "(it is created if missing)")
     from hypothesis import settings
-    from hypothesis.database import DirectoryBasedExampleDatabase
 
     from .. import strategies
 
-    database = DirectoryBasedExampleDatabase(path)
+    database = checked_database(path)
     for name in strategies.PROFILES:  # so code that asks for our profile by name gets it too (fuzz)
         profile = settings.get_profile(name)
         if not profile.derandomize:
