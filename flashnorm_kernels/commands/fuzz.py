@@ -54,6 +54,7 @@ import numpy as np
 from ..plan import EDGES, SyncPlan
 
 EPS = 1e-5
+DEFAULT_TIMEOUT = 60.0  # seconds per example: far above an honest one (a few ms on the sim)
 MODULE = "fn"  # the pipeline module's name: its buffers are fn.Y, fn.r, fn.out0, fn.W
 
 
@@ -184,10 +185,11 @@ class Outcome:
     report: str
     outputs: tuple = field(repr=False, compare=False, default=())
     policy: str = ""  # the schedule without its decisions: policy and seed
+    hung: str = ""  # the example did not finish within the timeout: that, and its last device call
 
     @property
     def found(self) -> bool:
-        return bool(self.races) or self.wrong
+        return bool(self.races) or self.wrong or bool(self.hung)
 
 
 @lru_cache(maxsize=256)
@@ -199,10 +201,27 @@ def _reference(shape, steps: int, data_seed: int, backend: str) -> tuple:
     return tuple(run_program(SyncPlan.correct(), shape, device, steps, data_seed))
 
 
-def run_example(example: Example, backend: str = "sim") -> Outcome:
-    device = example.choice.device(backend)
-    outputs = run_program(example.plan, example.shape, device, example.steps, example.data_seed)
-    want = _reference(example.shape, example.steps, example.data_seed, backend)
+def run_example(example: Example, backend: str = "sim", timeout: Optional[float] = DEFAULT_TIMEOUT) -> Outcome:
+    """One example, under `timeout` seconds (None or 0: no limit, in this thread): an example that
+    runs longer is an Outcome whose `hung` says so, with the last device call it made. (The same
+    limit gives the same call stacks in race reports: a replay's match the fuzz run's.)"""
+    from streamcheck.timeout import RunTimedOut, last_operation, run_with_timeout
+
+    made: dict = {}
+
+    def program() -> tuple:
+        device = made["device"] = example.choice.device(backend)
+        made["first"] = len(device.trace)  # the device's own set-up is not the program's
+        outputs = run_program(example.plan, example.shape, device, example.steps, example.data_seed)
+        return device, outputs, _reference(example.shape, example.steps, example.data_seed, backend)
+
+    try:
+        device, outputs, want = run_with_timeout(program, timeout, "streamcheck fuzz example")
+    except RunTimedOut as exc:
+        last = last_operation(made["device"], made["first"]) if "first" in made else "none (no device yet)"
+        hung = f"{exc}; last recorded operation: {last}"
+        return Outcome(example, (), False, "", "", f"the example {hung}", policy=example.choice.describe(backend),
+                       hung=hung)
     wrong = any(not np.array_equal(g, w, equal_nan=True) for g, w in zip(outputs, want))
     schedule = device.schedule
     if schedule is None:
@@ -222,6 +241,7 @@ class PlanStats:
     runs: int = 0
     raced: int = 0
     wrong: int = 0
+    hung: int = 0  # runs that did not finish within the timeout
     first: Optional[Outcome] = None  # the first finding, for its replay token and decisions
 
     @property
@@ -232,7 +252,8 @@ class PlanStats:
     def disagrees(self) -> bool:
         # The checker's verdict does not depend on the schedule: every run of an unsafe
         # plan must report a race, and no run of a safe plan may.
-        return (self.raced != self.runs) if self.unsafe else (self.raced > 0 or self.wrong > 0)
+        # A run that hung is counted apart: it never got to the end of the program.
+        return (self.raced != self.runs - self.hung) if self.unsafe else (self.raced > 0 or self.wrong > 0)
 
 
 @dataclass
@@ -251,6 +272,7 @@ class Tally:
         stats.runs += 1
         stats.raced += bool(outcome.races)
         stats.wrong += outcome.wrong
+        stats.hung += bool(outcome.hung)
         self.examples += 1
         if outcome.found:
             self.found += 1
@@ -336,9 +358,10 @@ class Progress:
 
 def fuzz(budget: Optional[float] = None, backend: str = "sim", profile: str = "streamcheck-fuzz",
          plans: str = "all", steps: int = 3, seed: int = 0, progress: Optional[Progress] = None,
-         examples: Optional[int] = None, database=None) -> Tally:
+         examples: Optional[int] = None, database=None, timeout: Optional[float] = DEFAULT_TIMEOUT) -> Tally:
     """Run `examples` examples, or examples until `budget` seconds are spent or the profile's
-    max_examples is reached. Ctrl-C ends the run early: the tally says `interrupted`.
+    max_examples is reached. Ctrl-C ends the run early: the tally says `interrupted`. An example
+    that runs longer than `timeout` seconds is a finding (`hung`), and the run goes on.
 
     The same seed and profile draw the same sequence of examples, and both a count and a
     budget cut that one sequence (hypothesis plans its sequence by max_examples, so a count
@@ -377,7 +400,7 @@ def fuzz(budget: Optional[float] = None, backend: str = "sim", profile: str = "s
             ending.append(True)
             raise _Enough
         example = Example(plan, shape, choice, steps, data_seed)
-        tally.add(run_example(example, backend), unsafe=not is_safe(plan))
+        tally.add(run_example(example, backend, timeout), unsafe=not is_safe(plan))
         progress.update(tally)
 
     if database is None:
@@ -430,10 +453,10 @@ def tally_to_json(tally: Tally) -> dict:
     for s in tally.plans.values():
         first = s.first
         plans.append({"plan": _plan_json(s.plan), "unsafe": s.unsafe, "runs": s.runs, "raced": s.raced,
-                      "wrong": s.wrong, "first": None if first is None else {
+                      "wrong": s.wrong, "hung": s.hung, "first": None if first is None else {
                           "token": first.example.token(), "races": [r.to_dict() for r in first.races],
                           "wrong": first.wrong, "schedule": first.schedule, "decisions": first.decisions,
-                          "report": first.report, "policy": first.policy}})
+                          "report": first.report, "policy": first.policy, "hung": first.hung}})
     return {"examples": tally.examples, "found": tally.found, "interrupted": tally.interrupted, "plans": plans}
 
 
@@ -455,11 +478,12 @@ def merge_tallies(parts: list) -> Tally:
             stats.runs += record["runs"]
             stats.raced += record["raced"]
             stats.wrong += record["wrong"]
+            stats.hung += record["hung"]
             first = record["first"]
             if stats.first is None and first is not None:
                 stats.first = Outcome(Example.parse(first["token"]), tuple(map(_race_from_dict, first["races"])),
                                       first["wrong"], first["schedule"], first["decisions"], first["report"],
-                                      policy=first["policy"])
+                                      policy=first["policy"], hung=first["hung"])
     return tally
 
 
@@ -481,12 +505,14 @@ def test_fuzz_worker():
     if share != 0:
         # The plugin put the shared example database on the profile pytest loaded (--hypothesis-profile).
         tally = fuzz(job["budget"], job["backend"], job["profile"], job["plans"], job["steps"],
-                     (job["seed"] + k) % 2**32, examples=share, database=settings.default.database)
+                     (job["seed"] + k) % 2**32, examples=share, database=settings.default.database,
+                     timeout=job["timeout"])
     Path(job["out"], f"{worker}.json").write_text(json.dumps(tally_to_json(tally)))
 
 
 def fuzz_workers(workers: int, budget: Optional[float], backend: str, profile: str, plans: str, steps: int,
-                 seed: int, examples: Optional[int], example_db: Optional[str], err=None) -> tuple:
+                 seed: int, examples: Optional[int], example_db: Optional[str], err=None,
+                 timeout: Optional[float] = DEFAULT_TIMEOUT) -> tuple:
     """Run the fuzz over `workers` pytest-xdist workers (one GPU each where there are GPUs);
     return (merged tally, seconds, pytest's exit status, pytest's output)."""
     err = err if err is not None else sys.stderr
@@ -496,6 +522,7 @@ def fuzz_workers(workers: int, budget: Optional[float], backend: str, profile: s
         job = Path(folder, "job.json")
         job.write_text(json.dumps({"workers": workers, "budget": budget, "backend": backend, "profile": profile,
                                    "plans": plans, "steps": steps, "seed": seed, "examples": examples,
+                                   "timeout": timeout,
                                    "out": str(out)}))
         Path(folder, "pytest.ini").write_text("[pytest]\n")  # not the caller's project settings
         database = os.path.abspath(example_db) if example_db else str(Path(folder, "examples"))
@@ -514,9 +541,16 @@ def fuzz_workers(workers: int, budget: Optional[float], backend: str, profile: s
             interrupted = True
             output, _ = child.communicate()
         seconds = time.perf_counter() - start
+        from streamcheck.plugin.profiles import UNREADABLE_ENTRY
+
+        unreadable = {}  # the plugin's warnings about example database entries, once each (every worker warns)
         for line in output.splitlines():  # the plugin's word on the GPUs (fewer than workers, ...)
             if line.startswith("streamcheck: ") and "xdist workers" in line:
                 print(line, file=err)
+            elif UNREADABLE_ENTRY in line:
+                unreadable.setdefault(line[line.index(UNREADABLE_ENTRY):])
+        for line in unreadable:
+            print(line, file=err)
         parts = [json.loads(p.read_text()) for p in sorted(out.glob("gw*.json"), key=lambda p: int(p.stem[2:]))]
     tally = merge_tallies(parts)
     tally.interrupted |= interrupted
@@ -584,7 +618,7 @@ def _rows(tally: Tally) -> list:
     races struck most."""
     stats = list(tally.plans.values())
     disagree = [s for s in stats if s.disagrees]
-    found = [s for s in stats if (s.raced or s.wrong) and not s.disagrees]
+    found = [s for s in stats if (s.raced or s.wrong or s.hung) and not s.disagrees]
     return sorted(disagree, key=lambda s: -s.runs) + sorted(found, key=lambda s: (-s.wrong, -s.raced))
 
 
@@ -627,7 +661,9 @@ def summary(tally: Tally, seconds: float, backend: str, profile: str, plans: str
                  f"plans tried: {len(stats)} ({sum(s.unsafe for s in stats)} unsafe by the oracle)",
                  f"races found in {sum(1 for s in stats if s.raced)} plans, wrong values in "
                  f"{sum(1 for s in stats if s.wrong)}; oracle disagreements: "
-                 f"{sum(1 for s in stats if s.disagrees)}"):
+                 f"{sum(1 for s in stats if s.disagrees)}"
+                 + (f"; examples that did not finish: {sum(s.hung for s in stats)}" if any(s.hung for s in stats)
+                    else "")):
         lines += _wrap(text, width)
     if rows:
         lines.append(f"{'verdict':<9} {'runs':>5} {'races':>5} {'wrong':>5}  plan (-missing edges)")
@@ -639,6 +675,8 @@ def summary(tally: Tally, seconds: float, backend: str, profile: str, plans: str
             if s.replay:
                 lines += quoted_token_lines(f"          replay: streamcheck fuzz --backend {backend} --replay ",
                                             s.replay, width, " " * 12)
+            if s.first is not None and s.first.hung:
+                lines += _wrap(f"          hung: {s.first.hung}", width, " " * 12)
         if len(rows) > max_rows:
             lines += _wrap(f"... and {len(rows) - max_rows} more plans with findings (--max-rows, or --json FILE)",
                            width)
@@ -668,11 +706,13 @@ def summary_json(tally: Tally, seconds: float, backend: str, profile: str, plans
     records = []
     for s in listed + quiet:
         record = {"verdict": "unsafe" if s.unsafe else "safe", "disagrees": s.disagrees, "runs": s.runs,
-                  "races": s.raced, "wrong": s.wrong, "plan": _plan_json(s.plan), "first_finding": None}
+                  "races": s.raced, "wrong": s.wrong, "hung": s.hung, "plan": _plan_json(s.plan),
+                  "first_finding": None}
         if s.first is not None:
             record["first_finding"] = {"replay": s.replay, "replay_command": replay_command(backend, s.replay),
                                        "schedule": s.first.policy, "decisions": s.first.decisions,
-                                       "wrong": s.first.wrong, "races": [r.to_dict() for r in s.first.races]}
+                                       "wrong": s.first.wrong, "races": [r.to_dict() for r in s.first.races],
+                                       "hung": s.first.hung}
         records.append(record)
     return {"command": "fuzz", "backend": backend, "profile": profile, "plans": plans, "steps": steps,
             "seed": seed, "examples": tally.examples, "seconds": round(seconds, 3),
@@ -687,6 +727,8 @@ def replay_text(outcome: Outcome, width: Optional[int] = None, json_name: Option
     width = width or terminal_width()
     lines = quoted_token_lines("example: ", outcome.example.token(), width, "  ")
     lines.append(f"schedule: {outcome.policy}")
+    if outcome.hung:
+        return "\n".join(lines + [f"hung: {outcome.hung}"])
     whole_in = "the --json file" if json_name else "--json FILE"
     lines.append(f"decisions: {elide(outcome.decisions or '-', width - len('decisions: '), whole_in)}")
     lines.append(f"values: {'WRONG (differ from the sequential run)' if outcome.wrong else 'match the sequential run'}")
@@ -699,7 +741,7 @@ def replay_json(outcome: Outcome, backend: str) -> dict:
     return {"command": "fuzz --replay", "backend": backend, "replay": token,
             "replay_command": replay_command(backend, token), "schedule": outcome.policy,
             "decisions": outcome.decisions, "wrong": outcome.wrong, "found": outcome.found,
-            "races": [r.to_dict() for r in outcome.races], "report": outcome.report}
+            "races": [r.to_dict() for r in outcome.races], "report": outcome.report, "hung": outcome.hung}
 
 
 # --- command line ---------------------------------------------------------------------------
@@ -743,6 +785,9 @@ def register(subparsers) -> None:
     parser.add_argument("--seed", type=int, default=None,
                         help="hypothesis seed (default: a random one, printed in the summary)")
     parser.add_argument("--max-rows", type=int, default=20, help="plans listed in the table (default 20)")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+                        help=f"an example that runs longer is reported as hung, with its last device call and its "
+                             f"replay, and the run goes on (default {DEFAULT_TIMEOUT:g}; 0: no limit)")
     parser.add_argument("--replay", metavar="TOKEN", help="run one example from the table and print its report")
     parser.add_argument("--json", metavar="FILE", help="also write the table (every plan tried, each first "
                         "finding's full replay token and decisions) or the replayed example as JSON")
@@ -806,6 +851,8 @@ def main(args) -> int:
         return _usage(f"--steps {args.steps}: need at least 2 (the write-after-read hazards span two steps)")
     if args.max_rows < 0:
         return _usage(f"--max-rows {args.max_rows}: must be >= 0")
+    if not 0 <= args.timeout < float("inf"):  # NaN too
+        return _usage(f"--timeout {args.timeout:g}: need a number of seconds >= 0 (0: no limit)")
     if args.workers < 1:
         return _usage(f"--workers {args.workers}: need an integer >= 1 (the pytest-xdist workers; 1 runs here)")
     if args.workers > 1 and args.replay:
@@ -843,13 +890,14 @@ def main(args) -> int:
     seed = args.seed if args.seed is not None else secrets.randbelow(2**32)
     try:
         if example is not None:
-            outcome = run_example(example, backend)
+            outcome = run_example(example, backend, args.timeout)
             print(replay_text(outcome, json_name=args.json))
             problem = _write_json(args.json, replay_json(outcome, backend)) if args.json else None
             return _usage(problem) if problem else 1 if outcome.found else 0
         if args.workers > 1:
             tally, seconds, status, output = fuzz_workers(args.workers, budget, backend, profile, args.plans,
-                                                          args.steps, seed, examples, args.example_db)
+                                                          args.steps, seed, examples, args.example_db,
+                                                          timeout=args.timeout)
             # A worker that raised (a crash in the pipeline, the backend or the checker) wrote no tally.
             failed = not tally.interrupted and (status != 0 or len(tally.counts) != args.workers)
             if failed:
@@ -859,7 +907,8 @@ def main(args) -> int:
                       file=sys.stderr)
         else:
             progress = Progress(budget, examples, enabled=False if args.quiet else None)
-            tally = fuzz(budget, backend, profile, args.plans, args.steps, seed, progress, examples)
+            tally = fuzz(budget, backend, profile, args.plans, args.steps, seed, progress, examples,
+                         timeout=args.timeout)
             seconds, failed = progress.elapsed(), False
     except BackendUnavailable as exc:
         return _usage(str(exc))

@@ -205,6 +205,10 @@ def run_schedules(request, streamcheck_seed):
             raise TypeError(f"streamcheck: run_schedules: the program returned {what}, which runs only when "
                             "iterated, after its schedule; return a list of it (return list(...))")
         found.add_races(ref_device.races)
+        if settings.audit_syncs:
+            from ..analyses.sync_audit import audit
+
+            found.sync_audit = audit(ref_device.trace)
 
         results, first_wrong, first_device = [], None, None
         for spec in schedule_specs(streamcheck_seed, names, count, settings.replay):

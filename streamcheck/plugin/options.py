@@ -32,6 +32,7 @@ class Settings:
     trace_dir: Optional[str]  # absolute (see _trace_dir)
     replay: Optional[tuple]  # (policy, index): run only that schedule
     confirm: bool = False  # a failing test's races are confirmed on the sim (streamcheck.confirm)
+    audit_syncs: bool = False  # each test's synchronizations are audited (streamcheck.analyses.sync_audit)
     timeout: float = DEFAULT_TIMEOUT  # seconds a run_schedules schedule may take; 0: no limit
 
 
@@ -61,6 +62,10 @@ _OPTIONS = (
     ("--streamcheck-confirm", "streamcheck_confirm", "",
      "sim: a failing run_schedules test's report says, per race, whether holding its first access until "
      "its second ran made a value differ, with the values (docs/confirm.md).", "false"),
+    ("--streamcheck-audit-syncs", "streamcheck_audit_syncs", "",
+     "audit each run_schedules / streamcheck_gpu test's synchronizations (its sequential run's): which are "
+     "needed, which are redundant, which host syncs could be device-side waits (docs/sync-audit.md); a "
+     "line per test in the summary, the table in the test's report.", "false"),
     ("--streamcheck-gpus", "streamcheck_gpus", "auto|N|0",
      "pytest-xdist: GPUs the workers are pinned to, one each, round-robin (CUDA_VISIBLE_DEVICES); auto: "
      "CUDA_VISIBLE_DEVICES's, else nvidia-smi -L's, else the driver's count; 0: no pinning.", "0"),
@@ -82,7 +87,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     for flag, ini, metavar, help, default in _OPTIONS:
         # No ini default: None tells an unset option from one set to its default (options_given).
         ini_help = f"default for {flag} ({default or 'none'}): {help}"
-        if ini == "streamcheck_confirm":  # a switch (a value after it would swallow a test path)
+        if ini in ("streamcheck_confirm", "streamcheck_audit_syncs"):  # a switch (a value after it would swallow a test path)
             group.addoption(flag, dest=ini, action="store_const", const="true", default=None, help=help)
             group.addoption("--no-" + flag[2:], dest=ini, action="store_const", const="false",
                             help=f"turn {flag} off (where the ini file turns it on).")
@@ -202,6 +207,7 @@ def _read_settings(config) -> Settings:
         trace_dir=_trace_dir(config),
         replay=_replay(*option_value(config, "streamcheck_replay")),
         confirm=_bool(config, "streamcheck_confirm"),
+        audit_syncs=_bool(config, "streamcheck_audit_syncs"),
         timeout=parse_timeout(*option_value(config, "streamcheck_timeout")),
     )
 

@@ -42,6 +42,7 @@ class Findings:
     recording: Any = None  # the streamcheck_gpu fixture's recording (instrument.Session), if used
     spec: Optional[ScheduleSpec] = None  # and the schedule it runs
     check: str = "on"  # the test's check mode (option, or its marker)
+    sync_audit: Any = None  # with --streamcheck-audit-syncs: the audit of its sequential run
 
     def add_races(self, races) -> None:
         for race in races:
@@ -308,6 +309,14 @@ def pytest_runtest_makereport(item, call):
     recording = found.recording
     if recording is not None and found.check != "off":
         found.add_races(recording.races)
+    if config.stash[SETTINGS_KEY].audit_syncs and found.sync_audit is None:
+        recorded = device if device is not None else recording  # run_schedules audited its reference run
+        if recorded is not None:
+            from ..analyses.sync_audit import audit
+
+            found.sync_audit = audit(recorded.trace)
+    if found.sync_audit is not None:
+        report.sections.append(("streamcheck sync audit", found.sync_audit.format(terminal_width(config))))
     races = list(found.races.values())
     check = found.check
     width = terminal_width(config)
@@ -348,6 +357,7 @@ def pytest_runtest_makereport(item, call):
     entry = (PROPERTY, json.dumps({
         "races": [race.to_dict(str(config.rootpath)) for race in races],
         "schedules": found.schedules, "wrong": found.wrong,
+        **({"sync_audit": found.sync_audit.to_dict(str(config.rootpath))} if found.sync_audit is not None else {}),
         "schedule": found.schedule if found_something else "",
         "replay": found.replay if found_something else ""}))
     report.user_properties.append(entry)  # for the summary (on the xdist controller too)
@@ -392,6 +402,10 @@ class _Summary:
             terminalreporter.line(wrap_lines(f"{outcome.upper()} {nodeid}: {'; '.join(parts)}", width))
             if value["replay"]:
                 terminalreporter.line(f"    replay: {value['replay']}")  # whole: it is pasted back
+        for nodeid, outcome, value in self.rows:
+            audited = value.get("sync_audit")
+            if audited is not None:  # one line per test; the table is in the test's report (-rA shows it)
+                terminalreporter.line(wrap_lines(f"SYNCS {nodeid}: {audited['summary']}", width))
         racy = sum(1 for row in found if row[2]["races"])
         schedules = sum(row[2]["schedules"] for row in self.rows)
         tests = len(self.rows)

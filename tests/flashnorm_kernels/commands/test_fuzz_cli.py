@@ -99,6 +99,8 @@ def test_help_says_only_a_count_repeats_exactly(capsys):
 @pytest.mark.parametrize("args, message", [
     (["--examples", "0"], "--examples 0: need an integer >= 1"),
     (["--examples", "-3"], "--examples -3: need an integer >= 1"),
+    (["--timeout", "-1"], "--timeout -1: need a number of seconds >= 0 (0: no limit)"),
+    (["--timeout", "nan"], "--timeout nan: need a number of seconds >= 0 (0: no limit)"),
 ])
 def test_bad_example_counts_exit_2(capsys, args, message):
     status, out, err = _fuzz(capsys, *args)
@@ -120,11 +122,11 @@ def _interrupt_at(monkeypatch, call: int, interrupt) -> None:
     """Make the `call`-th example interrupt the run (after `call - 1` complete ones)."""
     calls = []
 
-    def run(example, backend="sim"):
+    def run(example, backend="sim", timeout=None):
         calls.append(example)
         if len(calls) == call:
             interrupt()
-        return run_example(example, backend)
+        return run_example(example, backend, timeout)
 
     monkeypatch.setattr(fuzz_command, "run_example", run)
 
@@ -160,11 +162,11 @@ SIGINT_SCRIPT = textwrap.dedent("""
 
     real, calls = fuzz.run_example, []
 
-    def run(example, backend="sim"):
+    def run(example, backend="sim", timeout=None):
         calls.append(example)
         if len(calls) == 21:
             os.kill(os.getpid(), signal.SIGINT)  # what Ctrl-C in the terminal sends
-        return real(example, backend)
+        return real(example, backend, timeout)
 
     fuzz.run_example = run
     sys.exit(cli.main(["fuzz", "--examples", "5000", "--seed", "3", "--steps", "2"]))
@@ -354,3 +356,40 @@ def test_progress_is_drawn_only_on_a_terminal(capsys):
     # The command under a captured (not a terminal) stderr: no `\r` frames at all.
     status, _, err = _fuzz(capsys, "--examples", "20", "--seed", "1", "--steps", "2")
     assert status == 1 and err == ""
+
+
+# --- an example that never finishes --------------------------------------------------------------
+
+
+def test_an_example_that_hangs_is_reported_with_its_replay_and_the_run_goes_on(capsys, columns, monkeypatch,
+                                                                                tmp_path):
+    columns(400)  # every replay on one line
+    calls = []
+    run_program = fuzz_command.run_program
+
+    def hangs_once(plan, shape, device, steps=3, data_seed=0):
+        calls.append(data_seed)
+        if len(calls) == 3:  # a later example than the first (whose program and reference are calls 1 and 2)
+            stuck = device.alloc(1, fill=0.0, name="stuck")
+            while device.host_read(stuck)[0] == 0:  # waits for a value nothing writes
+                pass
+        return run_program(plan, shape, device, steps, data_seed)
+
+    monkeypatch.setattr(fuzz_command, "run_program", hangs_once)
+    target = tmp_path / "out.json"
+    status, out, err = _fuzz(capsys, "--examples", "4", "--seed", "1", "--steps", "2", "--quiet", "--timeout", "0.5",
+                             "--json", str(target))
+    assert status == 1
+    data = json.loads(target.read_text())
+    assert data["examples"] == 4  # the run went on after it
+    (hung,) = [p for p in data["plans_tried"] if p["hung"]]
+    assert hung["hung"] == 1
+    site = f"test_fuzz_cli.py:{hangs_once.__code__.co_firstlineno + 4} (in hangs_once)"
+    assert hung["first_finding"]["hung"] == ("did not finish within 0.5 s (its thread was interrupted); last recorded "
+                                             f"operation: HostAccess `host read` at {site}")
+    assert "examples that did not finish: 1" in out
+    assert f"hung: did not finish within 0.5 s (its thread was interrupted); last recorded operation: HostAccess " \
+           f"`host read` at {site}" in out
+    # Its replay line is in the table, and names the example that hung.
+    assert f"--replay {shlex.quote(hung['first_finding']['replay'])}" in out
+    assert Example.parse(hung["first_finding"]["replay"]).data_seed == calls[2]

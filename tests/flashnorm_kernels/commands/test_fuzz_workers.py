@@ -90,12 +90,12 @@ from flashnorm_kernels.commands import fuzz
 
 original = fuzz.run_example
 
-def run_example(example, backend="sim"):
+def run_example(example, backend="sim", timeout=None):
     crash = os.environ.get("CRASH_DATA")
     if os.environ["PYTEST_XDIST_WORKER"] in os.environ["CRASH_ON"].split(",") and (
             example.data_seed % 7 == 3 if crash is None else example.data_seed == int(crash)):
         raise RuntimeError(f"injected crash on data seed {example.data_seed}")
-    return original(example, backend)
+    return original(example, backend, timeout)
 
 fuzz.run_example = run_example
 '''
