@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+from .core.trace import site_path
 # The model lived in this module before it had one of its own: its names stay importable from here.
 from .timeline_model import (ISSUE_ORDER, MICROSECONDS, STEPS, Edge, Lane, LocatedRace, Model, Slice,
                              build_model, missing_label)
@@ -55,8 +56,12 @@ def to_chrome_trace(source) -> dict:
     body = []
     for index in sorted(model.slices, key=lambda i: (model.slices[i].start, i)):
         s = model.slices[index]
-        args = {"trace index": index, "site": str(s.site), "function": s.site.function, "file": s.site.file,
+        args = {"trace index": index, "site": site_path(s.site), "function": s.site.function, "file": s.site.file,
                 "lane": model.lane(s.lane).label, "time": _timing(model, s)}
+        if s.site.innermost is not None:
+            args["innermost"] = site_path(s.site.innermost)
+        if s.site.stack:
+            args["stack"] = [f"{site_path(frame)} in {frame.function}" for frame in s.site.stack]
         if s.reads:
             args["reads"] = _range_text(s.reads)
         if s.writes:

@@ -433,18 +433,9 @@ def worker_share(examples: int, workers: int, k: int) -> int:
 
 
 def _race_from_dict(d: dict):
-    from streamcheck.core.hb import Access, Race
-    from streamcheck.core.trace import CallSite
+    from streamcheck.core.hb import Race
 
-    def site(text: str) -> CallSite:
-        path, _, line = text.rpartition(":")
-        return CallSite(path, int(line))
-
-    def access(a: dict) -> Access:
-        return Access(a["actor"], a["name"], site(a["site"]), a["write"])
-
-    return Race(d["kind"], d["buffer"], site(d["buffer_site"]), d["start"], d["stop"], access(d["first"]),
-                access(d["second"]), d["missing_edge"], d["hint"], d["count"])
+    return Race.from_dict(d)
 
 
 def tally_to_json(tally: Tally) -> dict:

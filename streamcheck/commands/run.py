@@ -43,6 +43,7 @@ import sys
 import threading
 import traceback
 import types
+from dataclasses import replace
 
 from ..gpu import MAX_DELAY_US
 from . import STDOUT, output_problem, report_width, timeline_file, timeline_problem
@@ -125,6 +126,9 @@ def register(subparsers) -> None:
                         "which are redundant, which host syncs could be device-side waits, and a minimal sufficient "
                         "set (docs/sync-audit.md)")
     p.add_argument("--confirm-probe", metavar="JSON", help=argparse.SUPPRESS)  # one rerun of --confirm (its replay)
+    p.add_argument("--library", action="append", default=[], metavar="PATH",
+                   help="your own wrappers (a directory or file; repeatable): reports skip their frames, as torch's, "
+                        "to name your call as the site, with the wrapper's line as the innermost frame")
     p.add_argument("--skip-without-gpu", action="store_true",
                    help="without a GPU (no CUDA device, or neither CuPy nor a CUDA build of torch), print one line "
                         "saying so and exit 0 instead of 2: one CI job for runners with and without GPUs")
@@ -211,6 +215,11 @@ def run(args) -> int:
     if args.confirm_max is not None and not args.confirm:
         print("streamcheck run: --confirm-max limits --confirm; add --confirm (or drop --confirm-max)", file=sys.stderr)
         return 2
+    missing = [path for path in args.library if not os.path.exists(path)]
+    if missing:
+        print(f"streamcheck run: --library {missing[0]}: no such file or directory; give your wrappers' directory "
+              "or file", file=sys.stderr)
+        return 2
     probe = None
     if args.confirm_probe is not None:
         try:
@@ -243,6 +252,9 @@ def run(args) -> int:
         return 2
 
     from .. import instrument
+    from ..core.trace import set_site_settings, site_settings
+
+    sites_before = set_site_settings(replace(site_settings(), libraries=tuple(args.library)))
 
     # The recording starts when the script imports CuPy or torch: CuPy reads its environment then.
     hook = instrument.StartAtImport(delay_us=args.delay_us, delay_streams=args.delay_stream,
@@ -280,6 +292,7 @@ def run(args) -> int:
     finally:
         hook.remove()
         instrument.stop()
+        set_site_settings(sites_before)
         sys.argv = saved_argv
         if saved_path0 is not None:
             sys.path[0] = saved_path0

@@ -33,9 +33,8 @@ race is reported.
 from __future__ import annotations
 
 import json
-import os
 import textwrap
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Optional
 
 from .capture import CaptureError, CaptureTracker, CapturedNode
@@ -67,6 +66,7 @@ from .trace import (
     ThreadStart,
     Trace,
     device_label,
+    site_path,
     stream_label,
 )
 
@@ -110,7 +110,31 @@ class Access:
 
     def describe(self) -> str:
         verb = "writes" if self.write else "reads"
-        return f"{self.actor}: `{self.name}` {verb} at {self.site}"
+        inner = self.site.innermost
+        through = f" (through {site_path(inner)})" if inner is not None else ""
+        return f"{self.actor}: `{self.name}` {verb} at {site_path(self.site)}{through}"
+
+    def to_dict(self, root: Optional[str] = None) -> dict:
+        return dict({"actor": self.actor, "name": self.name, "write": self.write}, **self.site.to_dict(root))
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Access":
+        return cls(d["actor"], d["name"], _site_from_dict(d), d["write"])
+
+
+def _site_from_dict(d: dict) -> CallSite:
+    """The CallSite a to_dict wrote (`site` as path:line, `function`, `innermost`, `stack`)."""
+    def frame(f: dict) -> CallSite:
+        path, _, line = f["site"].rpartition(":")
+        return CallSite(path, int(line), f.get("function", ""))
+
+    inner = d.get("innermost")
+    site = frame(d)
+    return CallSite(site.file, site.line, site.function, frame(inner) if inner else None,
+                    tuple(frame(f) for f in d.get("stack", ())))
+
+
+SHOWN_BUFFERS = 4  # a report names this many of the buffers it folds, then counts the rest
 
 
 @dataclass(frozen=True)
@@ -123,51 +147,71 @@ class Race:
     first: Access
     second: Access
     missing_edge: str
-    hint: str
+    hint: str  # the fix (the text's and the JSON's word)
     count: int = 1
+    # What the report folds (every occurrence of this kind at these two sites), first seen first:
+    # each distinct (first actor, second actor) pair, and each buffer's name. Empty: only this one.
+    streams: tuple = ()
+    buffers: tuple = ()
 
     @property
     def key(self) -> tuple:
-        return (self.kind, self.first.site, self.second.site)
+        """What the checker folds by: the kind and the places (user and innermost frames) of both sites."""
+        return (self.kind, self.first.site.place, self.second.site.place)
 
-    def format(self, width: Optional[int] = None) -> str:
-        """The report; with `width`, lines longer than that are wrapped (see wrap_lines)."""
+    @property
+    def fix(self) -> str:
+        return self.hint
+
+    def format(self, width: Optional[int] = None, stack: bool = False) -> str:
+        """The report; with `width`, lines longer than that are wrapped (see wrap_lines); with
+        `stack`, each access's frames follow it (pytest's -v)."""
         times = f" (seen {self.count}x)" if self.count > 1 else ""
-        text = (
-            f"{self.kind} race on `{self.buffer}` bytes [{self.start}, {self.stop}) "
-            f"(allocated at {self.buffer_site}){times}\n"
-            f"  first:  {self.first.describe()}\n"
-            f"  second: {self.second.describe()}\n"
-            f"  missing edge: {self.missing_edge}\n"
-            f"  fix: {self.hint}"
-        )
-        return wrap_lines(text, width)
+        lines = [f"{self.kind} race on `{self.buffer}` bytes [{self.start}, {self.stop}) "
+                 f"(allocated at {site_path(self.buffer_site)}){times}"]
+        for label, access in (("first: ", self.first), ("second:", self.second)):
+            lines.append(f"  {label} {access.describe()}")
+            if stack:
+                lines.extend(f"            {site_path(frame)} in {frame.function}" for frame in access.site.stack)
+        if len(self.streams) > 1:
+            pairs = "; ".join(f"{a} -> {b}" for a, b in self.streams)
+            lines.append(f"  folds {len(self.streams)} stream pairs: {pairs}")
+        if len(self.buffers) > 1:
+            names = ", ".join(f"`{name}`" for name in self.buffers[:SHOWN_BUFFERS])
+            more = len(self.buffers) - SHOWN_BUFFERS
+            rest = f" and {more} more ({len(self.buffers)} in all)" if more > 0 else ""
+            lines.append(f"  folds {len(self.buffers)} buffers: {names}{rest}")
+        lines += [f"  missing edge: {self.missing_edge}", f"  fix: {self.hint}"]
+        return wrap_lines("\n".join(lines), width)
 
     def to_dict(self, root: Optional[str] = None) -> dict:
-        """The report as JSON-ready data; call sites as `path:line` (see site_path)."""
-        d = asdict(self)
-        d["buffer_site"] = site_path(self.buffer_site, root)
-        d["first"]["site"] = site_path(self.first.site, root)
-        d["second"]["site"] = site_path(self.second.site, root)
-        return d
+        """The report as JSON-ready data, keyed as the text words it (`missing_edge`, `fix`); call
+        sites as `path:line` relative to `root` (see site_path), each access with its
+        `innermost` frame and `stack`."""
+        return {"kind": self.kind, "buffer": self.buffer, "buffer_site": site_path(self.buffer_site, root),
+                "start": self.start, "stop": self.stop, "first": self.first.to_dict(root),
+                "second": self.second.to_dict(root), "missing_edge": self.missing_edge, "fix": self.hint,
+                "count": self.count, "streams": [list(pair) for pair in self.streams],
+                "buffers": list(self.buffers)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Race":
+        """The race a to_dict wrote (its sites' paths as written there)."""
+        path, _, line = d["buffer_site"].rpartition(":")
+        return cls(d["kind"], d["buffer"], CallSite(path, int(line)), d["start"], d["stop"],
+                   Access.from_dict(d["first"]), Access.from_dict(d["second"]), d["missing_edge"], d["fix"],
+                   d["count"], tuple(tuple(pair) for pair in d.get("streams", ())), tuple(d.get("buffers", ())))
 
 
-def site_path(site: CallSite, root: Optional[str] = None) -> str:
-    """`path:line` with the path relative to `root` (default: the working directory) when the
-    file lies under it, else absolute: a basename alone is ambiguous in a repository with two
-    files of that name, and a relative path is what editors and CI annotations resolve."""
-    if site.file.startswith("<"):  # <string>, <stdin>, <unknown>: no file to point at
-        return f"{site.file}:{site.line}"
-    root = os.path.abspath(root if root is not None else os.getcwd())
-    path = os.path.abspath(site.file)
-    if os.path.commonpath([root, path]) == root:
-        path = os.path.relpath(path, root)
-    return f"{path}:{site.line}"
+def reports_to_dicts(races, root: Optional[str] = None) -> list:
+    """The reports as data (Race.to_dict each); call sites relative to `root` (default: the
+    working directory, or what set_site_settings chose)."""
+    return [r.to_dict(root) for r in races]
 
 
 def reports_to_json(races, root: Optional[str] = None) -> str:
-    """The reports as a JSON list; call sites relative to `root` (default: the working directory)."""
-    return json.dumps([r.to_dict(root) for r in races], indent=2)
+    """reports_to_dicts as a JSON text."""
+    return json.dumps(reports_to_dicts(races, root), indent=2)
 
 
 # How far wrapped lines are indented past their first line, so a reader sees where a
@@ -294,10 +338,14 @@ class Checker:
         self._multi = False
         self._peers: set = set()  # (device, peer): kernels on device may access peer's memory
         self.peer_errors: list[PeerAccessError] = []
-        self._races: dict[tuple, Race] = {}
+        self._races: dict[tuple, Race] = {}  # Race.key -> the first report
         self._counts: dict[tuple, int] = {}
+        self._folds: dict[tuple, tuple] = {}  # Race.key -> ({(first owner, second owner): None}, {buffer name: None})
+        # (kind, id(first site), id(second site)) -> (Race.key, both sites: so their ids stay theirs):
+        # a repeat resolves no CallSite.
+        self._keys: dict[tuple, tuple] = {}
         self._witnesses: dict[tuple, tuple] = {}  # Race.key -> (first op, second op) of its first report
-        self._latest: dict[tuple, tuple] = {}  # the field-by-field key of _report -> the same, of its last repeat
+        self._latest: dict[tuple, tuple] = {}  # Race.key -> the same, of its last repeat
         self._capture = CaptureTracker()
         self._graph_buffers: dict = {}  # active graph id -> buffer id -> _Buffer holding its accesses
         self._in_graph: Optional[int] = None  # set while checking a captured node, for the report
@@ -330,17 +378,19 @@ class Checker:
     # --- public -------------------------------------------------------------------------
     @property
     def races(self) -> list[Race]:
-        counts = self._counts
-        return [race if counts[key] == 1 else replace(race, count=counts[key])
-                for key, race in self._races.items()]
+        out = []
+        for key, race in self._races.items():
+            pairs, buffers = self._folds[key]
+            streams = tuple((self.owner_label(a), self.owner_label(b)) for a, b in pairs)
+            out.append(replace(race, count=self._counts[key], streams=streams, buffers=tuple(buffers)))
+        return out
 
     def witness(self, race: Race, latest: bool = False) -> Optional[tuple]:
         """The two trace operations (first, second) of the first time `race` was seen (with
         `latest`, of the last time): the occurrence race-directed confirmation reruns
         (streamcheck.confirm). None if this checker did not report it."""
         if latest:
-            a, b = race.first.site, race.second.site
-            found = self._latest.get((race.kind, a.file, a.line, a.function, b.file, b.line, b.function))
+            found = self._latest.get(race.key)
             if found is not None:
                 return found
         return self._witnesses.get(race.key)
@@ -836,40 +886,49 @@ class Checker:
             kind = "RAW"
         else:
             kind = "WAR"
-        # Race.key, spelled out field by field: hashing strings and ints is much cheaper
-        # than two CallSite.__hash__ calls, and this runs for every repeat of a race.
+        # This runs for every repeat of a race: sites by identity first (resolving a CallSite's
+        # place costs far more), by place (Race.key) once per pair of site objects.
         a, b = first[_OP].site, op.site
-        key = (kind, a.file, a.line, a.function, b.file, b.line, b.function)
+        ident = (kind, id(a), id(b))
+        known = self._keys.get(ident)
+        if known is None:
+            known = self._keys[ident] = ((kind, a.place, b.place), a, b)
+        key = known[0]
         count = self._counts.get(key)
         if count is not None:
             self._counts[key] = count + 1
             self._latest[key] = (first[_OP], op)
+            pairs, buffers = self._folds[key]
+            pairs[(first[_OWNER], owner)] = None
+            buffers[buf.name] = None
             return
         first_access = self._access_of(first[_OWNER], first[_OP], first[_WRITE], first[_FREE])
         second = self._access_of(owner, op, write, free)
-        edge, hint = self._explain(first, first_access, owner, second, kind, op)
+        edge, hint = self._explain(first, first_access, owner, second, kind, op, buf)
         self._counts[key] = 1
-        race = self._races[key] = Race(kind, buf.name, buf.site, max(start, first[_START]),
-                                       min(stop, first[_STOP]), first_access, second, edge, hint)
-        self._witnesses[race.key] = (first[_OP], op)
+        self._folds[key] = ({(first[_OWNER], owner): None}, {buf.name: None})
+        self._races[key] = Race(kind, buf.name, buf.site, max(start, first[_START]),
+                                min(stop, first[_STOP]), first_access, second, edge, hint)
+        self._witnesses[key] = (first[_OP], op)
 
     @staticmethod
     def _hint(src: _Stream, first_access: Access, dst: _Stream, second: Access) -> str:
         return (f"record an event on {src.label} after `{first_access.name}` and make {dst.label} wait "
-                f"on it (stream.wait_event) before `{second.name}` ({second.site})")
+                f"on it (stream.wait_event) before `{second.name}` ({site_path(second.site)})")
 
     def _explain(self, first: tuple, first_access: Access, owner: int, second: Access,
-                 kind: str, op: Op) -> tuple[str, str]:
+                 kind: str, op: Op, buf: _Buffer) -> tuple[str, str]:
         """Say which edge is missing, in the words a CUDA programmer would use."""
-        producer = f"`{first_access.name}` ({first_access.site})"
+        producer = f"`{first_access.name}` ({site_path(first_access.site)})"
+        at = site_path(second.site)
         src, dst = self._owners[first[_OWNER]], self._owners[owner]
         if kind == "FREE" and getattr(op, "pool", "") == "torch" and isinstance(src, _Stream):
             # torch's caching allocator reuses the block on its allocation stream at once.
             return (f"the caching allocator may hand the freed block to the next allocation on {dst.label} "
-                    f"(freed at {second.site}) while {src.label} may still use it for {producer}; the block was "
+                    f"(freed at {at}) while {src.label} may still use it for {producer}; the block was "
                     f"never marked as used on {src.label}",
                     f"call tensor.record_stream({src.label.split(' (')[0]}) after {producer}, before the tensor "
-                    f"is freed or resized at {second.site} (or make {dst.label} wait for {src.label} before the free)")
+                    f"is freed or resized at {at} (or make {dst.label} wait for {src.label} before the free)")
         if self._in_graph is not None:  # both sides are captured nodes on streams
             origin = self._streams[self._capture.origin(self._in_graph)]
             return (f"inside CUDA graph {self._in_graph} (captured on {origin.label}): {dst.label} never "
@@ -881,27 +940,30 @@ class Checker:
                 f"{second.actor} is not ordered after host thread {src.id}'s {producer}: "
                 f"the thread that issued `{second.name}` never synchronized with thread {src.id}",
                 f"join the threads (or hand over with threading.Event) after {producer} and before "
-                f"`{second.name}` ({second.site})",
+                f"`{second.name}` ({at})",
             )
         if isinstance(dst, _Thread):  # the later access is the host's
             verb = "freed" if kind == "FREE" else ("wrote" if second.write else "read")
-            return (
-                f"host thread {dst.id} {verb} the memory at {second.site} without synchronizing with "
-                f"{src.label} after {producer}",
-                f"call {src.label}.synchronize() (or synchronize an event recorded after "
-                f"`{first_access.name}`) before `{second.name}` ({second.site})",
-            )
+            hint = (f"call {src.label}.synchronize() (or synchronize an event recorded after "
+                    f"`{first_access.name}`) before `{second.name}` ({at})")
+            if kind == "FREE" and isinstance(src, _Stream) and not getattr(op, "pool", ""):
+                # The device API's free takes a stream: reuse then waits for that stream's work,
+                # and the host does not block.
+                hint = (f"free it on {src.label} instead: device.free({buf.name}, stream=<{src.label}>) at "
+                        f"{at} is ordered after {producer} without blocking the host; or {hint}")
+            return (f"host thread {dst.id} {verb} the memory at {at} without synchronizing with "
+                    f"{src.label} after {producer}", hint)
         hint = self._hint(src, first_access, dst, second)
         tick = first[_TICK]
         for event, wait_site, was_recorded in dst.waits.values():
             # The event now covers the producer, but the wait came before that record.
             if event.stream is src and event.state.get(src.owner, 0) >= tick:
                 if not was_recorded:
-                    return (f"{dst.label} waited on event `{event.name}` at {wait_site} before it was ever "
+                    return (f"{dst.label} waited on event `{event.name}` at {site_path(wait_site)} before it was ever "
                             f"recorded (it was recorded on {src.label} after {producer} only later); "
                             "a wait on a never-recorded event is a no-op",
                             f"issue the wait after the record: {hint}")
-                return (f"{dst.label} waited on event `{event.name}` at {wait_site}, before it was "
+                return (f"{dst.label} waited on event `{event.name}` at {site_path(wait_site)}, before it was "
                         f"re-recorded on {src.label} after {producer}; a wait sees only the state the "
                         "event had at the wait call",
                         f"issue the wait after the record: {hint}")
@@ -909,7 +971,7 @@ class Checker:
         if captured is not None:
             name, _, record_site = captured
             return (f"{dst.label} waited on event `{name}`, but it was recorded on {src.label} (at "
-                    f"{record_site}) before {producer} was issued; a wait only covers work recorded at "
+                    f"{site_path(record_site)}) before {producer} was issued; a wait only covers work recorded at "
                     "that time",
                     f"record the event after `{first_access.name}`: {hint}")
         edge = f"{dst.label} never waited for an event recorded on {src.label} after {producer}"

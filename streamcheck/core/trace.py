@@ -13,7 +13,8 @@ import enum
 import json
 import os
 import sys
-from dataclasses import asdict, dataclass, field
+import sysconfig
+from dataclasses import asdict, dataclass, field, replace
 from typing import Optional, Union
 
 
@@ -62,48 +63,292 @@ def device_label(label: str, device: int) -> str:
 
 
 @dataclass(frozen=True)
-class CallSite:
-    file: str
-    line: int
-    function: str = ""
+class SiteSettings:
+    """What every call-site resolver of the process (the device API's and each recording's) takes
+    for the user's code, and how reports print its paths. Set with set_site_settings: the pytest
+    plugin (`--streamcheck-library`, the rootdir) and `streamcheck run --library` do."""
 
-    def __str__(self) -> str:
+    libraries: tuple = ()  # absolute path prefixes of the user's own wrappers: library frames, like torch's
+    root: Optional[str] = None  # report paths relative to this directory; None: the working directory
+    depth: int = 8  # frames of stack kept per operation (JSON, Perfetto args, -v)
+
+
+_site_settings = SiteSettings()
+_settings_version = 0  # bumped by set_site_settings: resolvers reclassify their files
+
+
+def site_settings() -> SiteSettings:
+    return _site_settings
+
+
+def set_site_settings(settings: SiteSettings) -> SiteSettings:
+    """Make `settings` the process's; returns the previous ones, for the caller to restore."""
+    global _site_settings, _settings_version
+    if not isinstance(settings.depth, int) or settings.depth < 1:
+        raise ValueError(f"call-site depth must be an integer >= 1, got {settings.depth!r}")
+    previous = _site_settings
+    # A directory as a prefix that ends in a separator: pkg1 must not take in pkg10's files.
+    libraries = tuple(os.path.join(p, "") if os.path.isdir(p) else p for p in map(os.path.abspath, settings.libraries))
+    _site_settings = replace(settings, libraries=libraries)
+    _settings_version += 1
+    return previous
+
+
+def site_path(site: "CallSite", root: Optional[str] = None) -> str:
+    """`path:line` with the path relative to `root` (default: the settings' root, else the working
+    directory) when the file lies under it, else absolute: a basename alone is ambiguous in a
+    repository with two files of that name, and a relative path is what editors and CI resolve."""
+    if site.file.startswith("<"):  # <string>, <stdin>, <unknown>: no file to point at
+        return f"{site.file}:{site.line}"
+    if root is None:
+        root = _site_settings.root
+    root = os.path.abspath(root if root is not None else os.getcwd())
+    path = os.path.abspath(site.file)
+    # An installed library's file by its package path (torch/_ops.py), however deep the environment.
+    installed = [d for d in _installed_dirs() if path.startswith(d)]
+    if installed:
+        path = os.path.relpath(path, max(installed, key=len))
+    elif os.path.commonpath([root, path]) == root:
+        path = os.path.relpath(path, root)
+    return f"{path}:{site.line}"
+
+
+def _line_at(code, offset: int) -> int:
+    """The source line of the instruction at byte `offset` of `code` (what frame.f_lineno says)."""
+    for start, stop, line in code.co_lines():
+        if start <= offset < stop:
+            return line if line is not None else code.co_firstlineno
+    return code.co_firstlineno
+
+
+class CallSite:
+    """Where an operation was issued. `file`, `line`, `function`: the user's frame, the first one
+    outside streamcheck and the libraries (torch, CuPy, Triton, transformers, the standard library,
+    the user's own wrappers of SiteSettings.libraries). `innermost`: the frame the call left the
+    program from (a library's line), when it is another one; None otherwise. `stack`: the frames
+    from the innermost outward, each a CallSite without a stack of its own.
+
+    Sites compare by their user frame (as a line of the user's program); `place` adds the innermost
+    frame: two call paths to one library line are two places (two reports), the frames in between
+    are context. A resolver's site keeps
+    (code object, instruction offset) pairs and finds files and lines only when first read, so
+    recording pays for a walk of the frames, and only a report for their lines."""
+
+    __slots__ = ("_file", "_line", "_function", "_innermost", "_stack", "_frames", "_hash")
+
+    def __init__(self, file: str, line: int, function: str = "", innermost: Optional["CallSite"] = None,
+                 stack: tuple = ()):
+        self._file, self._line, self._function = file, line, function
+        self._innermost, self._stack = innermost, tuple(stack)
+        self._frames = None
+        self._hash = None
+
+    @classmethod
+    def captured(cls, frames: tuple, user: int) -> "CallSite":
+        """A site of (code, offset) pairs, innermost first; `user` indexes the user's frame."""
+        site = cls.__new__(cls)
+        site._frames = (frames, user)
+        site._hash = None
+        return site
+
+    def _resolve(self) -> None:
+        frames, user = self._frames
+        stack = tuple(CallSite(code.co_filename, _line_at(code, offset), code.co_name) for code, offset in frames)
+        self._file, self._line, self._function = stack[user]._file, stack[user]._line, stack[user]._function
+        self._innermost = stack[0] if user != 0 else None
+        self._stack = stack[:max(_site_settings.depth, 1)]
+        self._frames = None
+
+    @property
+    def file(self) -> str:
+        if self._frames is not None:
+            self._resolve()
+        return self._file
+
+    @property
+    def line(self) -> int:
+        if self._frames is not None:
+            self._resolve()
+        return self._line
+
+    @property
+    def function(self) -> str:
+        if self._frames is not None:
+            self._resolve()
+        return self._function
+
+    @property
+    def innermost(self) -> Optional["CallSite"]:
+        if self._frames is not None:
+            self._resolve()
+        return self._innermost
+
+    @property
+    def stack(self) -> tuple:
+        if self._frames is not None:
+            self._resolve()
+        return self._stack
+
+    @property
+    def place(self) -> tuple:
+        """(file, line, function) of the user's frame, then of the innermost frame if there is one."""
+        inner = self.innermost
+        return (self.file, self.line, self.function) + (() if inner is None else inner.place)
+
+    def __eq__(self, other) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, CallSite):
+            return NotImplemented
+        return (self.file, self.line, self.function) == (other.file, other.line, other.function)
+
+    def __hash__(self) -> int:
+        if self._hash is None:
+            self._hash = hash((self.file, self.line, self.function))
+        return self._hash
+
+    def __repr__(self) -> str:
+        inner = f", innermost={self.innermost!r}" if self.innermost is not None else ""
+        return f"CallSite({self.file!r}, {self.line}, {self.function!r}{inner})"
+
+    def __str__(self) -> str:  # short, for messages beside a traceback; reports use site_path
         return f"{os.path.basename(self.file)}:{self.line}"
+
+    def __reduce__(self):  # code objects do not pickle: a copy carries the resolved frames
+        return CallSite, (self.file, self.line, self.function, self.innermost, self.stack)
+
+    def to_dict(self, root: Optional[str] = None) -> dict:
+        """JSON-ready: `site` (path:line, see site_path), `function`, `innermost` (the same, or None)
+        and `stack` (a list of them, innermost first)."""
+        def frame(f: "CallSite") -> dict:
+            return {"site": site_path(f, root), "function": f.function}
+
+        inner = self.innermost
+        return dict(frame(self), innermost=None if inner is None else frame(inner),
+                    stack=[frame(f) for f in self.stack])
 
 
 UNKNOWN_SITE = CallSite("<unknown>", 0)
 
+MACHINERY, LIBRARY, USER = 0, 1, 2  # what a frame's file is to a resolver
+# Packages whose frames are libraries wherever they are installed (found once imported).
+LIBRARY_PACKAGES = ("torch", "cupy", "cupyx", "cupy_backends", "triton", "transformers")
+_installed: Optional[tuple] = None
+
+
+def _installed_dirs() -> tuple:
+    """The standard library's and the installed packages' directories."""
+    global _installed
+    if _installed is None:
+        paths = sysconfig.get_paths()
+        _installed = tuple(os.path.join(os.path.abspath(paths[k]), "")
+                           for k in ("stdlib", "platstdlib", "purelib", "platlib"))
+    return _installed
+
+
+def _library_prefixes() -> tuple:
+    """The standard library, installed packages, and the LIBRARY_PACKAGES imported so far
+    (an editable install lives elsewhere)."""
+    found = []
+    for name in LIBRARY_PACKAGES:
+        file = getattr(sys.modules.get(name), "__file__", None)
+        if file:
+            found.append(os.path.join(os.path.dirname(os.path.abspath(file)), ""))
+    return _installed_dirs() + tuple(found)
+
 
 class SiteResolver:
-    """The user's line that issued a call: the first frame outside `internal` (path prefixes:
-    the recording machinery and the libraries it wraps). Runs once per recorded operation, so
-    both the per-file verdict and the sites are cached, keyed by file name (whose hash Python
-    caches) rather than by code object (whose hash it recomputes)."""
+    """The site of the call being recorded, from the frames above the caller: those under
+    `internal` (path prefixes: the recording machinery) are skipped; library frames come next,
+    then the user's frame; the walk goes on through the user's callers and stops at the first
+    frame that is not the user's again (pytest, runpy, streamcheck's runner) or at
+    SiteSettings.depth frames. It runs once per recorded operation, so it keeps only (code
+    object, offset) pairs, keyed by the code objects' ids (the site holds its codes, so an id
+    in the table stays theirs), and caches what each file is by file name (whose hash Python
+    caches; a code object's it recomputes)."""
 
-    def __init__(self, internal):
+    def __init__(self, internal, libraries=()):
         self.internal = tuple(internal)
-        self._inside: dict = {}  # file name -> frame is machinery
-        self._sites: dict = {}  # (file name, line) -> CallSite
+        self.libraries = tuple(libraries)  # more library prefixes (a recording's Gpu knows its own)
+        self._kinds: dict = {}  # file name -> MACHINERY, LIBRARY or USER
+        self._sites: dict = {}  # (id(code), offset, ...) innermost first -> CallSite
+        self._version = _settings_version
+
+    def kind_of(self, filename: str) -> int:
+        """What a frame of `filename` is to this resolver: MACHINERY, LIBRARY or USER."""
+        if self._version != _settings_version:  # other libraries: other user frames
+            self._kinds.clear()
+            self._sites.clear()
+            self._version = _settings_version
+        kind = self._kinds.get(filename)
+        if kind is None:
+            kind = self._kinds[filename] = self._classify(filename)
+        return kind
+
+    def _classify(self, filename: str) -> int:
+        if filename.startswith("<"):  # <frozen importlib._bootstrap> is the standard library; <string> the user's
+            return LIBRARY if filename.startswith("<frozen ") else USER
+        path = os.path.abspath(filename)
+        if path.startswith(self.internal):
+            return MACHINERY
+        if path.startswith(self.libraries + _site_settings.libraries) or path.startswith(_library_prefixes()):
+            return LIBRARY
+        return USER
 
     def __call__(self, depth_limit: int = 64) -> CallSite:
+        if self._version != _settings_version:
+            self.kind_of("")
+        kinds = self._kinds
         frame = sys._getframe(1)
-        inside = self._inside
-        for _ in range(depth_limit):
+        # The hot path: per frame one dictionary lookup and two ints kept; no line numbers.
+        key = []
+        keep = key.append
+        user = -1  # index of the user's frame among those kept
+        for _ in range(depth_limit):  # streamcheck's frames, then the libraries', up to the user's
             if frame is None:
                 break
-            filename = frame.f_code.co_filename
-            skipped = inside.get(filename)
-            if skipped is None:
-                path = filename if filename.startswith("<") else os.path.abspath(filename)
-                skipped = inside[filename] = path.startswith(self.internal)
-            if not skipped:
-                key = (filename, frame.f_lineno)
-                site = self._sites.get(key)
-                if site is None:
-                    site = self._sites[key] = CallSite(filename, frame.f_lineno, frame.f_code.co_name)
-                return site
+            code = frame.f_code
+            kind = kinds.get(code.co_filename)
+            if kind is None:
+                kind = self.kind_of(code.co_filename)
+            if kind:
+                keep(id(code))
+                keep(frame.f_lasti)
+                if kind == USER:
+                    user = len(key) // 2 - 1
+                    break
             frame = frame.f_back
-        return UNKNOWN_SITE
+        if user >= 0:  # the user's callers, while they are the user's (not pytest's, runpy's, ours)
+            frame = frame.f_back
+            for _ in range(_site_settings.depth - 1):
+                if frame is None:
+                    break
+                code = frame.f_code
+                kind = kinds.get(code.co_filename)
+                if kind is None:
+                    kind = self.kind_of(code.co_filename)
+                if kind != USER:
+                    break
+                keep(id(code))
+                keep(frame.f_lasti)
+                frame = frame.f_back
+        if not key:
+            return UNKNOWN_SITE
+        key = tuple(key)
+        site = self._sites.get(key)
+        if site is None:  # the first time this call path is seen
+            site = self._sites[key] = self._capture(len(key) // 2, max(user, 0))
+        return site
+
+    def _capture(self, count: int, user: int) -> CallSite:
+        """The site of the `count` frames the walk in __call__ kept (it skipped machinery only)."""
+        frame = sys._getframe(2)
+        frames = []
+        while frame is not None and len(frames) < count:
+            if self._kinds.get(frame.f_code.co_filename) != MACHINERY:
+                frames.append((frame.f_code, frame.f_lasti))
+            frame = frame.f_back
+        return CallSite.captured(tuple(frames), user)
 
 
 @dataclass(frozen=True)

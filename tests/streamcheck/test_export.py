@@ -187,7 +187,12 @@ def test_implicit_join_export_is_valid_and_shows_the_race(post):
     assert lanes[consumer["tid"]] == consumer_lane
     for event, role, access in ((producer, "first", race.first), (consumer, "second", race.second)):
         assert event["cname"] == "terrible" and event["args"]["race"] is True
-        assert event["args"]["site"] == str(access.site)
+        # Paths relative to the rootdir, and the stack: the device call's line in implicit_join, then
+        # this test's call of it; pytest's frames beyond are not the user's.
+        assert event["args"]["site"] == T.site_path(access.site)
+        assert event["args"]["stack"][0] == f"{T.site_path(access.site)} in implicit_join"
+        assert [frame.rpartition(" in ")[2] for frame in event["args"]["stack"]] == [
+            "implicit_join", "test_implicit_join_export_is_valid_and_shows_the_race"]
         (info,) = event["args"]["races"]
         assert (info["kind"], info["buffer"], info["role"]) == ("RAW", "Y", role)
     assert "Y bytes [0, 32)" in producer["args"]["writes"]
@@ -461,9 +466,17 @@ def test_json_reports_name_files_relative_to_the_root_not_by_basename(tmp_path, 
     assert (data["first"]["site"], data["second"]["site"]) == ("kernels.py:7", "/elsewhere/kernels.py:9")
     [data] = json.loads(reports_to_json([_race("<string>", outside)], root=str(tmp_path)))
     assert data["first"]["site"] == "<string>:7"
-    monkeypatch.chdir(tmp_path)  # the default root is the working directory
-    [data] = json.loads(reports_to_json([_race(inside_a, inside_b)]))
-    assert (data["first"]["site"], data["second"]["site"]) == ("pkg/kernels.py:7", "tests/kernels.py:9")
+    # The default root: the one set_site_settings chose (the plugin's: the rootdir), else the working directory.
+    previous = T.set_site_settings(T.SiteSettings(root=str(tmp_path / "tests")))
+    try:
+        [data] = json.loads(reports_to_json([_race(inside_a, inside_b)]))
+        assert (data["first"]["site"], data["second"]["site"]) == (f"{tmp_path}/pkg/kernels.py:7", "kernels.py:9")
+        T.set_site_settings(T.SiteSettings(root=None))
+        monkeypatch.chdir(tmp_path)
+        [data] = json.loads(reports_to_json([_race(inside_a, inside_b)]))
+        assert (data["first"]["site"], data["second"]["site"]) == ("pkg/kernels.py:7", "tests/kernels.py:9")
+    finally:
+        T.set_site_settings(previous)
 
 
 def test_format_report_wraps_at_a_width_and_keeps_lines_whole_without_one():

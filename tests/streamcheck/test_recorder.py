@@ -4,6 +4,7 @@ default streams, the delay rule, and what a patch may and may not replace."""
 from __future__ import annotations
 
 import gc
+import importlib.util
 import sys
 import threading
 import types
@@ -247,3 +248,49 @@ def test_a_new_stream_at_a_destroyed_streams_address_is_another_stream(rec):
     launch(rec, "read", FakeStream(0x10), reads=(data,))
     (race,) = rec.races
     assert (race.kind, race.first.name, race.second.name) == ("RAW", "write", "read")
+
+
+def _racy_steps(rec, steps: int) -> None:
+    """Each step: s1 writes x, s2 reads it without a wait (a race), then the host reads y on s1."""
+    s1, s2 = FakeStream(0x10), FakeStream(0x20)
+    rec.alloc(0x1000, 64, stream=s1)
+    rec.alloc(0x2000, 64, stream=s1)
+    x, y = FakeArray(0x1000, 64), FakeArray(0x2000, 64)
+    for _ in range(steps):
+        launch(rec, "write", s1, writes=(x,))
+        launch(rec, "read", s2, reads=(x,), writes=(y,))
+        rec.host_read("get", y, s1, True, lambda: None)
+
+
+def test_checks_deferred_to_host_syncs_report_what_checks_at_each_record_report(monkeypatch):
+    reports = []
+    for defer in (False, True):
+        rec = R.Recorder(FakeGpu())
+        monkeypatch.setattr(R, "current", rec)
+        if defer:
+            rec.defer_checks()
+        _racy_steps(rec, 3)
+        reports.append([(r.kind, r.first.name, r.second.name, r.count) for r in rec.races])
+    # x's write and read race every step, the next step's write with the read (WAR), and the
+    # host's read of y with s2's write of it (the host synchronized s1 only).
+    assert reports[0] == reports[1] == [("RAW", "write", "read", 3), ("RAW", "read", "copy D2H", 3),
+                                        ("WAR", "read", "write", 2)]
+
+
+def test_a_library_call_site_names_the_users_line_and_the_librarys_as_innermost(tmp_path, monkeypatch):
+    """Frames in the Gpu's library_dirs are the library's: the site is the user's call of it, and
+    the library's line is the innermost frame (before, they were skipped without a trace)."""
+    (tmp_path / "fakelib").mkdir()
+    (tmp_path / "fakelib" / "api.py").write_text("def launch(rec, stream):\n    rec.launch('k', lambda: None, stream=stream)\n")
+    spec = importlib.util.spec_from_file_location("fakelib_api", tmp_path / "fakelib" / "api.py")
+    api = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(api)
+    gpu = FakeGpu()
+    gpu.library_dirs = (str(tmp_path / "fakelib"),)
+    rec = R.Recorder(gpu)
+    monkeypatch.setattr(R, "current", rec)
+    line = sys._getframe().f_lineno + 1
+    api.launch(rec, FakeStream(0x10))
+    (op,) = ops(rec, T.Launch)
+    assert (op.site.file, op.site.line) == (__file__, line)
+    assert (op.site.innermost.file, op.site.innermost.line) == (str(tmp_path / "fakelib" / "api.py"), 2)

@@ -279,7 +279,7 @@ def test_the_strike_hint_names_the_race_directed_delay_of_each_first_access():
     (line,) = strike_hints([race, race], 0, "prog.py", ["--steps", "4"])
     assert line.startswith("streamcheck: to make them strike, rerun with delays: streamcheck run --delay-us 200 "
                            "--delay-stream s1 --delay-kernel matmul prog.py --steps 4  (delays stream s1 (created at "
-                           "prog.py:3): `matmul` writes at test_run_cli.py:")
+                           "prog.py:3): `matmul` writes at tests/streamcheck/test_run_cli.py:")
     assert line.endswith("so that `postscale` (test_run_cli.py:" + str(race.second.site.line) + ") runs first)")
     host_first = replace(race, first=replace(race.first, actor="host thread 0"))
     assert strike_hints([host_first], 3, "prog.py", []) == [

@@ -8,11 +8,13 @@ alarm on the safe twin.
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import pytest
 
-from streamcheck.core.hb import Checker, Race, TraceError, check, format_report, reports_to_json, site_path
+from streamcheck.core.hb import (Checker, Race, TraceError, check, format_report, reports_to_dicts, reports_to_json,
+                                site_path)
 from streamcheck.core.trace import (Alloc, CallSite, Copy, CopyKind, DeviceSync, EventCreate, EventRecord, EventSync,
                                Free, HostAccess, ImplicitSync, Launch, Range, StreamCreate, StreamKind, StreamSync,
                                StreamWait, ThreadJoin, ThreadStart, Trace)
@@ -525,14 +527,17 @@ def test_report_names_everything_a_user_needs():
         "stream A", "matmul", sites["matmul"], True)
     assert (race.second.actor, race.second.name, race.second.site, race.second.write) == (
         "stream B", "post_scale", sites["post_scale"], False)
+    # Reports name files relative to the root (the rootdir under pytest): two ops.py of two packages stay apart.
+    where = {name: site_path(site) for name, site in sites.items()}
+    assert where["matmul"].startswith(os.path.relpath(__file__) + ":")
     assert race.missing_edge == (
-        f"stream B never waited for an event recorded on stream A after `matmul` ({sites['matmul']})")
+        f"stream B never waited for an event recorded on stream A after `matmul` ({where['matmul']})")
     assert "record an event on stream A after `matmul`" in race.hint
-    assert "stream B wait on it" in race.hint and str(sites["post_scale"]) in race.hint
+    assert "stream B wait on it" in race.hint and where["post_scale"] in race.hint
     text = format_report([race])
-    for piece in ("RAW race on `out` bytes [0, 4096)", f"allocated at {sites['out']}",
-                  f"stream A: `matmul` writes at {sites['matmul']}",
-                  f"stream B: `post_scale` reads at {sites['post_scale']}", race.missing_edge, race.hint):
+    for piece in ("RAW race on `out` bytes [0, 4096)", f"allocated at {where['out']}",
+                  f"stream A: `matmul` writes at {where['matmul']}",
+                  f"stream B: `post_scale` reads at {where['post_scale']}", race.missing_edge, race.hint):
         assert piece in text
 
 
@@ -545,7 +550,7 @@ def test_report_range_is_the_overlap():
 def test_wait_before_record_has_its_own_wording():
     p = wait_on_never_recorded_event()
     [race] = p.races()
-    wait_site = p.ops[5].site
+    wait_site = site_path(p.ops[5].site)
     assert isinstance(p.ops[5], StreamWait)
     assert race.missing_edge.startswith(f"stream B waited on event `done` at {wait_site} before it was ever recorded")
     assert "a wait on a never-recorded event is a no-op" in race.missing_edge
@@ -562,7 +567,7 @@ def test_wait_before_rerecord_has_its_own_wording():
 def test_record_too_early_has_its_own_wording():
     p = record_before_producer()
     [race] = p.races()
-    record_site = p.ops[4].site
+    record_site = site_path(p.ops[4].site)
     assert isinstance(p.ops[4], EventRecord)
     assert race.missing_edge.startswith(
         f"stream B waited on event `done`, but it was recorded on stream A (at {record_site}) before `produce`")
@@ -650,14 +655,52 @@ def test_json_round_trips():
     p, sites = flashnorm_bug(steps=2)
     races = p.races() + free_program("host, no sync").races()
     data = json.loads(reports_to_json(races))
-    assert data == [r.to_dict() for r in races]
+    assert data == reports_to_dicts(races) == [r.to_dict() for r in races]
     first = data[0]
     assert first["kind"] == "RAW" and first["buffer"] == "out" and first["count"] == 2
     # Paths relative to the working directory (tests/streamcheck/test_export.py checks site_path itself).
-    assert first["first"] == {"actor": "stream A", "name": "matmul", "site": site_path(sites["matmul"]), "write": True}
+    assert first["first"] == {"actor": "stream A", "name": "matmul", "site": site_path(sites["matmul"]), "write": True,
+                              "function": "flashnorm_bug", "innermost": None, "stack": []}
     assert first["second"]["site"] == site_path(sites["post_scale"])
-    assert first["missing_edge"] == races[0].missing_edge
+    # Keyed as the text words it.
+    assert (first["missing_edge"], first["fix"]) == (races[0].missing_edge, races[0].hint) and "hint" not in first
+    assert (first["streams"], first["buffers"]) == ([["stream A", "stream B"]], ["out"])
     assert data[1]["kind"] == "FREE"
+    assert [Race.from_dict(d).to_dict() for d in data] == data  # what a reader of the file rebuilds
+
+
+def test_a_report_lists_the_stream_pairs_and_buffers_it_folds():
+    """One line issues the same two kernels for several stream pairs and buffers: one report (same
+    kind, same two sites), which names every pair and counts the buffers past the first few."""
+    p = Prog()
+    for name in "ABCD":
+        p.stream(name)
+    for k in range(6):
+        src, dst = ("A", "B") if k % 2 == 0 else ("C", "D")
+        p.alloc(f"x{k}")
+        p.launch(src, "produce", writes=[f"x{k}"])
+        p.launch(dst, "consume", reads=[f"x{k}"])
+    [race] = p.races()
+    assert race.count == 6
+    assert race.streams == (("stream A", "stream B"), ("stream C", "stream D"))
+    assert race.buffers == tuple(f"x{k}" for k in range(6))
+    text = race.format()
+    assert "  folds 2 stream pairs: stream A -> stream B; stream C -> stream D\n" in text
+    assert "  folds 6 buffers: `x0`, `x1`, `x2`, `x3` and 2 more (6 in all)\n" in text
+
+
+def test_a_report_of_one_pair_and_one_buffer_lists_no_folds():
+    [race] = flashnorm_bug(steps=3)[0].races()
+    assert race.count == 3 and "folds" not in race.format()
+
+
+def test_host_free_fix_offers_the_stream_ordered_free_first():
+    """The device API's free takes a stream: freeing on the stream that still uses the memory
+    orders the reuse after it without blocking the host, so that is the first fix offered."""
+    [race] = free_program("host, no sync").races()
+    assert race.kind == "FREE" and race.second.actor == "host thread 0"
+    assert race.hint.startswith("free it on stream A instead: device.free(x, stream=<stream A>) at ")
+    assert "; or call stream A.synchronize()" in race.hint
 
 
 def test_no_races_report():
