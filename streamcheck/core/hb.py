@@ -990,10 +990,11 @@ def check(trace: Trace) -> list[Race]:
     return checker.races
 
 
-def format_report(races, width: Optional[int] = None) -> str:
+def format_report(races, width: Optional[int] = None, stack: bool = False) -> str:
     """All reports, for a person. `width` (a terminal's columns) wraps long lines; None, the
-    default, keeps each line whole, for files, logs and callers that wrap themselves."""
+    default, keeps each line whole, for files, logs and callers that wrap themselves. `stack`:
+    each access's frames under it (pytest's -v)."""
     if not races:
         return "streamcheck: no races found"
     head = f"streamcheck: {len(races)} race{'s' if len(races) != 1 else ''} found"
-    return "\n\n".join([head] + [r.format(width) for r in races])
+    return "\n\n".join([head] + [r.format(width, stack) for r in races])

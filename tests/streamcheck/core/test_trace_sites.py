@@ -10,6 +10,7 @@ import threading
 
 import pytest
 
+from streamcheck.core.hb import format_report
 from streamcheck.core.trace import LIBRARY, MACHINERY, USER, SiteResolver, SiteSettings, set_site_settings, site_path
 from streamcheck.device import Device
 from streamcheck.device_objects import caller_site
@@ -85,7 +86,8 @@ def test_two_wrappers_of_one_file_name_are_told_apart_and_the_callers_line_is_in
     # The stack names the user's call of the wrapper (main.py), then this fixture's call of the program.
     stack = [(site_path(f), f.function) for f in race.second.site.stack]
     assert stack[:2] == [(f"pkg1/ops.py:{WRAPPER_LINE}", "write"), (f"main.py:{CALL_OPS1_FIRST}", "program")]
-    assert race.format(stack=True).count(f"main.py:{CALL_OPS1_FIRST} in program") == 1
+    assert format_report([race], stack=True).count(f"            main.py:{CALL_OPS1_FIRST} in program\n") == 1
+    assert "in program" not in format_report([race])
 
 
 def test_wrappers_named_as_libraries_give_the_users_line_and_the_wrapper_as_innermost(wrapped, settings):
