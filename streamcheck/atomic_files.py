@@ -119,6 +119,10 @@ def write_file(path: str | os.PathLike, write: Callable[[str], object]) -> str:
         write(temporary)
         _sync_file(temporary)
         os.replace(temporary, path)
+    except OSError as exc:
+        if exc.filename is None or exc.filename == temporary:  # the caller's name, not our temporary's
+            exc.filename = path
+        raise
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+from .atomic_files import write_text
 from .core.trace import site_path
 # The model lived in this module before it had one of its own: its names stay importable from here.
 from .timeline_model import (ISSUE_ORDER, MICROSECONDS, STEPS, Edge, Lane, LocatedRace, Model, Slice,
@@ -142,8 +143,6 @@ def _flow(flow_id: int, edge: Edge, src: Slice, dst: Slice, tids: dict) -> list:
 
 
 def write_chrome_trace(source, path) -> str:
-    """Write the run as Chrome Trace Event JSON to `path` (open it in ui.perfetto.dev)."""
-    data = to_chrome_trace(source)
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1)
-    return str(path)
+    """Write the run as Chrome Trace Event JSON to `path` (open it in ui.perfetto.dev): the whole
+    file or, if writing fails or the process is killed, none (atomic_files.write_file)."""
+    return write_text(path, json.dumps(to_chrome_trace(source), indent=1))

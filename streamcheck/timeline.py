@@ -11,9 +11,11 @@ pyplot, so the caller's interactive backend is left alone.
 """
 from __future__ import annotations
 
+import os
 import textwrap
 from typing import Optional
 
+from .atomic_files import write_file
 from .timeline_model import ISSUE_ORDER, MICROSECONDS, STEPS, Model, Slice, build_model
 
 # Colours: quiet for ordinary work so the race stands out.
@@ -184,7 +186,13 @@ def render_timeline(source, path, title: Optional[str] = None, *, window=None, d
     for n, (line, color) in enumerate(footer_lines):
         texts.append(fig.text(0.01, (0.1 + 0.22 * (len(footer_lines) - 1 - n)) / height, line, fontsize=8,
                               color=color, family="monospace"))
-    fig.savefig(path, dpi=dpi)
+    if isinstance(path, (str, os.PathLike)):
+        if not os.path.splitext(path)[1]:
+            path = f"{os.fspath(path)}.png"  # as savefig names a file without a suffix
+        # The whole PNG or none, even if the process is killed while matplotlib writes it.
+        write_file(path, lambda temporary: fig.savefig(temporary, dpi=dpi))
+    else:  # a file object the caller opened
+        fig.savefig(path, dpi=dpi)
     summary["size"] = tuple(fig.canvas.get_width_height())  # pixels, as written
     # Every text in the picture, measured by matplotlib as drawn: (text, (x0, y0, x1, y1)) in pixels.
     ticks = [tick.label1 for tick in ax.xaxis.get_major_ticks() if x0 <= tick.get_loc() <= x1]  # those drawn

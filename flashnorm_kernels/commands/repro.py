@@ -13,13 +13,13 @@ Exit status: 0 reproduced and fixed, 1 not reproduced, 2 bad usage / environment
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 import time
 from contextlib import contextmanager, nullcontext, redirect_stdout
 from typing import Optional
 
+from streamcheck.atomic_files import write_text
 from streamcheck.commands import STDOUT, output_problem, report_width, timeline_file, timeline_problem
 
 FIXTURE = "tiny_llama_zen"
@@ -73,25 +73,6 @@ def _usage_problem(args) -> Optional[str]:
     # Checked before minutes of runs, not after them.
     return (timeline_problem(args.timeline) or output_problem("--trace", args.trace, "race.json")
             or output_problem("--json", args.json, "repro.json"))
-
-
-def _write_whole(path: str, write) -> None:
-    """`write(name)` to a temporary sibling, renamed onto `path` once complete: a failed write
-    leaves neither a partial file nor a clobbered old one."""
-    head, base = os.path.split(os.path.abspath(path))
-    stem, suffix = os.path.splitext(base)
-    temporary = os.path.join(head, f".{stem}.{os.getpid()}.tmp{suffix}")  # same suffix: matplotlib reads the format
-    try:
-        write(temporary)
-        os.replace(temporary, path)
-    finally:
-        if os.path.exists(temporary):
-            os.remove(temporary)
-
-
-def _write_text(path: str, text: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
 
 
 @contextmanager
@@ -253,12 +234,12 @@ def _repro(backend: str, args, json_out=None) -> int:
             from streamcheck.timeline import render_timeline
 
             path = timeline_file(args.timeline)
-            _write_whole(path, lambda name: render_timeline(buggy.candidate.device, name))
+            render_timeline(buggy.candidate.device, path)  # each output whole or absent (atomic_files)
             print(f"timeline of the implicit-join run: {path}")
         if args.trace:
             from streamcheck.export import write_chrome_trace
 
-            _write_whole(args.trace, lambda name: write_chrome_trace(buggy.candidate.device, name))
+            write_chrome_trace(buggy.candidate.device, args.trace)
             print(f"Perfetto trace of the implicit-join run: {args.trace} (open in https://ui.perfetto.dev)")
         if args.json:
             report = {"bug": "implicit-join", "backend": backend, "tokens": args.tokens, "seed": args.seed,
@@ -269,7 +250,7 @@ def _repro(backend: str, args, json_out=None) -> int:
             if json_out is not None:
                 json_out.write(json.dumps(report, indent=2) + "\n")
             else:
-                _write_whole(args.json, lambda name: _write_text(name, json.dumps(report, indent=2) + "\n"))
+                write_text(args.json, json.dumps(report, indent=2) + "\n")
                 print(f"JSON report: {args.json}")
         if (args.timeline or args.trace) and buggy.comparison.matches:
             # Still the run named above, not the fixed one: its race is marked even though it did not strike.

@@ -259,34 +259,57 @@ _TRACE_FILES = (
 )
 
 
-def write_trace(config, nodeid: str, device) -> Optional[str]:
+@dataclass(frozen=True)
+class TraceFiles:
+    """Where write_trace put a failing test's files, or why it could not."""
+
+    directory: str
+    problem: str = ""  # the OSError's words when the directory could not be written
+
+
+def write_trace(config, nodeid: str, device) -> Optional[TraceFiles]:
     """With --streamcheck-trace-dir: DIR/<node id>/ gets the failing run's trace.json,
-    report.txt, perfetto.json for ui.perfetto.dev and timeline.png."""
+    report.txt, perfetto.json for ui.perfetto.dev and timeline.png.
+
+    The directory appears complete or not at all, even if the run is killed while writing
+    (atomic_files.write_directory); a directory that cannot be written is a note in the
+    failure, never an error in place of the test's own."""
     trace_dir = config.stash[SETTINGS_KEY].trace_dir
     if not trace_dir or device is None:
         return None
+    from ..atomic_files import write_directory, write_text  # only for a failing test
+
     out = os.path.join(trace_dir, _safe_name(nodeid))
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "trace.json"), "w") as fh:
-        fh.write(device.trace.to_json())
-    notes = [device.report()]
-    schedule = device.schedule
-    if schedule is not None:
-        notes.append(f"schedule: {schedule.policy} seed {schedule.seed}, decisions {schedule.compact() or '-'}")
-    for filename, write, name in _TRACE_FILES:
-        try:
-            write(device, os.path.join(out, filename))
-        except Exception as exc:  # an exporter problem must not hide the test's own failure
-            notes.append(f"{filename} not written: {name} raised {type(exc).__name__}: {exc}")
-    with open(os.path.join(out, "report.txt"), "w") as fh:
-        fh.write("\n".join(notes) + "\n")
-    return out
+
+    def fill(folder: str) -> None:
+        write_text(os.path.join(folder, "trace.json"), device.trace.to_json())
+        notes = [device.report()]
+        schedule = device.schedule
+        if schedule is not None:
+            notes.append(f"schedule: {schedule.policy} seed {schedule.seed}, decisions {schedule.compact() or '-'}")
+        for filename, write, name in _TRACE_FILES:
+            try:
+                write(device, os.path.join(folder, filename))
+            except Exception as exc:  # an exporter problem must not hide the test's own failure
+                notes.append(f"{filename} not written: {name} raised {type(exc).__name__}: {exc}")
+        write_text(os.path.join(folder, "report.txt"), "\n".join(notes) + "\n")
+
+    try:
+        os.makedirs(trace_dir, exist_ok=True)
+        write_directory(out, fill)
+    except OSError as exc:
+        return TraceFiles(out, f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc))
+    return TraceFiles(out)
 
 
-def trace_note(out: Optional[str]) -> str:
-    """The line a failure message gets when --streamcheck-trace-dir wrote files."""
-    if not out:
+def trace_note(written: Optional[TraceFiles]) -> str:
+    """The line a failure message gets when --streamcheck-trace-dir was given."""
+    if not written:
         return ""
+    if written.problem:
+        return (f"\n  trace files: could not be written to {written.directory}/ ({written.problem}); "
+                "give --streamcheck-trace-dir a writable directory")
+    out = written.directory
     return (f"\n  trace files: {out}/ (perfetto.json for ui.perfetto.dev, timeline.png, trace.json, "
             "report.txt)")
 

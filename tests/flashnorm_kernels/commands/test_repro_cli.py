@@ -115,16 +115,14 @@ def test_timeline_with_another_suffix_exits_2(capsys, tmp_path):
 
 
 def test_a_failed_write_exits_2_and_leaves_no_file(capsys, tmp_path, monkeypatch):
-    def disk_full(device, path):
-        with open(path, "w") as f:
-            f.write('{"traceEvents": [')  # half a trace, then the disk is full
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+    def disk_full(fd):  # the trace is written, but the disk is full when it is flushed (delayed allocation)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr("streamcheck.export.write_chrome_trace", disk_full)
+    monkeypatch.setattr(os, "fsync", disk_full)
     trace = tmp_path / "race.json"
     assert main(["repro", "implicit-join", "--backend", "sim", "--tokens", "8", "--trace", str(trace)]) == 2
     (line,) = capsys.readouterr().err.splitlines()
-    assert "could not write" in line and "No space left on device" in line
+    assert f"could not write {trace}: No space left on device" in line
     assert list(tmp_path.iterdir()) == []  # neither race.json nor its temporary
 
 
