@@ -32,7 +32,6 @@ the workers are CPU processes.
 """
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import os
@@ -40,9 +39,9 @@ import re
 import secrets
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from dataclasses import dataclass, field
@@ -51,8 +50,6 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
-
-from streamcheck.atomic_files import owned_temporary_directory, write_text
 
 from ..plan import EDGES, SyncPlan
 
@@ -246,6 +243,7 @@ class PlanStats:
     wrong: int = 0
     hung: int = 0  # runs that did not finish within the timeout
     first: Optional[Outcome] = None  # the first finding, for its replay token and decisions
+    first_wrong: Optional[Outcome] = None  # the first run with wrong values: its own replay (`first` may race only)
 
     @property
     def replay(self) -> str:
@@ -281,6 +279,8 @@ class Tally:
             self.found += 1
             if stats.first is None:
                 stats.first = outcome
+            if outcome.wrong and stats.first_wrong is None:
+                stats.first_wrong = outcome
 
 
 class _Enough(Exception):
@@ -441,16 +441,28 @@ def _race_from_dict(d: dict):
     return Race.from_dict(d)
 
 
+def _outcome_to_json(o: Optional[Outcome]) -> Optional[dict]:
+    """A finding as a worker hands it over: its token and what the table and --json show of it."""
+    if o is None:
+        return None
+    return {"token": o.example.token(), "races": [r.to_dict() for r in o.races], "wrong": o.wrong,
+            "schedule": o.schedule, "decisions": o.decisions, "report": o.report, "policy": o.policy, "hung": o.hung}
+
+
+def _outcome_from_json(d: Optional[dict]) -> Optional[Outcome]:
+    if d is None:
+        return None
+    return Outcome(Example.parse(d["token"]), tuple(map(_race_from_dict, d["races"])), d["wrong"], d["schedule"],
+                   d["decisions"], d["report"], policy=d["policy"], hung=d["hung"])
+
+
 def tally_to_json(tally: Tally) -> dict:
     """A worker's tally for the command that merges them (first findings with their reports)."""
     plans = []
     for s in tally.plans.values():
-        first = s.first
         plans.append({"plan": _plan_json(s.plan), "unsafe": s.unsafe, "runs": s.runs, "raced": s.raced,
-                      "wrong": s.wrong, "hung": s.hung, "first": None if first is None else {
-                          "token": first.example.token(), "races": [r.to_dict() for r in first.races],
-                          "wrong": first.wrong, "schedule": first.schedule, "decisions": first.decisions,
-                          "report": first.report, "policy": first.policy, "hung": first.hung}})
+                      "wrong": s.wrong, "hung": s.hung, "first": _outcome_to_json(s.first),
+                      "first_wrong": _outcome_to_json(s.first_wrong)})
     return {"examples": tally.examples, "found": tally.found, "interrupted": tally.interrupted, "plans": plans}
 
 
@@ -473,11 +485,10 @@ def merge_tallies(parts: list) -> Tally:
             stats.raced += record["raced"]
             stats.wrong += record["wrong"]
             stats.hung += record["hung"]
-            first = record["first"]
-            if stats.first is None and first is not None:
-                stats.first = Outcome(Example.parse(first["token"]), tuple(map(_race_from_dict, first["races"])),
-                                      first["wrong"], first["schedule"], first["decisions"], first["report"],
-                                      policy=first["policy"], hung=first["hung"])
+            if stats.first is None:
+                stats.first = _outcome_from_json(record["first"])
+            if stats.first_wrong is None:
+                stats.first_wrong = _outcome_from_json(record["first_wrong"])
     return tally
 
 
@@ -504,35 +515,13 @@ def test_fuzz_worker():
     Path(job["out"], f"{worker}.json").write_text(json.dumps(tally_to_json(tally)))
 
 
-# The pytest controller: leader of a process group of its own, which its xdist workers join.
-# A thread started before pytest is imported watches the `streamcheck fuzz` process (argv[1]):
-# once it is gone, however it died (SIGKILL too), the whole group is killed at once, workers
-# still starting up included; nobody would read their tallies, and they would keep a GPU busy
-# past the --budget.
-_CONTROLLER = """\
-import os, signal, sys, threading, time
-parent = int(sys.argv.pop(1))
-def watch():
-    while os.getppid() == parent:
-        time.sleep(0.1)
-    os.killpg(0, signal.SIGKILL)
-threading.Thread(target=watch, daemon=True).start()
-if os.getppid() == parent:
-    import pytest
-    sys.exit(pytest.console_main())
-"""
-
-
 def fuzz_workers(workers: int, budget: Optional[float], backend: str, profile: str, plans: str, steps: int,
                  seed: int, examples: Optional[int], example_db: Optional[str], err=None,
                  timeout: Optional[float] = DEFAULT_TIMEOUT) -> tuple:
     """Run the fuzz over `workers` pytest-xdist workers (one GPU each where there are GPUs);
-    return (merged tally, seconds, pytest's exit status, pytest's output).
-
-    The controller and its workers end with this process, even when it is SIGKILLed; their
-    scratch directory (streamcheck-fuzz-PID-*) is removed at the end, or by the next run."""
+    return (merged tally, seconds, pytest's exit status, pytest's output)."""
     err = err if err is not None else sys.stderr
-    with owned_temporary_directory("streamcheck-fuzz") as folder:
+    with tempfile.TemporaryDirectory(prefix="streamcheck-fuzz-") as folder:
         out = Path(folder, "tallies")
         out.mkdir()
         job = Path(folder, "job.json")
@@ -542,8 +531,7 @@ def fuzz_workers(workers: int, budget: Optional[float], backend: str, profile: s
                                    "out": str(out)}))
         Path(folder, "pytest.ini").write_text("[pytest]\n")  # not the caller's project settings
         database = os.path.abspath(example_db) if example_db else str(Path(folder, "examples"))
-        command = [sys.executable, "-c", _CONTROLLER, str(os.getpid()),
-                   f"{os.path.abspath(__file__)}::test_fuzz_worker", "-p", "xdist",
+        command = [sys.executable, "-m", "pytest", f"{os.path.abspath(__file__)}::test_fuzz_worker", "-p", "xdist",
                    "-n", str(workers), "--dist", "each", "-c", str(Path(folder, "pytest.ini")), "--rootdir", folder,
                    "-p", "no:cacheprovider", "-q", "--color=no", f"--hypothesis-profile={profile}",
                    f"--streamcheck-example-db={database}", f"--streamcheck-backend={backend}"]
@@ -551,14 +539,11 @@ def fuzz_workers(workers: int, budget: Optional[float], backend: str, profile: s
         env.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)  # the run needs xdist, hypothesis's and our plugin
         start = time.perf_counter()
         interrupted = False
-        child = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                 start_new_session=True)
+        child = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
             output, _ = child.communicate()
-        except KeyboardInterrupt:  # passed on to the controller's group: the workers write what they found and stop
+        except KeyboardInterrupt:  # the workers got it too: they write what they found and stop
             interrupted = True
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(child.pid, signal.SIGINT)
             output, _ = child.communicate()
         seconds = time.perf_counter() - start
         from streamcheck.plugin.profiles import UNREADABLE_ENTRY
@@ -695,6 +680,9 @@ def summary(tally: Tally, seconds: float, backend: str, profile: str, plans: str
             if s.replay:
                 lines += quoted_token_lines(f"          replay: streamcheck fuzz --backend {backend} --replay ",
                                             s.replay, width, " " * 12)
+            if s.first_wrong is not None and s.first_wrong is not s.first:  # the first finding raced only
+                lines += quoted_token_lines(f"          replay (wrong values): streamcheck fuzz --backend {backend} "
+                                            "--replay ", s.first_wrong.example.token(), width, " " * 12)
             if s.first is not None and s.first.hung:
                 lines += _wrap(f"          hung: {s.first.hung}", width, " " * 12)
         if len(rows) > max_rows:
@@ -733,6 +721,10 @@ def summary_json(tally: Tally, seconds: float, backend: str, profile: str, plans
                                        "schedule": s.first.policy, "decisions": s.first.decisions,
                                        "wrong": s.first.wrong, "races": [r.to_dict() for r in s.first.races],
                                        "hung": s.first.hung}
+        if s.first_wrong is not None:  # the first run with wrong values (the first finding may race only)
+            token = s.first_wrong.example.token()
+            record["first_wrong_values"] = {"replay": token, "replay_command": replay_command(backend, token),
+                                            "schedule": s.first_wrong.policy, "decisions": s.first_wrong.decisions}
         records.append(record)
     return {"command": "fuzz", "backend": backend, "profile": profile, "plans": plans, "steps": steps,
             "seed": seed, "examples": tally.examples, "seconds": round(seconds, 3),
@@ -766,7 +758,7 @@ def replay_json(outcome: Outcome, backend: str) -> dict:
 
 # --- command line ---------------------------------------------------------------------------
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*(ms|s|m|h)?\s*$")
+_DURATION = re.compile(r"^\s*([-+]?\d+(?:\.\d*)?)\s*(ms|s|m|h)?\s*$")  # a sign: refused as not positive
 
 
 def parse_duration(text: str) -> float:
@@ -821,6 +813,18 @@ def register(subparsers) -> None:
                              "temporary one for the run); a crash one worker hits is replayed first by the others "
                              "and by later runs over DIR")
     parser.set_defaults(func=main)
+    parser.error = _explain_dash_values(parser.error)
+
+
+def _explain_dash_values(error):
+    """argparse takes the value of `--budget -5s` for an option and says only "expected one
+    argument": say what was meant, and how to pass such a value."""
+    def explained(message: str):
+        if message.startswith("argument --budget") and "expected one argument" in message:
+            message += " (a duration like 60s; a value that starts with '-' is written --budget=-5s)"
+        error(message)
+
+    return explained
 
 
 def _usage(message: str) -> int:
@@ -842,10 +846,14 @@ def _json_target_problem(name: str) -> Optional[str]:
 
 
 def _write_json(name: str, data: dict) -> Optional[str]:
-    """Write whole or not at all (atomic_files.write_text); an error message, or None."""
+    """Write whole or not at all (through a temporary file); an error message, or None."""
+    path = Path(name)
+    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        write_text(name, json.dumps(data, indent=2) + "\n")
+        temporary.write_text(json.dumps(data, indent=2) + "\n")
+        os.replace(temporary, path)
     except OSError as exc:
+        temporary.unlink(missing_ok=True)
         return f"--json {name}: could not write it ({exc.strerror or exc}); nothing was written"
     return None
 
@@ -873,6 +881,9 @@ def main(args) -> int:
         return _usage(f"--workers {args.workers}: need an integer >= 1 (the pytest-xdist workers; 1 runs here)")
     if args.workers > 1 and args.replay:
         return _usage("--workers spreads a fuzz run; --replay runs one example here: drop --workers")
+    if args.replay and (args.examples is not None or args.budget is not None):
+        size = "--examples" if args.examples is not None else "--budget"
+        return _usage(f"--replay runs the one example its token describes; {size} sizes a fuzz run: drop {size}")
     if args.example_db and args.workers == 1:
         return _usage("--example-db is the database --workers N shares; give --workers N too")
     if args.workers > 1 and importlib.util.find_spec("xdist") is None:

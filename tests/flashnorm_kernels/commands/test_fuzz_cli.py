@@ -393,3 +393,43 @@ def test_an_example_that_hangs_is_reported_with_its_replay_and_the_run_goes_on(c
     # Its replay line is in the table, and names the example that hung.
     assert f"--replay {shlex.quote(hung['first_finding']['replay'])}" in out
     assert Example.parse(hung["first_finding"]["replay"]).data_seed == calls[2]
+
+
+# --- options that are refused or explained (issue 21) ---------------------------------------
+
+
+def test_a_negative_budget_says_what_a_budget_is(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["fuzz", "--budget", "-5s"])
+    assert exc.value.code == 2
+    assert "a duration like 60s; a value that starts with '-' is written --budget=-5s" in capsys.readouterr().err
+    status, out, err = _fuzz(capsys, "--budget=-5s")
+    assert (status, out) == (2, "")
+    assert err.strip() == "streamcheck fuzz: error: --budget '-5s': the budget must be positive"
+
+
+@pytest.mark.parametrize("size", [["--examples", "5"], ["--budget", "10s"]])
+def test_replay_refuses_a_run_size_it_would_ignore(capsys, size):
+    status, out, err = _fuzz(capsys, "--replay", TOKEN, *size)
+    assert (status, out) == (2, "")
+    assert f"--replay runs the one example its token describes; {size[0]} sizes a fuzz run: drop {size[0]}" in err
+
+
+def test_a_plan_whose_first_finding_raced_only_gets_a_replay_of_its_wrong_values(capsys, columns):
+    from flashnorm_kernels.commands.fuzz import merge_tallies, summary, summary_json, tally_to_json
+
+    race_only, wrong = (run_example(Example.parse(_with(TOKEN, "seed", seed))) for seed in ("0", "1"))
+    assert race_only.races and not race_only.wrong and wrong.wrong  # seed 0 does not strike, seed 1 does
+    tally = Tally()
+    for outcome in (race_only, wrong):
+        tally.add(outcome, unsafe=True)
+    merged = merge_tallies([tally_to_json(tally)])  # as --workers hands it over
+    for table in (tally, merged):
+        text = summary(table, 1.0, "sim", "streamcheck-fuzz", "all", width=400)
+        assert f"replay: streamcheck fuzz --backend sim --replay {race_only.example.token()}" in text
+        assert f"replay (wrong values): streamcheck fuzz --backend sim --replay {wrong.example.token()}" in text
+        (record,) = summary_json(table, 1.0, "sim", "streamcheck-fuzz", "all", 3, 0)["plans_tried"]
+        assert record["first_finding"]["replay"] == race_only.example.token()
+        assert record["first_wrong_values"]["replay"] == wrong.example.token()
+    status, out, _ = _fuzz(capsys, "--replay", wrong.example.token())
+    assert status == 1 and "values: WRONG (differ from the sequential run)" in out  # it replays the wrong run
