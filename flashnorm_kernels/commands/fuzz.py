@@ -32,6 +32,7 @@ the workers are CPU processes.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -39,9 +40,9 @@ import re
 import secrets
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from dataclasses import dataclass, field
@@ -50,6 +51,8 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
+
+from streamcheck.atomic_files import owned_temporary_directory, write_text
 
 from ..plan import EDGES, SyncPlan
 
@@ -515,13 +518,35 @@ def test_fuzz_worker():
     Path(job["out"], f"{worker}.json").write_text(json.dumps(tally_to_json(tally)))
 
 
+# The pytest controller: leader of a process group of its own, which its xdist workers join.
+# A thread started before pytest is imported watches the `streamcheck fuzz` process (argv[1]):
+# once it is gone, however it died (SIGKILL too), the whole group is killed at once, workers
+# still starting up included; nobody would read their tallies, and they would keep a GPU busy
+# past the --budget.
+_CONTROLLER = """\
+import os, signal, sys, threading, time
+parent = int(sys.argv.pop(1))
+def watch():
+    while os.getppid() == parent:
+        time.sleep(0.1)
+    os.killpg(0, signal.SIGKILL)
+threading.Thread(target=watch, daemon=True).start()
+if os.getppid() == parent:
+    import pytest
+    sys.exit(pytest.console_main())
+"""
+
+
 def fuzz_workers(workers: int, budget: Optional[float], backend: str, profile: str, plans: str, steps: int,
                  seed: int, examples: Optional[int], example_db: Optional[str], err=None,
                  timeout: Optional[float] = DEFAULT_TIMEOUT) -> tuple:
     """Run the fuzz over `workers` pytest-xdist workers (one GPU each where there are GPUs);
-    return (merged tally, seconds, pytest's exit status, pytest's output)."""
+    return (merged tally, seconds, pytest's exit status, pytest's output).
+
+    The controller and its workers end with this process, even when it is SIGKILLed; their
+    scratch directory (streamcheck-fuzz-PID-*) is removed at the end, or by the next run."""
     err = err if err is not None else sys.stderr
-    with tempfile.TemporaryDirectory(prefix="streamcheck-fuzz-") as folder:
+    with owned_temporary_directory("streamcheck-fuzz") as folder:
         out = Path(folder, "tallies")
         out.mkdir()
         job = Path(folder, "job.json")
@@ -531,7 +556,8 @@ def fuzz_workers(workers: int, budget: Optional[float], backend: str, profile: s
                                    "out": str(out)}))
         Path(folder, "pytest.ini").write_text("[pytest]\n")  # not the caller's project settings
         database = os.path.abspath(example_db) if example_db else str(Path(folder, "examples"))
-        command = [sys.executable, "-m", "pytest", f"{os.path.abspath(__file__)}::test_fuzz_worker", "-p", "xdist",
+        command = [sys.executable, "-c", _CONTROLLER, str(os.getpid()),
+                   f"{os.path.abspath(__file__)}::test_fuzz_worker", "-p", "xdist",
                    "-n", str(workers), "--dist", "each", "-c", str(Path(folder, "pytest.ini")), "--rootdir", folder,
                    "-p", "no:cacheprovider", "-q", "--color=no", f"--hypothesis-profile={profile}",
                    f"--streamcheck-example-db={database}", f"--streamcheck-backend={backend}"]
@@ -539,11 +565,14 @@ def fuzz_workers(workers: int, budget: Optional[float], backend: str, profile: s
         env.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)  # the run needs xdist, hypothesis's and our plugin
         start = time.perf_counter()
         interrupted = False
-        child = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        child = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                 start_new_session=True)
         try:
             output, _ = child.communicate()
-        except KeyboardInterrupt:  # the workers got it too: they write what they found and stop
+        except KeyboardInterrupt:  # passed on to the controller's group: the workers write what they found and stop
             interrupted = True
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGINT)
             output, _ = child.communicate()
         seconds = time.perf_counter() - start
         from streamcheck.plugin.profiles import UNREADABLE_ENTRY
@@ -846,14 +875,10 @@ def _json_target_problem(name: str) -> Optional[str]:
 
 
 def _write_json(name: str, data: dict) -> Optional[str]:
-    """Write whole or not at all (through a temporary file); an error message, or None."""
-    path = Path(name)
-    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    """Write whole or not at all (atomic_files.write_text); an error message, or None."""
     try:
-        temporary.write_text(json.dumps(data, indent=2) + "\n")
-        os.replace(temporary, path)
+        write_text(name, json.dumps(data, indent=2) + "\n")
     except OSError as exc:
-        temporary.unlink(missing_ok=True)
         return f"--json {name}: could not write it ({exc.strerror or exc}); nothing was written"
     return None
 
