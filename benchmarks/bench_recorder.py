@@ -4,14 +4,20 @@ benchmarks/bench_instrument_overhead.py's decode loop (12 operations: a RawKerne
 record, two waits, cuBLAS `matmul` with out=, the RMS kernel, two records, two waits, the
 post-scale, a host read), library time excluded.
 
-    python benchmarks/bench_recorder.py [--steps 3000] [--repeats 5]
+    python benchmarks/bench_recorder.py [--steps 3000] [--repeats 5] [--depth 12]
 
-Modes, side by side in one run (median µs per operation over the repeats):
-- record + check: what `streamcheck run` does today;
+Modes, side by side in one run (median CPU µs per operation over the repeats: on a shared machine
+wall time measures the neighbours too), each with the loop
+called from the script's top (3 frames of the user's) and `--depth` frames deeper (the stack
+walk stops at SiteSettings.depth = 8):
+- record + check: what `streamcheck run` does today (call sites as (code, offset) pairs of the
+  user's frames, resolved only when a report reads them);
+- record + check, line resolver: the resolver before the stack (the user's frame only, its line
+  looked up at every operation), kept here to measure against;
+- record + check at host syncs: Recorder.defer_checks (the checker fed at each host sync);
 - record only (checker off): what stays on the program's thread if the checker ran in another
   process (an upper bound of that idea's gain: the hand-off itself is not counted);
-- record + check, call sites not resolved: an upper bound of resolving call sites lazily, only
-  when a race is reported (the frame walk is skipped, a constant site recorded).
+- record + check, no call sites: the frame walk skipped, a constant site recorded (the floor).
 """
 from __future__ import annotations
 
@@ -78,10 +84,45 @@ class StandInGpu:
         return CaptureMode.RELAXED
 
 
-def per_op_us(check: bool, sites: bool, steps: int) -> float:
-    rec = R.Recorder(StandInGpu(), check=check)
-    if not sites:
+class LineResolver:
+    """The call-site resolver before (code, offset) capture, to measure against: the first frame
+    outside `internal`, its line read (frame.f_lineno) at every call, sites cached by (file, line)."""
+
+    def __init__(self, internal):
+        self.internal = tuple(internal)
+        self._inside: dict = {}
+        self._sites: dict = {}
+
+    def __call__(self) -> T.CallSite:
+        frame = sys._getframe(1)
+        while frame is not None:
+            filename = frame.f_code.co_filename
+            skipped = self._inside.get(filename)
+            if skipped is None:
+                skipped = self._inside[filename] = os.path.abspath(filename).startswith(self.internal)
+            if not skipped:
+                key = (filename, frame.f_lineno)
+                site = self._sites.get(key)
+                if site is None:
+                    site = self._sites[key] = T.CallSite(filename, frame.f_lineno, frame.f_code.co_name)
+                return site
+            frame = frame.f_back
+        return T.UNKNOWN_SITE
+
+
+def nested(depth: int, fn, *args):
+    """fn(*args) called `depth` frames of the user's deeper."""
+    return nested(depth - 1, fn, *args) if depth else fn(*args)
+
+
+def per_op_us(mode: str, steps: int) -> float:
+    rec = R.Recorder(StandInGpu(), check=mode != "record only (checker elsewhere)")
+    if mode == "record + check, no call sites":
         rec.site = lambda: T.UNKNOWN_SITE
+    elif mode == "record + check, line resolver":
+        rec.site = LineResolver(rec.site.internal)
+    elif mode == "record + check at host syncs":
+        rec.defer_checks()
     R.current = rec
     try:
         caller, a, b = Stream(0x10), Stream(0x20), Stream(0x30)
@@ -95,7 +136,7 @@ def per_op_us(check: bool, sites: bool, steps: int) -> float:
 
         def nop(*args, **kwargs):
             return None
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         for _ in range(steps):
             rec.launch("embed", nop, stream=caller, writes=(x,))
             rec.event_record(fork, caller, nop)
@@ -109,7 +150,8 @@ def per_op_us(check: bool, sites: bool, steps: int) -> float:
             rec.stream_wait(caller, rd, nop)
             rec.launch("postscale", nop, stream=caller, reads=(y, r), writes=(out,))
             rec.host_read("get", out, caller, True, nop)
-        return (time.perf_counter() - t0) / (steps * 12) * 1e6
+        assert not rec.races and not rec.errors, rec.report()  # every mode checks the same race-free loop
+        return (time.process_time() - t0) / (steps * 12) * 1e6
     finally:
         R.current = None
 
@@ -118,19 +160,27 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--depth", type=int, default=12, help="frames of the user's above the loop, in the deep runs")
     args = ap.parse_args(argv)
-    modes = (("record + check", True, True), ("record only (checker elsewhere)", False, True),
-             ("record + check, no call sites", True, False))
-    results = {name: [] for name, _, _ in modes}
+    modes = ("record + check", "record + check, line resolver", "record + check at host syncs",
+             "record only (checker elsewhere)", "record + check, no call sites")
+    depths = (0, args.depth)
+    results = {(mode, depth): [] for mode in modes for depth in depths}
+    cpu0 = time.process_time()
     for _ in range(args.repeats):  # interleaved, so machine load hits every mode alike
-        for name, check, sites in modes:
-            results[name].append(per_op_us(check, sites, args.steps))
-    base = statistics.median(results[modes[0][0]])
+        for depth in depths:
+            for mode in modes:
+                results[mode, depth].append(nested(depth, per_op_us, mode, args.steps))
     print(f"recorder per operation, stand-in GPU, {args.steps} decode steps x 12 operations, median of "
-          f"{args.repeats} (load average {os.getloadavg()[0]:.1f})")
-    for name, _, _ in modes:
-        median = statistics.median(results[name])
-        print(f"{name:<34}{median:>8.2f} µs/op  ({median / base:.2f} of record + check)")
+          f"{args.repeats} (load average {os.getloadavg()[0]:.1f}; {time.process_time() - cpu0:.1f} s CPU)")
+    print(f"{'mode':<34}" + "".join(f"{f'+{d} frames':>26}" for d in depths))
+    for mode in modes:
+        cells = []
+        for depth in depths:
+            median = statistics.median(results[mode, depth])
+            cells.append(f"{median:8.2f} µs/op ({median / statistics.median(results[modes[1], depth]):.2f}x)")
+        print(f"{mode:<34}" + "".join(f"{c:>26}" for c in cells))
+    print("(x: of the line resolver's record + check, the code before the stack)")
     return 0
 
 

@@ -9,6 +9,11 @@ torch.mm(x, W.t(), out=y));
 stream B: r = rsqrt(mean(x²) + eps); the caller waits for both, out = y * r. Correctly
 synchronized (no race). Reports the median µs/step over the repeats and the ratio to the plain
 loop. Needs a GPU with a CUDA build of torch.
+
+streamcheck runs three ways: as `streamcheck run` records (call sites with a stack of up to 8
+frames); `streamcheck-syncs`, the checker fed at host synchronizations (Recorder.defer_checks);
+`streamcheck-depth1`, call sites without the user's callers (SiteSettings(depth=1)): what the
+stack costs.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+MODES = ("plain", "streamcheck", "streamcheck-syncs", "streamcheck-depth1", "sanitizer")
 ROOT = os.path.dirname(HERE)
 
 
@@ -66,10 +72,15 @@ def decode_loop(dim: int, steps: int, warmup: int, repeats: int) -> list:
 def child(mode: str, args) -> None:
     import torch  # noqa: F401 (first: the sanitizer and streamcheck's torch adapter need it loaded)
 
-    if mode == "streamcheck":
+    if mode.startswith("streamcheck"):
         import streamcheck.instrument as instrument
+        from streamcheck.core.trace import SiteSettings, set_site_settings
 
+        if mode == "streamcheck-depth1":
+            set_site_settings(SiteSettings(depth=1))
         session = instrument.start()
+        if mode == "streamcheck-syncs":
+            session.defer_checks()
         try:
             times = decode_loop(args.dim, args.steps, args.warmup, args.repeats)
         finally:
@@ -88,13 +99,13 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--dim", type=int, default=4096)
-    ap.add_argument("--child", choices=("plain", "streamcheck", "sanitizer"))
+    ap.add_argument("--child", choices=MODES)
     args = ap.parse_args(argv)
     if args.child:
         child(args.child, args)
         return 0
     rows = []
-    for mode in ("plain", "streamcheck", "sanitizer"):
+    for mode in MODES:
         env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
         if mode == "sanitizer":
             env["TORCH_CUDA_SANITIZER"] = "1"
@@ -113,14 +124,14 @@ def main(argv=None) -> int:
     print(f"torch decode-loop overhead: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"1x{args.dim} @ {args.dim}x{args.dim} fp32, {args.steps} steps after {args.warmup} warm-up, "
           f"median of {args.repeats} repeats")
-    print(f"{'mode':<14}{'median µs/step':>16}{'min':>10}{'max':>10}{'ratio':>8}  notes")
+    print(f"{'mode':<20}{'median µs/step':>16}{'min':>10}{'max':>10}{'ratio':>8}  notes")
     for row in rows:
         times = row["times"]
         median = statistics.median(times)
         notes = ""
-        if row["mode"] == "streamcheck":
+        if row["mode"].startswith("streamcheck"):
             notes = f"{row['ops']} ops recorded, {row['races']} races, errors {row['errors']}, notices {row['notices']}"
-        print(f"{row['mode']:<14}{median:>16.1f}{min(times):>10.1f}{max(times):>10.1f}{median / base:>7.2f}x  {notes}")
+        print(f"{row['mode']:<20}{median:>16.1f}{min(times):>10.1f}{max(times):>10.1f}{median / base:>7.2f}x  {notes}")
     return 0
 
 
