@@ -111,6 +111,13 @@ class Audit:
     checks: int = 0  # how many times the trace was re-checked
     plan: tuple = ((), ())  # the minimal set as edits: (keys removed, (key, _Swap) pairs)
 
+    def apply(self, ops, drop=()) -> list:
+        """`ops` as the minimal set edits them (removed syncs gone, replaced host syncs swapped for
+        their device-side waits); `drop`: finding numbers removed on top, to check each is needed."""
+        remove = set(self.plan[0]) | {self.findings[n - 1].sync.key for n in drop}
+        swap = {key: plan for key, plan in self.plan[1] if key not in remove}
+        return edit(ops, remove=remove, swap=swap)
+
     def edits(self, only=None) -> SyncEdits:
         """The minimal set as a rerun applies it; `only`: a finding number, that sync alone removed."""
         if only is not None:
@@ -125,7 +132,7 @@ class Audit:
         total = len(self.findings)
         if not total:
             return "no synchronization in this run"
-        text = f"{self.needed} of {total} synchronization{'s' if total != 1 else ''} are needed"
+        text = f"{self.needed} of {total} synchronization{'s are' if total != 1 else ' is'} needed"
         if self.replaced:
             n = len(self.replaced)
             text += f" ({n} as {'a device-side wait' if n == 1 else 'device-side waits'} instead of a host synchronize)"
@@ -406,6 +413,13 @@ class _Base:
         self.races = checker.races
         self.keys = {race.key for race in self.races}
         self.errors = {str(error) for error in checker.capture_errors}
+        self.findings = self.keys | self.errors
+
+
+def _findings(ops) -> set:
+    """The race keys and capture errors of a trace (a full check)."""
+    checker = _feed(ops)
+    return {race.key for race in checker.races} | {str(error) for error in checker.capture_errors}
 
 
 def _feed(ops, stop=None) -> Checker:
@@ -458,7 +472,7 @@ def audit(trace) -> Audit:
     numbers = {sync.key: (number, sync) for number, sync in enumerate(syncs, 1)}
     findings = []
     swaps: dict = {}
-    alone_clean: dict = {}  # key -> removing that sync alone leaves the run race-free (cached checks)
+    alone_clean: dict = {}  # key -> the races and capture errors of the run without that sync (cached)
     for number, sync in enumerate(syncs, 1):
         if sync.kind == "query":
             findings.append(Finding(number, sync, Verdict.TIMING,
@@ -696,19 +710,53 @@ def _covered_by(ops, base: _Base, sync: Sync, syncs, numbers: dict, alone_clean:
                               min((i for i in s.indexes if i > first), default=first)))
     tried = 0
     for other in later[:COVER_CANDIDATES]:
-        # A cover needed on its own explains nothing about this one: only a sync whose removal
-        # alone is harmless, but not together with this one, covers it.
+        # `other` covers this sync when removing both makes a race that removing `other` alone
+        # does not: then this sync's order is what `other`'s absence exposes (a cover needed on
+        # its own counts too, but only for races beyond its own).
         if other.key not in alone_clean:
             tried += 1
-            alone_clean[other.key] = _clean(edit(ops, remove={other.key}), base)
-        if not alone_clean[other.key]:
-            continue
+            alone_clean[other.key] = _findings(edit(ops, remove={other.key}))
         tried += 1
-        if not _clean(edit(ops, remove={sync.key, other.key}), base):
+        if _findings(edit(ops, remove={sync.key, other.key})) - alone_clean[other.key] - base.findings:
             number = numbers[other.key][0]
             return (f"covered: #{number} ({other.what}, {other.site}) gives the same order before anything "
                     "relies on it (removing both makes a race)"), tried
-    return "it orders no shared bytes: nothing after it touches the bytes the work it waits for used", tried
+    if not _shares_bytes(ops, sync):
+        return "it orders no shared bytes: nothing after it touches bytes anything before it used", tried
+    return ("the other synchronizations order what it orders before anything relies on it (no single one of "
+            "them alone)"), tried
+
+
+def _touches(op):
+    """(buffer, start, stop, write) of what an operation accesses; None if it cannot be told."""
+    kind = type(op)
+    if kind in (T.Launch, T.Copy, T.HostAccess):
+        return [(r.buffer, r.start, r.stop, False) for r in op.reads] + \
+               [(r.buffer, r.start, r.stop, True) for r in op.writes]
+    if kind is T.Free:
+        return [(op.buffer, 0, float("inf"), True)]
+    if kind is T.GraphLaunch:
+        return None  # its nodes' accesses are in the capture: claim nothing
+    return []
+
+
+def _shares_bytes(ops, sync: Sync) -> bool:
+    """Whether, at some occurrence, bytes accessed before it are accessed after it, one side a
+    write. Without that, no pair of accesses can depend on it (conservative: True when unsure)."""
+    before: list = []
+    occurrences = set(sync.indexes)
+    after_first = False
+    for index, op in enumerate(ops):
+        if index in occurrences:
+            after_first = True
+        touched = _touches(op)
+        if touched is None:
+            return True
+        for buf, start, stop, write in touched:
+            if after_first and any(b == buf and s < stop and start < e and (w or write) for b, s, e, w in before):
+                return True
+            before.append((buf, start, stop, write))
+    return False
 
 
 def _ordered_actor(op) -> tuple:

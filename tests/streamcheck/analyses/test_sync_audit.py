@@ -350,3 +350,26 @@ def test_format_and_to_dict_say_the_same():
     for f in data["findings"]:
         assert f"  #{f['number']} {f['verdict']}: {f['reason']}" in text
     assert_covers_hold(list(d.trace), result)
+
+
+def test_the_minimal_set_applied_to_the_trace_is_race_free_and_each_kept_sync_needed():
+    def fill(y):
+        y[:] = 1
+
+    def copy(x, y):
+        y[:] = x
+
+    dev = Device("sim")
+    a, b = dev.stream("A"), dev.stream("B")
+    x, y = dev.alloc((4,), name="x", fill=0), dev.alloc((4,), name="y", fill=0)
+    dev.launch(fill, [x], stream=a, writes=[x], name="produce")
+    a.synchronize()  # replaced by a device-side wait
+    dev.launch(copy, [x, y], stream=b, reads=[x], writes=[y], name="consume")
+    dev.get(y, stream=b)
+    dev.synchronize()  # removable
+    ops = list(dev.trace)
+    result = audit(ops)
+    assert result.replaced and result.removed, result.format()
+    assert check(result.apply(ops)) == [], result.format()
+    for number in result.keep + result.replaced:
+        assert check(result.apply(ops, drop=(number,))), f"#{number} is not needed\n{result.format()}"
