@@ -554,7 +554,8 @@ def fuzz_workers(workers: int, budget: Optional[float], backend: str, profile: s
                                    "plans": plans, "steps": steps, "seed": seed, "examples": examples,
                                    "timeout": timeout,
                                    "out": str(out)}))
-        Path(folder, "pytest.ini").write_text("[pytest]\n")  # not the caller's project settings
+        # Not the caller's project settings; the plugin pins workers to GPUs only when asked.
+        Path(folder, "pytest.ini").write_text("[pytest]\nstreamcheck_gpus = auto\n")
         database = os.path.abspath(example_db) if example_db else str(Path(folder, "examples"))
         command = [sys.executable, "-c", _CONTROLLER, str(os.getpid()),
                    f"{os.path.abspath(__file__)}::test_fuzz_worker", "-p", "xdist",
