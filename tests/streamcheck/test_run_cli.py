@@ -81,6 +81,14 @@ def test_a_directory_is_not_a_script(tmp_path, capsys):
     assert f"streamcheck run: {tmp_path} is a directory, not a Python script" in line
 
 
+def test_a_library_path_that_does_not_exist_is_a_usage_error(script, tmp_path, capsys):
+    missing = tmp_path / "wrapers"
+    assert cli.main(["run", "--library", str(missing), script]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == (f"streamcheck run: --library {missing}: no such file or directory; give your wrappers' "
+                    "directory or file")
+
+
 def test_missing_script_exits_2_like_python(tmp_path, capsys):
     missing = tmp_path / "nope.py"
     assert cli.main(["run", str(missing)]) == 2
