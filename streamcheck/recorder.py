@@ -29,6 +29,8 @@ from .gpu import thread_state as _state
 from .core.trace import UNKNOWN_SITE, CallSite, CaptureMode, CopyKind, Range, SiteResolver, StreamKind
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+# What the sync audit's proof rerun can skip at the call (Recorder.skipped); queries never are.
+_SYNC_OPS = (T.StreamWait, T.StreamSync, T.EventSync, T.DeviceSync)
 
 current: Optional["Recorder"] = None  # the recording adapters feed; set by activate()
 
@@ -146,6 +148,9 @@ class Recorder:
         self.gpu = gpu
         self.trace = T.Trace()
         self.reading = False  # inside a blocking host read, which records its own StreamSync
+        self.edits = None  # the sync audit's proof rerun (analyses.sync_audit.SyncEdits): syncs to skip
+        self._decided = None  # the sync op a skip-capable call already put to `edits`
+        self._replacement_events: dict = {}  # stream id -> driver event the replacements record
         self._checker: Optional[Checker] = Checker() if check else None
         self._checked = None  # with defer_checks(): how many trace records the checker has seen
         self.errors: list = []  # internal problems while recording (never raised into the program)
@@ -278,6 +283,11 @@ class Recorder:
     # --- recording core -----------------------------------------------------------------
     def record(self, op) -> None:
         with self._lock:
+            edits = self.edits
+            if edits is not None:
+                if op is not self._decided and type(op) in _SYNC_OPS:
+                    edits.recorded_anyway(op)  # reported after it ran (torch's callbacks): not skippable
+                edits.see(op)
             self._append(op)
             if self._feed is not None:
                 try:
@@ -729,15 +739,47 @@ class Recorder:
         self.record(op)
         return result
 
+    def skipped(self, op) -> bool:
+        """The sync audit's proof rerun: True when the sync `op` is not to be made (its
+        replacement, record on the producer's stream and wait on the consumer's, issued here
+        through the driver so that no adapter records them)."""
+        edits = self.edits
+        if edits is None:
+            return False
+        self._decided = op
+        plan = edits.decide(op)
+        if plan is None:
+            return False
+        driver = self.gpu.driver
+        ptrs = {sid: key if isinstance(key, int) else 2 for key, sid in self._streams.items()}
+        if any(sid not in ptrs for sid in plan.records) or any(w[0] not in ptrs for w in plan.waits):
+            edits.recorded_anyway(op)  # a stream the program has not shown us yet: make the call
+            return False
+        for sid in plan.records:
+            event = self._replacement_events.get(sid)
+            if event is None:
+                event = self._replacement_events[sid] = driver.event_create()
+            driver.event_record(event, ptrs[sid])
+        for sid, source, eid in plan.waits:
+            if eid is not None:  # waits on the program's own event: no driver handle for it here
+                edits.recorded_anyway(op)
+                return False
+            driver.stream_wait_event(ptrs[sid], self._replacement_events[source])
+        return True
+
     def stream_wait(self, stream, event, call):
         site = self.site()
         op = T.StreamWait(self.tid(), site, stream=self.sid(stream), event=self.eid(event))
+        if self.skipped(op):
+            return None
         result = self._call(call, op)
         self.record(op)
         return result
 
     def stream_sync(self, stream, call):
         op = T.StreamSync(self.tid(), self.site(), stream=self.sid(stream))
+        if self.skipped(op):
+            return None
         if self._checked is not None:
             self.check_now()  # while the GPU catches up
         result = self._call(call, op)
@@ -746,6 +788,8 @@ class Recorder:
 
     def event_sync(self, event, call):
         op = T.EventSync(self.tid(), self.site(), event=self.eid(event))
+        if self.skipped(op):
+            return None
         if self._checked is not None:
             self.check_now()  # while the GPU catches up
         result = self._call(call, op)
@@ -769,6 +813,8 @@ class Recorder:
 
     def device_sync(self, call):
         op = T.DeviceSync(self.tid(), self.site())
+        if self.skipped(op):
+            return None
         if self._checked is not None:
             self.check_now()  # while the GPU catches up
         result = self._call(call, op)

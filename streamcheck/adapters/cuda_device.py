@@ -106,6 +106,17 @@ class CudaDriver:
         self._checked("cuEventElapsedTime", elapsed(ctypes.byref(ms), ctypes.c_void_p(start), ctypes.c_void_p(end)))
         return float(ms.value) * 1000.0
 
+    def stream_wait_event(self, stream_ptr: int, event: int) -> None:
+        """cuStreamWaitEvent: the sync audit's replacement for a host synchronize."""
+        self.ensure_context(stream_ptr)
+        self._checked("cuStreamWaitEvent", self.lib.cuStreamWaitEvent(ctypes.c_void_p(stream_ptr),
+                                                                      ctypes.c_void_p(event), ctypes.c_uint(0)))
+
+    def synchronize(self) -> None:
+        """cuCtxSynchronize (for timing a whole script)."""
+        self.ensure_context()
+        self._checked("cuCtxSynchronize", self.lib.cuCtxSynchronize())
+
     def stream_create(self) -> int:
         """A non-blocking stream no program work runs on: an event recorded there completes when
         the GPU reaches it, which is the host's issue time seen on the GPU's clock."""

@@ -28,6 +28,7 @@ growth, lazy loading, pageable copies) are listed, never relied on.
 from __future__ import annotations
 
 import enum
+import json
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Optional
 
@@ -338,9 +339,13 @@ def edit(ops, remove=frozenset(), swap=None) -> list:
     out = []
     next_event = 1 + max((op.event for op in ops if type(op) is T.EventCreate), default=0)
     fresh: dict = {}  # source stream id -> fresh event id
+    creates = {op.stream: op for op in ops if type(op) is T.StreamCreate}
+    hoisted: set = set()  # streams a replacement uses before the trace created them (recorded lazily)
     for op in ops:
-        names.see(op)
         kind = type(op)
+        if kind is T.StreamCreate and op.stream in hoisted:
+            continue
+        names.see(op)
         if kind is T.StreamCreate and remove and StreamKind.parse(op.kind).joins_legacy:
             if legacy_join_key(op, names) in remove:
                 out.append(replace(op, kind=StreamKind.NON_BLOCKING))
@@ -351,6 +356,11 @@ def edit(ops, remove=frozenset(), swap=None) -> list:
                 continue
             plan = swap.get(key) if key is not None else None
             if plan is not None:
+                for stream in set(plan.records) | {w[0] for w in plan.waits}:
+                    if stream not in names.streams and stream in creates:
+                        hoisted.add(stream)
+                        out.append(creates[stream])
+                        names.see(creates[stream])
                 for stream in plan.records:
                     event = fresh.get(stream)
                     if event is None:
@@ -379,7 +389,33 @@ class SyncEdits:
         self.remove = frozenset(remove)
         self.swap = dict(swap or {})
         self.met: set = set()
+        self.unskipped: set = set()  # keys a recorder could not skip (a library reported the call after it ran)
         self.names = _Names()
+
+    def to_json(self) -> str:
+        """For a rerun in another process (`streamcheck run --skip-syncs`)."""
+        return json.dumps({"remove": [list(k) for k in sorted(self.remove, key=str)],
+                           "swap": [[list(k), list(p.records), [list(w) for w in p.waits]]
+                                    for k, p in self.swap.items()]})
+
+    @classmethod
+    def from_json(cls, text: str) -> "SyncEdits":
+        try:
+            data = json.loads(text)
+            remove = {tuple(k) for k in data["remove"]}
+            swap = {tuple(k): _Swap(tuple(records), tuple(tuple(w) for w in waits))
+                    for k, records, waits in data["swap"]}
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"--skip-syncs: not a sync-audit edit list ({exc}); it is written by "
+                             "`streamcheck run --audit-syncs --prove`, not by hand") from None
+        return cls(remove, swap)
+
+    def recorded_anyway(self, op) -> None:
+        """A sync the program issued that the recorder saw only after it ran: if it was to be
+        skipped or replaced, the rerun did not do what the proof says."""
+        key = sync_key(op, self.names)
+        if key is not None and (key in self.remove or key in self.swap):
+            self.unskipped.add(key)
 
     def start(self, ops) -> None:
         for op in ops:

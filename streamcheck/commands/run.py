@@ -46,6 +46,7 @@ import types
 from dataclasses import replace
 
 from ..gpu import MAX_DELAY_US
+from ..sync_proof_gpu import SPAN_PREFIX
 from . import STDOUT, output_problem, report_width, timeline_file, timeline_problem
 
 INTERNAL_ERROR = 3  # the recording is incomplete: a refused record can hide a race
@@ -125,6 +126,12 @@ def register(subparsers) -> None:
                    help="after the run, audit its synchronizations: which are needed (and the race each prevents), "
                         "which are redundant, which host syncs could be device-side waits, and a minimal sufficient "
                         "set (docs/sync-audit.md)")
+    p.add_argument("--prove", action="store_true",
+                   help="with --audit-syncs: rerun the script with the removable synchronizations skipped (and host "
+                        "synchronizes replaced by their device-side waits) under delays, compare its output, and time "
+                        "it with and without them (docs/sync-audit.md)")
+    p.add_argument("--skip-syncs", metavar="JSON", help=argparse.SUPPRESS)  # one rerun of --prove
+    p.add_argument("--time-script", action="store_true", help=argparse.SUPPRESS)  # a timed rerun of --prove
     p.add_argument("--confirm-probe", metavar="JSON", help=argparse.SUPPRESS)  # one rerun of --confirm (its replay)
     p.add_argument("--library", action="append", default=[], metavar="PATH",
                    help="your own wrappers (a directory or file; repeatable): reports skip their frames, as torch's, "
@@ -168,6 +175,25 @@ def _print_script_traceback(exc: BaseException, script: str) -> None:
     while first is not None and os.path.abspath(first.tb_frame.f_code.co_filename) != target:
         first = first.tb_next
     traceback.print_exception(type(exc), exc, first or tb)
+
+
+class _ScriptSpan:
+    """The script's span on the GPU (--time-script): CUDA events on the legacy stream through the
+    driver (no adapter records them), the device synchronized at both ends."""
+
+    def __init__(self):
+        from ..adapters.cuda_device import CudaDriver
+
+        self.driver = CudaDriver()
+        self.driver.synchronize()
+        self.start = self.driver.event_create()
+        self.driver.event_record(self.start, 0)
+
+    def stop(self) -> float:
+        self.driver.synchronize()
+        end = self.driver.event_create()
+        self.driver.event_record(end, 0)
+        return self.driver.elapsed_us(self.start, end)
 
 
 def strike_hints(races, seed: int, script: str, script_args) -> list:
@@ -232,6 +258,18 @@ def run(args) -> int:
                   "it confirms nothing itself; drop --delay-us and --confirm", file=sys.stderr)
             return 2
 
+    edits = None
+    if args.prove and not args.audit_syncs:
+        print("streamcheck run: --prove proves the sync audit's minimal set; add --audit-syncs", file=sys.stderr)
+        return 2
+    if args.skip_syncs is not None:
+        from ..analyses.sync_audit import SyncEdits
+
+        try:
+            edits = SyncEdits.from_json(args.skip_syncs)
+        except ValueError as exc:
+            print(f"streamcheck run: {exc}", file=sys.stderr)
+            return 2
     problem = (timeline_problem(args.timeline) or output_problem("--trace", args.trace, "race.json")
                or output_problem("--json", args.json, "races.json") or output_problem("--ops-json", args.ops_json,
                                                                                         "ops.json"))
@@ -259,7 +297,7 @@ def run(args) -> int:
     # The recording starts when the script imports CuPy or torch: CuPy reads its environment then.
     hook = instrument.StartAtImport(delay_us=args.delay_us, delay_streams=args.delay_stream,
                                     delay_kernels=args.delay_kernel, seed=args.seed, warm_up=not args.no_warm_up,
-                                    probe=probe)
+                                    probe=probe, edits=edits)
     before = set(threading.enumerate())
     saved_argv, saved_path0, saved_main = sys.argv, sys.path[0] if sys.path else None, sys.modules.get("__main__")
     os.environ["STREAMCHECK_RUN"] = "1"
@@ -276,9 +314,14 @@ def run(args) -> int:
     sys.modules["__main__"] = main
     status = 0
     failure = None  # keeps the failing frames (and their arrays) alive until recording stopped
+    span = None
     try:
         code = compile(source, script, "exec", dont_inherit=True)
+        if args.time_script:
+            span = _ScriptSpan()
         exec(code, main.__dict__)
+        if span is not None:
+            print(f"{SPAN_PREFIX}{span.stop():.1f} us", file=sys.stderr)
         # Like interpreter exit: wait for the script's non-daemon threads before the report.
         for thread in set(threading.enumerate()) - before:
             if not thread.daemon and thread is not threading.current_thread():
@@ -341,13 +384,24 @@ def run(args) -> int:
         data = [race.to_dict() for race in races]  # core.hb.reports_to_json's entries
         for entry, verdict in zip(data, verdicts):  # each gains what its confirmation found
             entry["confirmation"] = verdict.to_dict()
-        if sync_audit is not None:  # one report: the races, then the audit
-            data = {"races": data, "sync_audit": sync_audit.to_dict()}
+        if sync_audit is not None or edits is not None:  # one report: the races, then the audit
+            data = {"races": data}
+            if sync_audit is not None:
+                data["sync_audit"] = sync_audit.to_dict()
+            if edits is not None:  # what this rerun of --prove could skip, and whether it took the same path
+                data["skip_syncs"] = {"unskipped": sorted(map(str, edits.unskipped)),
+                                      "same_path": set(edits.remove) | set(edits.swap) <= edits.met}
         if args.json == STDOUT:
             print(json.dumps(data, indent=2))
         else:
             with open(args.json, "w", encoding="utf-8") as f:
                 f.write(json.dumps(data, indent=2))
+    if args.prove and sync_audit is not None:
+        from .. import sync_proof_gpu
+
+        print("streamcheck: proving the audit's minimal set: the script rerun with the removable synchronizations "
+              "skipped, under delays, then timed", file=sys.stderr)
+        print(sync_proof_gpu.prove(sync_audit, races, script, args.args, seed=args.seed).format(), file=sys.stderr)
     if args.ops_json:
         with open(args.ops_json, "w", encoding="utf-8") as f:
             f.write(session.trace.to_json())

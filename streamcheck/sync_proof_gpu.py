@@ -1,0 +1,108 @@
+"""The sync audit's proof on the GPU (`streamcheck run --audit-syncs --prove`): the script rerun in
+fresh processes with the synchronizations outside the audit's minimal set actually skipped
+(the recorder does not make the call; a replaced host synchronize becomes a driver event
+recorded on the producer's stream and a wait on the consumer's), then timed with and without.
+
+- reference: one rerun as recorded (no delay): its standard output is the values;
+- edited reruns under seed-chosen delays (`--delay-us`): the same output and no race beyond the
+  recorded run's own is "removable on this run";
+- timing: the script's span (CUDA events on the legacy stream, the device synchronized at both
+  ends), median of repeats, as recorded and edited, each under recording.
+
+A rerun that issued other synchronizations than the audit knows, or one a library reported
+only after it ran (torch's GPU-trace callbacks: `wait_stream`, `torch.cuda.synchronize`), is
+claimed nothing of: the rerun could not skip it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+
+PROOF_DELAYED_RUNS = 3  # edited reruns under delays (seeds 0, 1, 2)
+TIMING_REPEATS = 3  # timed reruns each, as recorded and edited
+DELAY_US = 200.0
+SPAN_PREFIX = "streamcheck: script span "  # the line a --time-script rerun prints (microseconds)
+
+
+@dataclass(frozen=True)
+class GpuProof:
+    removable: object  # True, False, or None (not claimed)
+    lines: tuple  # what to print
+
+    def format(self) -> str:
+        return "\n".join(("streamcheck: proof on the GPU:",) + tuple(f"  {line}" for line in self.lines))
+
+
+def _rerun(script: str, script_args, *options, timeout: float = 600) -> tuple:
+    """(stdout, stderr, report dict) of `streamcheck run <options> script`."""
+    with tempfile.TemporaryDirectory(prefix="streamcheck-prove-") as tmp:
+        report = os.path.join(tmp, "report.json")
+        cmd = [sys.executable, "-m", "streamcheck.cli", "run", "--json", report, *options, script,
+               *script_args]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        data = {}
+        if os.path.exists(report):
+            with open(report, encoding="utf-8") as f:
+                data = json.load(f)
+    return proc, data
+
+
+def _span_us(stderr: str):
+    for line in stderr.splitlines():
+        if line.startswith(SPAN_PREFIX):
+            return float(line[len(SPAN_PREFIX):].split()[0])
+    return None
+
+
+def prove(audit, races, script: str, script_args=(), *, seed: int = 0) -> GpuProof:
+    """`audit`: the recorded run's sync audit; `races`: its races (they are allowed again)."""
+    numbers = [f"#{n}" for n in audit.removed] + [f"#{n} (as its device-side wait)" for n in audit.replaced]
+    if not numbers:
+        return GpuProof(None, ("not claimed: the minimal set is every synchronization, nothing to skip",))
+    edits = audit.edits()
+    skip = ("--skip-syncs", edits.to_json())
+    allowed = len(races)
+    reference, _ = _rerun(script, script_args)
+    if reference.returncode != 0:
+        return GpuProof(None, (f"not claimed: the reference rerun exited {reference.returncode}",))
+    lines = []
+    removable = True
+    for i in range(PROOF_DELAYED_RUNS):
+        proc, data = _rerun(script, script_args, *skip, "--delay-us", str(DELAY_US), "--seed", str(seed + i))
+        edit = data.get("skip_syncs", {})
+        if edit.get("unskipped") or not edit.get("same_path", False):
+            why = ("it could not skip " + ", ".join(edit["unskipped"]) if edit.get("unskipped")
+                   else "the rerun issued other synchronizations than the recorded run (not deterministic)")
+            return GpuProof(None, (f"not claimed: {why}",))
+        new = len(data.get("races", [])) - allowed
+        problems = []
+        if proc.stdout != reference.stdout:
+            problems.append("its output differs from the reference rerun's")
+        if new > 0:
+            problems.append(f"{new} new race(s)")
+        if proc.returncode != reference.returncode:
+            problems.append(f"exit {proc.returncode}, the reference {reference.returncode}")
+        lines.append(f"delay {DELAY_US:g} µs, seed {seed + i}: " + ("; ".join(problems) or "same output, no new race"))
+        removable = removable and not problems
+    lines.insert(0, ("removable on this run: " if removable else "NOT removable: ") + ", ".join(numbers)
+                 + f" skipped in {PROOF_DELAYED_RUNS} reruns under delays")
+    spans = {"as recorded": [], "edited": []}
+    for _ in range(TIMING_REPEATS):
+        for name, options in (("as recorded", ()), ("edited", skip)):
+            proc, _ = _rerun(script, script_args, "--time-script", *options)
+            span = _span_us(proc.stderr)
+            if span is not None:
+                spans[name].append(span)
+    if all(spans.values()):
+        before, after = (statistics.median(spans[k]) for k in ("as recorded", "edited"))
+        lines.append(f"time (script span, CUDA events, median of {TIMING_REPEATS}, under recording): "
+                     f"{before:.0f} µs as recorded, {after:.0f} µs edited: saves {before - after:.0f} µs "
+                     f"({(before - after) / before:.1%})")
+    else:
+        lines.append("time: the timed reruns did not report their span")
+    return GpuProof(removable, tuple(lines))

@@ -1,0 +1,174 @@
+"""The sync audit's proof: on the sim (streamcheck.sync_proof.prove, Device.edit_syncs), and the
+recorder's skipping of syncs for the GPU reruns (Recorder.skipped, SyncEdits as JSON), on a fake GPU."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from streamcheck import recorder as R
+from streamcheck.analyses.sync_audit import SyncEdits, audit
+from streamcheck.cli import main
+from streamcheck.core import trace as T
+from streamcheck.device import Device
+from streamcheck.sync_proof import prove
+from tests.streamcheck.test_recorder import FakeArray, FakeGpu, FakeStream
+
+
+def produce(x):
+    x[:] = 7
+
+
+def consume(x, y):
+    y[:] = x + 1
+
+
+def oversynchronized(dev):
+    a, b = dev.stream("A"), dev.stream("B")
+    x, y = dev.alloc((4,), name="x", fill=0), dev.alloc((4,), name="y", fill=0)
+    out = []
+    for _ in range(3):
+        dev.launch(produce, [x], stream=a, writes=[x], name="produce")
+        a.synchronize()  # only orders B after A: replaced by a device-side wait
+        dev.launch(consume, [x, y], stream=b, reads=[x], writes=[y], name="consume")
+        out.append(dev.get(y, stream=b))  # needed: the host reads y
+        dev.synchronize()  # implied by the get
+    return out
+
+
+def test_the_proof_skips_the_removable_syncs_and_confirms_the_needed_ones():
+    proof = prove(oversynchronized)
+    result = proof.audit
+    assert proof.removable is True, proof.format()
+    assert len(proof.runs) == 8 and all(problem == "" for _, problem in proof.runs)
+    assert result.replaced and result.removed, result.format()
+    confirmed = dict(proof.confirmations)
+    assert set(confirmed) == {f.number for f in result.findings if f.prevents}
+    assert all(c.confirmed for c in confirmed.values()), proof.format()
+    assert "removable on this run" in proof.format()
+
+
+def test_a_skipped_sync_is_not_issued_and_its_replacement_is():
+    reference = Device("sim", policy="sequential")
+    oversynchronized(reference)
+    result = audit(reference.trace)
+    dev = Device("sim", policy="sequential")
+    edits = result.edits()
+    dev.edit_syncs(edits)
+    values = oversynchronized(dev)
+    assert all((v == 8).all() for v in values)
+    kinds = [type(op) for op in dev.trace.ops]
+    assert T.DeviceSync not in kinds  # removed
+    assert kinds.count(T.StreamSync) == 3  # the gets' only: the host synchronizes of A were replaced
+    assert kinds.count(T.StreamWait) == 3 and dev.races == []
+    assert edits.met == {f.sync.key for f in result.findings}
+
+
+def test_a_program_that_takes_another_path_in_the_rerun_is_claimed_nothing_of():
+    runs = []
+
+    def program(dev):
+        runs.append(1)
+        oversynchronized(dev)
+        if len(runs) > 1:  # the reruns synchronize somewhere the recorded run did not
+            dev.legacy.synchronize()
+
+    proof = prove(program)
+    assert proof.removable is None and "not deterministic" in proof.why
+
+
+def test_edits_travel_as_json_and_bad_json_is_refused():
+    reference = Device("sim", policy="sequential")
+    oversynchronized(reference)
+    edits = audit(reference.trace).edits()
+    again = SyncEdits.from_json(edits.to_json())
+    assert again.remove == edits.remove and again.swap == edits.swap
+    with pytest.raises(ValueError, match="--skip-syncs"):
+        SyncEdits.from_json('{"remove": 3}')
+
+
+class Driver:
+    """The CUDA driver calls a replacement makes, recorded."""
+
+    def __init__(self):
+        self.calls = []
+
+    def event_create(self):
+        return 0xE0
+
+    def event_record(self, event, ptr):
+        self.calls.append(("record", event, ptr))
+
+    def stream_wait_event(self, ptr, event):
+        self.calls.append(("wait", ptr, event))
+
+
+def test_the_recorder_skips_a_sync_and_issues_its_replacement_through_the_driver(monkeypatch):
+    def program(rec):
+        a, b = FakeStream(0x10), FakeStream(0x20)
+        rec.sid(a), rec.sid(b)  # known from their creation, as CuPy's and torch's streams are
+        rec.gpu.current = a
+        rec.alloc(0x1000, 256)
+        x = FakeArray(0x1000, 256)
+        made = []
+        rec.launch("produce", lambda: None, stream=a, writes=[x])
+        rec.stream_sync(a, lambda: made.append("sync"))
+        rec.launch("consume", lambda: None, stream=b, reads=[x])
+        return made
+
+    first = R.Recorder(FakeGpu())
+    monkeypatch.setattr(R, "current", first)
+    assert program(first) == ["sync"]
+    result = audit(first.trace)
+    (finding,) = result.findings
+    assert result.replaced == (finding.number,)
+
+    rerun = R.Recorder(FakeGpu())
+    rerun.gpu.driver = Driver()
+    rerun.edits = result.edits()
+    rerun.edits.start(rerun.trace.ops)
+    monkeypatch.setattr(R, "current", rerun)
+    assert program(rerun) == []  # the synchronize was not made
+    assert rerun.gpu.driver.calls == [("record", 0xE0, 0x10), ("wait", 0x20, 0xE0)]
+    assert rerun.edits.met == {finding.sync.key} and not rerun.edits.unskipped
+
+
+def test_a_sync_reported_after_it_ran_is_marked_unskipped(monkeypatch):
+    rec = R.Recorder(FakeGpu())
+    monkeypatch.setattr(R, "current", rec)
+    a = FakeStream(0x10)
+    sid = rec.sid(a)
+    op = T.StreamSync(rec.tid(), rec.site(), stream=sid)
+    edits = SyncEdits()
+    edits.start(rec.trace.ops)
+    key = ("stream synchronize", op.site.file, op.site.line, op.site.function, edits.names.stream(sid), "")
+    rec.edits = SyncEdits(remove={key})
+    rec.edits.start(rec.trace.ops)
+    rec.record(op)  # as torch's GPU-trace callback records it: after the call
+    assert rec.edits.unskipped == {key}
+
+
+def test_prove_needs_the_audit_and_a_bad_edit_list_is_a_usage_error(tmp_path, capsys):
+    script = tmp_path / "s.py"
+    script.write_text("print(1)\n")
+    assert main(["run", "--prove", str(script)]) == 2
+    assert "add --audit-syncs" in capsys.readouterr().err
+    assert main(["run", "--skip-syncs", "{bad", str(script)]) == 2
+    assert "--skip-syncs" in capsys.readouterr().err
+
+
+def test_a_replacement_wait_on_a_stream_first_seen_later_is_still_checked(monkeypatch):
+    from streamcheck.core.hb import check
+
+    rec = R.Recorder(FakeGpu())
+    monkeypatch.setattr(R, "current", rec)
+    a, b = FakeStream(0x10), FakeStream(0x20)
+    rec.gpu.current = a
+    rec.alloc(0x1000, 256)
+    x = FakeArray(0x1000, 256)
+    rec.launch("produce", lambda: None, stream=a, writes=[x])
+    rec.stream_sync(a, lambda: None)
+    rec.launch("consume", lambda: None, stream=b, reads=[x])  # b is recorded only here (an external stream)
+    ops = list(rec.trace.ops)
+    result = audit(ops)
+    assert result.replaced, result.format()
+    assert check(result.apply(ops)) == [] and check(result.apply(ops, drop=result.replaced))
