@@ -76,3 +76,22 @@ def test_the_cupy_backend_answers_queries_and_a_busy_loop_is_clean():
     assert (value == 5).all() and dev.races == []
     (finding,) = [f for f in audit(dev.trace).findings if f.sync.kind == "query"]
     assert finding.verdict is Verdict.TIMING
+
+
+def test_the_proof_skips_the_removable_cupy_syncs_and_times_the_saving(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "streamcheck.cli", "run", "--audit-syncs", "--prove",
+                           str(GPU_PROGRAMS / "audit_oversync_cupy.py")], cwd=ROOT, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    proof = proc.stderr.partition("proof on the GPU:")[2]
+    assert "removable on this run" in proof, proc.stderr
+    assert proof.count("same output, no new race") == 3, proc.stderr
+    assert "time (script span, CUDA events, median of 3" in proof, proc.stderr
+
+
+def test_the_proof_claims_nothing_for_syncs_torch_reports_after_they_ran(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "streamcheck.cli", "run", "--audit-syncs", "--prove",
+                           str(GPU_PROGRAMS / "audit_oversync_torch.py")], cwd=ROOT, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    assert "not claimed: it could not skip" in proc.stderr.partition("proof on the GPU:")[2], proc.stderr
