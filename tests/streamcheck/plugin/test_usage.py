@@ -88,7 +88,7 @@ def test_a_foreign_suite_runs_the_same_with_and_without_the_plugin(pytester, not
     assert "streamcheck" not in "\n".join(_without_timings_and_plugins(out_with))
     assert cache_with == cache_without and not any("streamcheck" in name for name in cache_with)
     assert set(seen_with) == {"gw0", "gw1"} and seen_with == seen_without
-    for seen in seen_with.values():
+    for seen in seen_with.values():  # pinning is asked for (--streamcheck-gpus): each worker keeps both GPUs
         assert seen == {"modules": [], "visible": "0,1"}
 
 

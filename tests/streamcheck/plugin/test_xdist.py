@@ -77,16 +77,6 @@ def test_workers_take_the_gpus_cuda_visible_devices_lists(pytester, notes, monke
     assert {(n["worker"], n["visible"]) for n in notes().values()} == {("gw0", "5"), ("gw1", "7")}
 
 
-def test_without_the_option_workers_keep_the_gpus_they_were_given(pytester, notes, monkeypatch):
-    # Pinning is opt-in: a suite whose workers each need several GPUs keeps them.
-    pytester.makepyfile(test_seen=SEEN)
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
-    result = run(pytester, "-n", "2", "--dist", "each")
-    result.assert_outcomes(passed=4)
-    assert {(n["worker"], n["visible"]) for n in notes().values()} == {("gw0", "0,1"), ("gw1", "0,1")}
-    assert "pinned" not in result.stdout.str()
-
-
 def test_no_gpus_or_no_xdist_pins_nothing(pytester, notes, monkeypatch):
     pytester.makepyfile(test_seen=SEEN.replace('os.environ["PYTEST_XDIST_WORKER"]',
                                                'os.environ.get("PYTEST_XDIST_WORKER", "main")'))
