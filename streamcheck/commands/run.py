@@ -442,17 +442,10 @@ def draw_races(session, races, trace: str = None, timeline: str = None) -> None:
 
 
 def internal_error_lines(session) -> list:
-    """Each internal error of the recording, and each record the checker refused (fed again in
-    order, as the recorder fed them): what to send with a bug report."""
-    from ..core.hb import Checker, TraceError
-
+    """Each internal error of the recording, and each record the checker refused (the recorder
+    keeps them, as the plugin's streamcheck_gpu shows them): what to send with a bug report."""
     lines = [f"streamcheck: internal error: {error}" for error in session.errors]
-    checker = Checker()
-    for index, op in enumerate(session.trace):
-        try:
-            checker.feed(op)
-        except TraceError as exc:
-            lines.append(f"streamcheck: refused record #{index}: {op!r} ({exc})")
+    lines.extend(f"streamcheck: refused record #{index}: {op!r} ({exc})" for index, op, exc in session.refused)
     lines.append(f"streamcheck: the check is incomplete (a refused record can hide a race): exit status "
                  f"{INTERNAL_ERROR}; please report it with the lines above")
     return lines
