@@ -39,10 +39,24 @@ def _clock_note(model: Model) -> str:
     return "no times recorded: 1 µs per operation in issue order"
 
 
-def to_chrome_trace(source) -> dict:
+def _audit_marks(audit) -> dict:
+    """trace index -> its synchronization's finding, for the ones the audit's minimal set drops
+    or replaces by a device-side wait."""
+    if audit is None:
+        return {}
+    going = set(audit.removed) | set(audit.replaced)
+    return {index: finding for finding in audit.findings if finding.number in going
+            for index in finding.sync.indexes}
+
+
+def to_chrome_trace(source, audit=None) -> dict:
     """Chrome Trace Event JSON (a dict) of a run; open the written file in ui.perfetto.dev.
-    `source`: a Device, a Trace, a mapping (see timeline_model.build_model) or a Model."""
+    `source`: a Device, a Trace, a mapping (see timeline_model.build_model) or a Model. `audit`:
+    the run's sync audit (analyses.sync_audit.Audit): redundant and replaceable synchronizations
+    the minimal set drops or replaces are marked (name prefixed with their verdict, yellow, the
+    finding in their args)."""
     model = source if isinstance(source, Model) else build_model(source)
+    marks = _audit_marks(audit)
     tids = {lane.key: n + 1 for n, lane in enumerate(model.lanes)}  # tid order = track order
     events = []
     backend = model.backend or "trace"
@@ -69,6 +83,14 @@ def to_chrome_trace(source) -> dict:
             args["writes"] = _range_text(s.writes)
         event = {"name": s.name, "cat": s.category, "ph": "X", "ts": s.start, "dur": s.duration,
                  "pid": PID, "tid": tids[s.lane], "args": args}
+        finding = marks.get(index)
+        if finding is not None:
+            event["name"] = f"[{finding.verdict.value} #{finding.number}] {s.name}"
+            event["cname"] = "yellow"
+            event["cat"] += ",sync audit"
+            args["sync audit"] = {"number": finding.number, "verdict": finding.verdict.value,
+                                  "reason": finding.reason,
+                                  "replacement": [r.describe() for r in finding.replacement]}
         if index in roles:
             event["name"] = RACE_PREFIX + s.name
             event["cname"] = "terrible"  # the trace viewers' reserved red
@@ -142,7 +164,8 @@ def _flow(flow_id: int, edge: Edge, src: Slice, dst: Slice, tids: dict) -> list:
     ]
 
 
-def write_chrome_trace(source, path) -> str:
+def write_chrome_trace(source, path, audit=None) -> str:
     """Write the run as Chrome Trace Event JSON to `path` (open it in ui.perfetto.dev): the whole
-    file or, if writing fails or the process is killed, none (atomic_files.write_file)."""
-    return write_text(path, json.dumps(to_chrome_trace(source), indent=1))
+    file or, if writing fails or the process is killed, none (atomic_files.write_file). `audit`:
+    as to_chrome_trace's."""
+    return write_text(path, json.dumps(to_chrome_trace(source, audit), indent=1))

@@ -405,7 +405,17 @@ def run(args) -> int:
     if args.ops_json:
         with open(args.ops_json, "w", encoding="utf-8") as f:
             f.write(session.trace.to_json())
-    if args.trace or args.timeline:
+    if sync_audit is not None and args.trace:
+        # The audit is about the whole run: its trace, with the removable synchronizations marked.
+        from ..export import write_chrome_trace
+        from ..timeline_model import build_model
+
+        write_chrome_trace(build_model({"trace": session.trace, "races": races}), args.trace, audit=sync_audit)
+        print(f"streamcheck: Perfetto trace of the whole run, removable synchronizations marked: {args.trace} "
+              "(open in https://ui.perfetto.dev)", file=sys.stderr)
+        if args.timeline:
+            draw_races(session, races, None, args.timeline)
+    elif args.trace or args.timeline:
         draw_races(session, races, args.trace, args.timeline)
     if session.errors:
         for line in internal_error_lines(session):

@@ -172,3 +172,21 @@ def test_a_replacement_wait_on_a_stream_first_seen_later_is_still_checked(monkey
     result = audit(ops)
     assert result.replaced, result.format()
     assert check(result.apply(ops)) == [] and check(result.apply(ops, drop=result.replaced))
+
+
+def test_the_perfetto_trace_marks_the_removable_synchronizations():
+    from streamcheck.export import to_chrome_trace
+
+    dev = Device("sim", policy="sequential")
+    oversynchronized(dev)
+    result = audit(dev.trace)
+    events = to_chrome_trace(dev, audit=result)["traceEvents"]
+    marked = [e for e in events if "sync audit" in e.get("args", {})]
+    removable = {f.number: f for f in result.findings if f.number in result.removed + result.replaced}
+    assert {e["args"]["sync audit"]["number"] for e in marked} == set(removable)
+    for e in marked:
+        finding = removable[e["args"]["sync audit"]["number"]]
+        assert e["name"].startswith(f"[{finding.verdict.value} #{finding.number}]") and e["cname"] == "yellow"
+        assert len([m for m in marked if m["args"]["sync audit"]["number"] == finding.number]) == finding.sync.count
+    replaced = [e for e in marked if e["args"]["sync audit"]["verdict"] == "device-side suffices"]
+    assert replaced and all("wait on it" in e["args"]["sync audit"]["replacement"][0] for e in replaced)
