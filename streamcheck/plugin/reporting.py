@@ -406,14 +406,18 @@ class _Summary:
                 self.rows.append((report.nodeid, report.outcome, json.loads(value)))
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
+        header = _show_header(self.config)  # the xdist controller's: it collected nothing
+        if not self.rows and not header:
+            return
+        terminalreporter.section("streamcheck")
+        for line in header:
+            terminalreporter.line(line)
         if not self.rows:
             return
         from ..core.hb import wrap_lines
+
         width = terminal_width(self.config)
         found = [row for row in self.rows if row[2]["races"] or row[2]["wrong"]]
-        terminalreporter.section("streamcheck")
-        for line in _show_header(self.config):  # the xdist controller's: it collected nothing
-            terminalreporter.line(line)
         for nodeid, outcome, value in found:
             parts = []
             races = value["races"]

@@ -5,8 +5,8 @@ Installed, the plugin is loaded by every project in the environment. Until a run
 prints no header, stores no seed in the cache, pins no GPU and imports nothing beyond itself, as
 pytest's cacheprovider and xdist's looponfail stay silent when unused. The other features ask
 `in_use(config)`: true from pytest_configure when an option is given, from collection when a
-test uses streamcheck, and on the xdist controller (which collects nothing) from the first
-report of such a test.
+test uses streamcheck, and on the xdist controller (which collects nothing) when a worker that
+collected such a test says so as it finishes (xdist's workeroutput).
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ FIXTURES = ("streamcheck_seed", "streamcheck_device", "run_schedules", "streamch
 TIMING_MARKER = "streamcheck_gpu_timing"  # workers.py: skipped when xdist workers share a GPU
 MARKERS = ("streamcheck", TIMING_MARKER)
 PROPERTY = "streamcheck"  # the user property each test that used a fixture gets (reporting.py)
+WORKER_OUTPUT_KEY = "streamcheck_in_use"  # in xdist's workeroutput
 __all__ = ["FIXTURES", "MARKERS", "PROPERTY", "TIMING_MARKER", "in_use", "uses_streamcheck"]
 
 
@@ -30,21 +31,20 @@ def uses_streamcheck(item) -> bool:
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     config.stash[IN_USE_KEY] = bool(options_given(config))
-    config.pluginmanager.register(_Reports(config), "streamcheck-usage-reports")
 
 
 @pytest.hookimpl(trylast=True)  # after -k and -m deselected theirs
 def pytest_collection_modifyitems(config, items) -> None:
     if any(uses_streamcheck(item) for item in items):
         config.stash[IN_USE_KEY] = True
+    workeroutput = getattr(config, "workeroutput", None)  # an xdist worker: tell the controller
+    if workeroutput is not None and in_use(config):
+        workeroutput[WORKER_OUTPUT_KEY] = True
 
 
-class _Reports:
-    """The xdist controller collects nothing: a test's report says it used streamcheck."""
-
-    def __init__(self, config):
-        self.config = config
-
-    def pytest_runtest_logreport(self, report) -> None:
-        if any(name == PROPERTY for name, _ in report.user_properties):
-            self.config.stash[IN_USE_KEY] = True
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """xdist controller: a worker collected a test that uses streamcheck (before the summary and
+    sessionfinish, which show and store the seed)."""
+    if getattr(node, "workeroutput", {}).get(WORKER_OUTPUT_KEY):
+        node.config.stash[IN_USE_KEY] = True

@@ -115,6 +115,16 @@ def test_header_and_seed_only_where_streamcheck_is_used(pytester):
     assert SEED_LINE.search(header.replace("check=warn", "check=on"))
 
 
+def test_under_xdist_the_controller_learns_it_from_its_workers(pytester):
+    # The controller collects nothing: a worker that collected a test using streamcheck says so.
+    pytester.makepyfile(test_uses="def test_uses(streamcheck_seed): pass")
+    result = pytester.runpytest_subprocess("-p", "xdist", "-n", "2", "-p", "no:hypothesispytest")
+    result.assert_outcomes(passed=1)
+    summary = result.stdout.str().split("= streamcheck =")[1]
+    seed = int(SEED_LINE.search(summary).group(1))
+    assert json.loads((pytester.path / ".pytest_cache" / "v" / "streamcheck" / "seed").read_text()) == seed
+
+
 def test_a_marker_alone_uses_streamcheck(pytester):
     pytester.makepyfile(test_marked='''
 import pytest
