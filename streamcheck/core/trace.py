@@ -14,7 +14,7 @@ import json
 import os
 import sys
 import sysconfig
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Optional, Union
 
 
@@ -617,10 +617,18 @@ class Trace:
 
 
 def op_to_dict(op: Op) -> dict:
-    d = asdict(op)
+    # Field by field rather than asdict(op): that would deep-copy the site, stack and all.
+    d = {}
+    for f in fields(op):
+        value = getattr(op, f.name)
+        if f.name == "site":
+            value = str(value)
+        elif isinstance(value, Range):
+            value = asdict(value)
+        elif isinstance(value, tuple):
+            value = tuple(asdict(v) if isinstance(v, Range) else v for v in value)
+        elif isinstance(value, enum.Enum):
+            value = value.value
+        d[f.name] = value
     d["op"] = type(op).__name__
-    d["site"] = str(op.site)
-    for key, value in list(d.items()):
-        if isinstance(value, enum.Enum):
-            d[key] = value.value
     return d
