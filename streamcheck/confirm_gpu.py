@@ -478,8 +478,9 @@ def write_result(result: dict) -> None:
     """The rerun's result, where the parent asked for it (STREAMCHECK_PROBE_RESULT)."""
     path = os.environ.get("STREAMCHECK_PROBE_RESULT")
     if path:
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(result, f)
+        from .atomic_files import write_text
+
+        write_text(path, json.dumps(result))  # a rerun killed while writing leaves no half a result
 
 
 __all__ = ["MAX_RACES", "DeviceProbe", "Probe", "ProbeSpec", "Verdict", "confirm_device_races", "confirm_races",

@@ -45,6 +45,7 @@ import traceback
 import types
 from dataclasses import replace
 
+from ..atomic_files import write_text
 from ..gpu import MAX_DELAY_US
 from ..sync_proof_gpu import SPAN_PREFIX
 from . import STDOUT, output_problem, report_width, timeline_file, timeline_problem
@@ -394,8 +395,7 @@ def run(args) -> int:
         if args.json == STDOUT:
             print(json.dumps(data, indent=2))
         else:
-            with open(args.json, "w", encoding="utf-8") as f:
-                f.write(json.dumps(data, indent=2))
+            write_text(args.json, json.dumps(data, indent=2))  # whole or absent, even if killed
     if args.prove and sync_audit is not None:
         from .. import sync_proof_gpu
 
@@ -403,8 +403,7 @@ def run(args) -> int:
               "skipped, under delays, then timed", file=sys.stderr)
         print(sync_proof_gpu.prove(sync_audit, races, script, args.args, seed=args.seed).format(), file=sys.stderr)
     if args.ops_json:
-        with open(args.ops_json, "w", encoding="utf-8") as f:
-            f.write(session.trace.to_json())
+        write_text(args.ops_json, session.trace.to_json())
     if sync_audit is not None and args.trace:
         # The audit is about the whole run: its trace, with the removable synchronizations marked.
         from ..export import write_chrome_trace
