@@ -235,8 +235,9 @@ class Recorder:
                 self._checked += 1
                 try:
                     feed(op)
-                except TraceError as exc:
-                    self.errors.append(f"{exc}; refused record: {op!r}")
+                except TraceError as exc:  # as record() keeps it
+                    self.errors.append(str(exc))
+                    self.refused.append((self._checked - 1, op, exc))
 
     @property
     def races(self) -> list:

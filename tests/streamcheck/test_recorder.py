@@ -277,6 +277,19 @@ def test_checks_deferred_to_host_syncs_report_what_checks_at_each_record_report(
                                         ("WAR", "read", "write", 2)]
 
 
+def test_a_record_the_checker_refuses_is_kept_when_checks_are_deferred_too(monkeypatch):
+    refused = []
+    for defer in (False, True):
+        rec = R.Recorder(FakeGpu())
+        monkeypatch.setattr(R, "current", rec)
+        if defer:
+            rec.defer_checks()
+        rec.record(T.Launch(0, T.UNKNOWN_SITE, stream=99, name="lost"))  # a stream the trace never created
+        rec.host_read("get", FakeArray(0x1000, 0), FakeStream(0x10), True, lambda: None)
+        refused.append([(index, op.name) for index, op, _ in rec.refused])
+    assert refused[0] == refused[1] == [(1, "lost")]
+
+
 def test_a_library_call_site_names_the_users_line_and_the_librarys_as_innermost(tmp_path, monkeypatch):
     """Frames in the Gpu's library_dirs are the library's: the site is the user's call of it, and
     the library's line is the innermost frame (before, they were skipped without a trace)."""
