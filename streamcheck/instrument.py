@@ -107,7 +107,7 @@ def current_session() -> Optional[Session]:
 
 
 def start(*, delay_us: float = 0.0, delay_streams=(), delay_kernels=(), seed: int = 0, warm_up: bool = True,
-          check: bool = True, probe=None, edits=None) -> Session:
+          check: bool = True, probe=None, edits=None, on_start=None) -> Session:
     """Begin recording (see instrument()). Raises InstrumentError without a GPU or if a session
     is already active."""
     running = R.current
@@ -131,6 +131,8 @@ def start(*, delay_us: float = 0.0, delay_streams=(), delay_kernels=(), seed: in
     if edits is not None:  # the sync audit's proof rerun: the program's syncs, not the warm-up's
         edits.start(session.trace.ops)
         session.edits = edits
+    if on_start is not None:  # the program's own work starts now (streamcheck run --time-script)
+        on_start()
     return session
 
 

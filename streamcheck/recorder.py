@@ -150,7 +150,7 @@ class Recorder:
         self.reading = False  # inside a blocking host read, which records its own StreamSync
         self.edits = None  # the sync audit's proof rerun (analyses.sync_audit.SyncEdits): syncs to skip
         self._decided = None  # the sync op a skip-capable call already put to `edits`
-        self._replacement_events: dict = {}  # stream id -> driver event the replacements record
+        self._replacement_events: dict = {}  # stream id -> (driver event, its trace id) the replacements record
         self._checker: Optional[Checker] = Checker() if check else None
         self._checked = None  # with defer_checks(): how many trace records the checker has seen
         self.errors: list = []  # internal problems while recording (never raised into the program)
@@ -756,16 +756,24 @@ class Recorder:
         if any(sid not in ptrs for sid in plan.records) or any(w[0] not in ptrs for w in plan.waits):
             edits.recorded_anyway(op)  # a stream the program has not shown us yet: make the call
             return False
+        if any(eid is not None for _, _, eid in plan.waits):
+            edits.recorded_anyway(op)  # a wait on the program's own event: no driver handle for it here
+            return False
+        tid, site = self.tid(), op.site
         for sid in plan.records:
-            event = self._replacement_events.get(sid)
-            if event is None:
-                event = self._replacement_events[sid] = driver.event_create()
-            driver.event_record(event, ptrs[sid])
-        for sid, source, eid in plan.waits:
-            if eid is not None:  # waits on the program's own event: no driver handle for it here
-                edits.recorded_anyway(op)
-                return False
-            driver.stream_wait_event(ptrs[sid], self._replacement_events[source])
+            found = self._replacement_events.get(sid)
+            if found is None:
+                with self._lock:
+                    eid = self._next_event
+                    self._next_event += 1
+                found = self._replacement_events[sid] = (driver.event_create(), eid)
+                self.record(T.EventCreate(tid, site, event=eid, name=f"audit replacement on {self._stream_names.get(sid, sid)}"))
+            driver.event_record(found[0], ptrs[sid])
+            self.record(T.EventRecord(tid, site, event=found[1], stream=sid))  # the checker sees the edge too
+        for sid, source, _ in plan.waits:
+            handle, eid = self._replacement_events[source]
+            driver.stream_wait_event(ptrs[sid], handle)
+            self.record(T.StreamWait(tid, site, stream=sid, event=eid))
         return True
 
     def stream_wait(self, stream, event, call):

@@ -179,16 +179,21 @@ def _print_script_traceback(exc: BaseException, script: str) -> None:
 
 
 class _ScriptSpan:
-    """The script's span on the GPU (--time-script): CUDA events on the legacy stream through the
-    driver (no adapter records them), the device synchronized at both ends."""
+    """The script's span on the GPU (--time-script): from the recording's start (the script's
+    import of CuPy or torch, warm-up done) to its end; CUDA events on the legacy stream through
+    the driver (no adapter records them), the device synchronized at both ends."""
 
     def __init__(self):
+        self.started = False
+
+    def begin(self) -> None:
         from ..adapters.cuda_device import CudaDriver
 
         self.driver = CudaDriver()
         self.driver.synchronize()
         self.start = self.driver.event_create()
         self.driver.event_record(self.start, 0)
+        self.started = True
 
     def stop(self) -> float:
         self.driver.synchronize()
@@ -296,9 +301,10 @@ def run(args) -> int:
     sites_before = set_site_settings(replace(site_settings(), libraries=tuple(args.library)))
 
     # The recording starts when the script imports CuPy or torch: CuPy reads its environment then.
+    span = _ScriptSpan() if args.time_script else None
     hook = instrument.StartAtImport(delay_us=args.delay_us, delay_streams=args.delay_stream,
                                     delay_kernels=args.delay_kernel, seed=args.seed, warm_up=not args.no_warm_up,
-                                    probe=probe, edits=edits)
+                                    probe=probe, edits=edits, on_start=span.begin if span else None)
     before = set(threading.enumerate())
     saved_argv, saved_path0, saved_main = sys.argv, sys.path[0] if sys.path else None, sys.modules.get("__main__")
     os.environ["STREAMCHECK_RUN"] = "1"
@@ -315,13 +321,10 @@ def run(args) -> int:
     sys.modules["__main__"] = main
     status = 0
     failure = None  # keeps the failing frames (and their arrays) alive until recording stopped
-    span = None
     try:
         code = compile(source, script, "exec", dont_inherit=True)
-        if args.time_script:
-            span = _ScriptSpan()
         exec(code, main.__dict__)
-        if span is not None:
+        if span is not None and span.started:
             print(f"{SPAN_PREFIX}{span.stop():.1f} us", file=sys.stderr)
         # Like interpreter exit: wait for the script's non-daemon threads before the report.
         for thread in set(threading.enumerate()) - before:

@@ -130,6 +130,9 @@ def test_the_recorder_skips_a_sync_and_issues_its_replacement_through_the_driver
     assert program(rerun) == []  # the synchronize was not made
     assert rerun.gpu.driver.calls == [("record", 0xE0, 0x10), ("wait", 0x20, 0xE0)]
     assert rerun.edits.met == {finding.sync.key} and not rerun.edits.unskipped
+    assert rerun.races == []  # the replacement is in the trace too: the checker sees the edge
+    assert [type(op) for op in rerun.trace.ops if type(op) in (T.StreamSync, T.EventRecord, T.StreamWait)] == [
+        T.EventRecord, T.StreamWait]
 
 
 def test_a_sync_reported_after_it_ran_is_marked_unskipped(monkeypatch):
