@@ -26,9 +26,12 @@ Several GPUs: `--workers N` runs `pytest -n N --dist each` over this module's te
 so streamcheck's pytest plugin pins worker gwK to one GPU (CUDA_VISIBLE_DEVICES; fewer GPUs than
 workers are shared round-robin) and puts the shared example database (--streamcheck-example-db)
 on the profile. Worker K draws from seed + K and runs its share of --examples (or the whole
---budget, in parallel); the command merges the workers' tallies into one table. A crash one
-worker hits is saved in the database and replayed first by every run over it. With --backend sim
-the workers are CPU processes.
+--budget, in parallel); the command merges the workers' tallies into one table. A --budget is the
+command's wall time, starting the workers included (several seconds: pytest, xdist, the imports);
+on a terminal one bar counts all workers' examples, and a run whose workers took longer to start
+and stop than to run says so (one process is faster there). A crash one worker hits is saved in
+the database and replayed first by every run over it. With --backend sim the workers are CPU
+processes.
 """
 from __future__ import annotations
 
@@ -53,6 +56,7 @@ from typing import Optional
 import numpy as np
 
 from streamcheck.atomic_files import owned_temporary_directory, write_text
+from streamcheck.commands import STDOUT
 
 from ..plan import EDGES, SyncPlan
 
@@ -362,11 +366,73 @@ class Progress:
             self.stream.flush()
 
 
+class WorkerProgress(Progress):
+    """A worker's progress under --workers: its counts in `path` (gwK.progress), rewritten at most
+    10 times a second, for the command to draw one bar over all workers; `started` (epoch seconds)
+    is when its examples began, after pytest, xdist and the imports."""
+
+    def __init__(self, path: Path, budget: Optional[float] = None, examples: Optional[int] = None):
+        super().__init__(budget, examples, enabled=False)
+        self.path = path
+        self.started = time.time()
+        self._written = -1.0
+
+    def restart(self) -> None:
+        super().restart()
+        self.started = time.time()
+        self.update(Tally(), force=True)
+
+    def update(self, tally: Tally, force: bool = False) -> None:
+        now = self.elapsed()
+        if not force and now - self._written < 0.1:
+            return
+        self._written = now
+        counts = {"examples": tally.examples, "found": tally.found, "started": self.started,
+                  "updated": time.time(), "plans": [_plan_text(plan) for plan in tally.plans]}
+        temporary = self.path.with_suffix(".tmp")
+        temporary.write_text(json.dumps(counts))
+        os.replace(temporary, self.path)  # the command never reads half a file
+
+    def close(self, tally: Tally) -> None:
+        self.update(tally, force=True)
+
+
+def worker_counts(out: Path) -> tuple:
+    """(the workers' progress so far as one tally, how long they have run examples: from the first
+    one's start to the last one's latest count, or None before any started), from their
+    gwK.progress files in `out`."""
+    tally, started, updated = Tally(), [], []
+    for path in out.glob("gw*.progress"):
+        try:
+            counts = json.loads(path.read_text())
+        except (OSError, ValueError):  # not written yet
+            continue
+        tally.examples += counts["examples"]
+        tally.found += counts["found"]
+        tally.plans.update(dict.fromkeys(counts["plans"]))  # the bar counts distinct plans
+        started.append(counts["started"])
+        updated.append(counts["updated"])
+    return tally, (max(updated) - min(started) if started else None)
+
+
+def workers_cost_note(workers: int, overhead: float, running: float) -> Optional[str]:
+    """A note when the workers spent longer starting and stopping (`overhead`) than running their
+    examples: a run that short is faster in one process."""
+    if overhead <= running:
+        return None
+    if running == 0:
+        return (f"streamcheck fuzz: note: the budget ran out while the {workers} workers were starting (pytest, "
+                f"xdist, the imports: {overhead:.1f} s here); give a longer budget, or leave out --workers")
+    return (f"streamcheck fuzz: note: the {workers} workers took {overhead:.1f} s to start and stop (pytest, xdist, "
+            f"the imports) and {running:.1f} s to run their examples; a run this short is faster without --workers")
+
+
 def fuzz(budget: Optional[float] = None, backend: str = "sim", profile: str = "streamcheck-fuzz",
          plans: str = "all", steps: int = 3, seed: int = 0, progress: Optional[Progress] = None,
-         examples: Optional[int] = None, database=None, timeout: Optional[float] = DEFAULT_TIMEOUT) -> Tally:
-    """Run `examples` examples, or examples until `budget` seconds are spent or the profile's
-    max_examples is reached. Ctrl-C ends the run early: the tally says `interrupted`. An example
+         examples: Optional[int] = None, database=None, timeout: Optional[float] = DEFAULT_TIMEOUT,
+         stop_at: Optional[float] = None) -> Tally:
+    """Run `examples` examples, or examples until `budget` seconds are spent (or the clock reads
+    `stop_at`, epoch seconds: a --workers budget's end) or the profile's max_examples is reached. Ctrl-C ends the run early: the tally says `interrupted`. An example
     that runs longer than `timeout` seconds is a finding (`hung`), and the run goes on.
 
     The same seed and profile draw the same sequence of examples, and both a count and a
@@ -402,7 +468,8 @@ def fuzz(budget: Optional[float] = None, backend: str = "sim", profile: str = "s
            choice=sst.schedule_choices(policies=("delay", "random", "pct")),
            data_seed=st.integers(0, 2**16))
     def one(plan, shape, choice, data_seed):
-        if tally.examples == examples or (budget is not None and progress.elapsed() >= budget):
+        if (tally.examples == examples or (budget is not None and progress.elapsed() >= budget)
+                or (stop_at is not None and time.time() >= stop_at)):
             ending.append(True)
             raise _Enough
         example = Example(plan, shape, choice, steps, data_seed)
@@ -509,12 +576,14 @@ def test_fuzz_worker():
     k = int(worker[2:])
     examples = job["examples"]
     share = None if examples is None else worker_share(examples, job["workers"], k)
+    budget = job["budget"]
     tally = Tally()
     if share != 0:
         # The plugin put the shared example database on the profile pytest loaded (--hypothesis-profile).
-        tally = fuzz(job["budget"], job["backend"], job["profile"], job["plans"], job["steps"],
-                     (job["seed"] + k) % 2**32, examples=share, database=settings.default.database,
-                     timeout=job["timeout"])
+        tally = fuzz(budget, job["backend"], job["profile"], job["plans"], job["steps"],
+                     (job["seed"] + k) % 2**32, WorkerProgress(Path(job["out"], f"{worker}.progress"), budget, share),
+                     examples=share, database=settings.default.database, timeout=job["timeout"],
+                     stop_at=job["deadline"])  # the budget is the command's wall time, starting up included
     Path(job["out"], f"{worker}.json").write_text(json.dumps(tally_to_json(tally)))
 
 
@@ -539,20 +608,24 @@ if os.getppid() == parent:
 
 def fuzz_workers(workers: int, budget: Optional[float], backend: str, profile: str, plans: str, steps: int,
                  seed: int, examples: Optional[int], example_db: Optional[str], err=None,
-                 timeout: Optional[float] = DEFAULT_TIMEOUT) -> tuple:
+                 timeout: Optional[float] = DEFAULT_TIMEOUT, progress: Optional[Progress] = None) -> tuple:
     """Run the fuzz over `workers` pytest-xdist workers (one GPU each where there are GPUs);
-    return (merged tally, seconds, pytest's exit status, pytest's output).
+    return (merged tally, seconds, pytest's exit status, pytest's output). A `budget` is the
+    command's wall time, starting the workers included; `progress` draws their counts as one bar.
 
     The controller and its workers end with this process, even when it is SIGKILLed; their
     scratch directory (streamcheck-fuzz-PID-*) is removed at the end, or by the next run."""
     err = err if err is not None else sys.stderr
+    progress = progress or Progress(budget, examples, enabled=False)
+    launched = time.time()
+    deadline = launched + budget if budget is not None else None
     with owned_temporary_directory("streamcheck-fuzz") as folder:
         out = Path(folder, "tallies")
         out.mkdir()
         job = Path(folder, "job.json")
         job.write_text(json.dumps({"workers": workers, "budget": budget, "backend": backend, "profile": profile,
                                    "plans": plans, "steps": steps, "seed": seed, "examples": examples,
-                                   "timeout": timeout,
+                                   "timeout": timeout, "deadline": deadline,
                                    "out": str(out)}))
         # Not the caller's project settings; the plugin pins workers to GPUs only when asked.
         Path(folder, "pytest.ini").write_text("[pytest]\nstreamcheck_gpus = auto\n")
@@ -565,17 +638,22 @@ def fuzz_workers(workers: int, budget: Optional[float], backend: str, profile: s
         env = dict(os.environ, **{JOB_ENV: str(job)})
         env.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)  # the run needs xdist, hypothesis's and our plugin
         start = time.perf_counter()
-        interrupted = False
+        interrupted = stopped = False
         child = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                  start_new_session=True)
         try:
-            output, _ = child.communicate()
+            output, stopped = wait_for_workers(child, out, progress, workers, deadline)
         except KeyboardInterrupt:  # passed on to the controller's group: the workers write what they found and stop
             interrupted = True
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(child.pid, signal.SIGINT)
             output, _ = child.communicate()
         seconds = time.perf_counter() - start
+        counted, running = worker_counts(out)
+        progress.close(counted)
+        note = workers_cost_note(workers, time.time() - launched - (running or 0.0), running or 0.0)
+        if note:
+            print(note, file=err)
         from streamcheck.plugin.profiles import UNREADABLE_ENTRY
 
         unreadable = {}  # the plugin's warnings about example database entries, once each (every worker warns)
@@ -589,7 +667,29 @@ def fuzz_workers(workers: int, budget: Optional[float], backend: str, profile: s
         parts = [json.loads(p.read_text()) for p in sorted(out.glob("gw*.json"), key=lambda p: int(p.stem[2:]))]
     tally = merge_tallies(parts)
     tally.interrupted |= interrupted
+    if stopped:  # by the budget, not a failure: a worker that never began ran 0 examples
+        tally.counts += [0] * (workers - len(tally.counts))
+        return tally, seconds, 0, output
     return tally, seconds, child.returncode, output
+
+
+def wait_for_workers(child, out: Path, progress: Progress, workers: int, deadline: Optional[float] = None) -> tuple:
+    """(pytest's output once it exits, whether the budget stopped it); meanwhile the workers'
+    counts drawn (at most 10 times a second). Once a budget's `deadline` has passed, the workers
+    are stopped as soon as every tally is written (pytest's teardown would only add to the wall
+    time), or at once if none had begun its examples (they would start and run for nothing)."""
+    stopped = False
+    while True:
+        try:
+            return child.communicate(timeout=0.1)[0], stopped
+        except subprocess.TimeoutExpired:  # retrying loses no output (Popen.communicate's word)
+            counted, running = worker_counts(out)
+            progress.update(counted)
+            over = deadline is not None and time.time() > deadline
+            if over and not stopped and (running is None or len(list(out.glob("gw*.json"))) == workers):
+                stopped = True
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.pid, signal.SIGKILL)  # the controller leads the workers' group
 
 
 # --- output ---------------------------------------------------------------------------------
@@ -832,12 +932,14 @@ def register(subparsers) -> None:
                              f"replay, and the run goes on (default {DEFAULT_TIMEOUT:g}; 0: no limit)")
     parser.add_argument("--replay", metavar="TOKEN", help="run one example from the table and print its report")
     parser.add_argument("--json", metavar="FILE", help="also write the table (every plan tried, each first "
-                        "finding's full replay token and decisions) or the replayed example as JSON")
+                        "finding's full replay token and decisions) or the replayed example as JSON (- for stdout, "
+                        "the table then on stderr)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar (it is drawn only on a terminal)")
     parser.add_argument("--workers", type=int, default=1, metavar="N",
                         help="spread the run over N pytest-xdist workers, each pinned to one GPU (fewer GPUs are "
                              "shared round-robin; with --backend sim they are CPU processes); worker K draws from "
-                             "seed + K and runs its share of --examples, or the whole --budget (default 1: here)")
+                             "seed + K and runs its share of --examples, or the whole --budget, which stays the wall "
+                             "time: starting the workers (seconds) comes out of it (default 1: here)")
     parser.add_argument("--example-db", metavar="DIR", default=None,
                         help="with --workers: the hypothesis example database the workers share (default: a "
                              "temporary one for the run); a crash one worker hits is replayed first by the others "
@@ -875,8 +977,12 @@ def _json_target_problem(name: str) -> Optional[str]:
     return None
 
 
-def _write_json(name: str, data: dict) -> Optional[str]:
-    """Write whole or not at all (atomic_files.write_text); an error message, or None."""
+def _write_json(name: str, data: dict, stdout=None) -> Optional[str]:
+    """Write whole or not at all (atomic_files.write_text), or to `stdout` for `--json -`; an
+    error message, or None."""
+    if name == STDOUT:
+        stdout.write(json.dumps(data, indent=2) + "\n")
+        return None
     try:
         write_text(name, json.dumps(data, indent=2) + "\n")
     except OSError as exc:
@@ -885,6 +991,14 @@ def _write_json(name: str, data: dict) -> Optional[str]:
 
 
 def main(args) -> int:
+    if args.json == STDOUT:  # `--json -`: the JSON alone on stdout, the table and the rest on stderr
+        json_stdout = sys.stdout
+        with contextlib.redirect_stdout(sys.stderr):
+            return _main(args, json_stdout)
+    return _main(args)
+
+
+def _main(args, json_stdout=None) -> int:
     from streamcheck.backends import BackendUnavailable, gpu_available, resolve
 
     budget = examples = None
@@ -916,7 +1030,7 @@ def main(args) -> int:
         return _usage("--workers needs pytest-xdist (pip install pytest-xdist)")
     if args.example_db and Path(args.example_db).is_file():
         return _usage(f"--example-db {args.example_db}: is a file; name a directory (created if missing)")
-    problem = _json_target_problem(args.json) if args.json else None
+    problem = _json_target_problem(args.json) if args.json and args.json != STDOUT else None
     if problem:
         return _usage(problem)
     from hypothesis import settings
@@ -945,12 +1059,13 @@ def main(args) -> int:
         if example is not None:
             outcome = run_example(example, backend, args.timeout)
             print(replay_text(outcome, json_name=args.json))
-            problem = _write_json(args.json, replay_json(outcome, backend)) if args.json else None
+            problem = _write_json(args.json, replay_json(outcome, backend), json_stdout) if args.json else None
             return _usage(problem) if problem else 1 if outcome.found else 0
         if args.workers > 1:
+            progress = Progress(budget, examples, enabled=False if args.quiet else None)
             tally, seconds, status, output = fuzz_workers(args.workers, budget, backend, profile, args.plans,
                                                           args.steps, seed, examples, args.example_db,
-                                                          timeout=args.timeout)
+                                                          timeout=args.timeout, progress=progress)
             # A worker that raised (a crash in the pipeline, the backend or the checker) wrote no tally.
             failed = not tally.interrupted and (status != 0 or len(tally.counts) != args.workers)
             if failed:
@@ -968,7 +1083,7 @@ def main(args) -> int:
     print(summary(tally, seconds, backend, profile, args.plans, args.max_rows, args.steps, seed, workers=args.workers))
     if args.json:
         problem = _write_json(args.json, summary_json(tally, seconds, backend, profile, args.plans, args.steps, seed,
-                                                      workers=args.workers))
+                                                      workers=args.workers), json_stdout)
         if problem:
             return _usage(problem)
     if tally.interrupted:

@@ -433,3 +433,13 @@ def test_a_plan_whose_first_finding_raced_only_gets_a_replay_of_its_wrong_values
         assert record["first_wrong_values"]["replay"] == wrong.example.token()
     status, out, _ = _fuzz(capsys, "--replay", wrong.example.token())
     assert status == 1 and "values: WRONG (differ from the sequential run)" in out  # it replays the wrong run
+
+
+def test_json_dash_is_stdout_and_the_table_goes_to_stderr(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    status, out, err = _fuzz(capsys, "--examples", "5", "--seed", "7", "--json", "-")
+    data = json.loads(out)  # nothing else on stdout
+    assert status == 1 and data["examples"] == 5 and err.startswith("streamcheck fuzz: 5 examples in ")
+    status, out, err = _fuzz(capsys, "--replay", TOKEN, "--json", "-")
+    assert json.loads(out)["replay"] == TOKEN and err.startswith("example: ")
+    assert list(tmp_path.iterdir()) == []

@@ -4,6 +4,7 @@ Worker K draws from seed + K and runs its share of --examples, so a run over two
 union of two single runs, merged into one table."""
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -126,3 +127,60 @@ def test_a_crash_saved_in_the_shared_database_is_replayed_first_by_every_worker(
     assert cli.main([*args, str(db)]) == 1
     err = capsys.readouterr().err
     assert err.count(f"RuntimeError: injected crash on data seed {data}") >= 2 and "[gw0]" in err and "[gw1]" in err
+
+
+# --- progress and the budget over workers (issue 21), without starting pytest ---------------
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_the_workers_counts_add_up_to_one_bar(tmp_path):
+    from flashnorm_kernels.commands.fuzz import Progress, WorkerProgress, run_example, worker_counts
+    from flashnorm_kernels.commands.fuzz import Example, Tally
+
+    token = ("missing=join_mm,post=caller,side=non_blocking,caller=legacy,M=1,d=8,n=4,dtype=float32,policy=delay,"
+             "seed={},delay_steps=8,pct_depth=2,delay_us=200,steps=3,data=0")
+    assert worker_counts(tmp_path) == (Tally(), None)  # nobody began
+    for k, seeds in enumerate(((0, 1), (5,))):
+        tally = Tally()
+        for seed in seeds:
+            tally.add(run_example(Example.parse(token.format(seed))), unsafe=True)
+        progress = WorkerProgress(tmp_path / f"gw{k}.progress")
+        progress.restart()
+        progress.close(tally)
+    merged, running = worker_counts(tmp_path)
+    assert (merged.examples, merged.found, len(merged.plans)) == (3, 3, 1)  # one plan, seen by both workers
+    assert running is not None and running >= 0
+    terminal = Terminal()
+    Progress(examples=6, stream=terminal).update(merged, force=True)
+    assert "3/6 examples  1 plans  3 findings" in terminal.getvalue()
+
+
+def test_a_budget_over_workers_ends_at_its_wall_clock_time(tmp_path):
+    import time
+
+    from flashnorm_kernels.commands.fuzz import Progress, fuzz, wait_for_workers
+
+    start = time.time()
+    assert fuzz(backend="sim", profile="streamcheck-fuzz", seed=1, stop_at=start - 1).examples == 0
+    # Workers still starting when the budget ends are stopped at once (here: a child that would sleep 60 s).
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdout=subprocess.PIPE,
+                             text=True, start_new_session=True)
+    terminal = Terminal()
+    output, stopped = wait_for_workers(child, tmp_path, Progress(budget=5.0, stream=terminal), 2, time.time())
+    assert stopped and child.returncode is not None and time.time() - start < 30
+    assert "\r" in terminal.getvalue() and "0 examples" in terminal.getvalue()
+
+
+@pytest.mark.parametrize("overhead, running, words", [
+    (20.0, 4.0, "the 2 workers took 20.0 s to start and stop (pytest, xdist, the imports) and 4.0 s to run"),
+    (10.0, 0.0, "the budget ran out while the 2 workers were starting"),
+])
+def test_workers_say_what_they_cost_when_they_cannot_pay_off(overhead, running, words):
+    from flashnorm_kernels.commands.fuzz import workers_cost_note
+
+    assert words in workers_cost_note(2, overhead, running)
+    assert workers_cost_note(2, 5.0, 50.0) is None  # long enough: no note
