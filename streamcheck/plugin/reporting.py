@@ -23,10 +23,11 @@ import pytest
 
 from .options import SETTINGS_KEY, backend_name
 from .seeds import ScheduleSpec, base_seed
-from .usage import PROPERTY, in_use
+from .usage import in_use
 
 WORKER_WIDTH_KEY = "streamcheck_width"  # the controller's terminal width: workers' reports print there
 HEADER_SHOWN_KEY = pytest.StashKey[bool]()
+PROPERTY = "streamcheck"  # the user property of each test that used a fixture: its findings as JSON
 
 
 @dataclass

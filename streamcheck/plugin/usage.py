@@ -17,9 +17,8 @@ from .options import IN_USE_KEY, in_use, options_given
 FIXTURES = ("streamcheck_seed", "streamcheck_device", "run_schedules", "streamcheck_gpu")
 TIMING_MARKER = "streamcheck_gpu_timing"  # workers.py: skipped when xdist workers share a GPU
 MARKERS = ("streamcheck", TIMING_MARKER)
-PROPERTY = "streamcheck"  # the user property each test that used a fixture gets (reporting.py)
 WORKER_OUTPUT_KEY = "streamcheck_in_use"  # in xdist's workeroutput
-__all__ = ["FIXTURES", "MARKERS", "PROPERTY", "TIMING_MARKER", "in_use", "uses_streamcheck"]
+__all__ = ["FIXTURES", "MARKERS", "TIMING_MARKER", "in_use", "uses_streamcheck"]
 
 
 def uses_streamcheck(item) -> bool:
