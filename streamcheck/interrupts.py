@@ -40,7 +40,10 @@ def install() -> None:
     _received = False
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # started with Ctrl-C ignored (nohup, `&`): keep it so
         return
-    signal.signal(signal.SIGINT, _raise_keyboard_interrupt)
+    try:
+        signal.signal(signal.SIGINT, _raise_keyboard_interrupt)
+    except ValueError:  # main() called from another thread: Ctrl-C is its main thread's to handle
+        pass
 
 
 def received() -> bool:

@@ -281,3 +281,36 @@ def test_checkpoint_round_trip_matches_logits(arch, tmp_path):
     _assert_logits_close(_logits(folded, ids), before)
     with pytest.raises(AlreadyFoldedError):
         flashify(folded)  # the marker survives save/load
+
+
+def test_a_head_that_shares_the_embeddings_storage_is_untied_too():
+    # Tied by storage, not by object: a checkpoint loader (or a user) can give lm_head its own
+    # Parameter over the embeddings' memory. Folding into it would change the embeddings.
+    model = tiny_model("llama")
+    embed = model.get_input_embeddings().weight
+    model.lm_head.weight = torch.nn.Parameter(embed.detach())  # another tensor, the same storage
+    assert model.lm_head.weight is not embed
+    embed_before = embed.detach().clone()
+    ids = _ids()
+    before = _logits(model, ids)
+    flashify(model)
+    assert torch.equal(model.get_input_embeddings().weight, embed_before)
+    assert model.config.flashnorm["untied_lm_head"] is True
+    _assert_logits_close(_logits(model, ids), before)
+
+
+def test_a_bf16_gain_is_folded_in_fp32_then_rounded_once():
+    # Gemma's gain is 1 + w: in bf16, 1 + w is rounded before the product, a second rounding.
+    model = tiny_model("gemma", dtype=torch.bfloat16)
+    layer = model.model.layers[0]
+    w = layer.mlp.gate_proj.weight.detach().clone()
+    g = layer.post_attention_layernorm.weight.detach().clone()
+    flashify(model)
+    assert torch.equal(layer.mlp.gate_proj.weight, (w.float() * (1 + g.float())[None, :]).to(torch.bfloat16))
+
+
+def test_a_marker_that_says_not_folded_is_not_folded():
+    assert is_folded({"flashnorm": {"folded": True, "version": 1}})
+    assert not is_folded({"flashnorm": {"folded": False, "version": 1}})
+    assert not is_folded({"flashnorm": {}})
+    assert not is_folded({"model_type": "llama"})

@@ -404,3 +404,30 @@ def test_the_confirm_policy_holds_only_the_named_occurrence():
     assert policy.second_before_first and policy.first_held
     assert "confirm(hold `step` on stream A at" in dev.schedule.policy and "(occurrence 2)" in dev.schedule.policy
     assert dev.schedule.seed_args() is None  # built, not named: the replay string repeats it
+
+
+def test_after_a_host_synchronize_released_the_first_access_later_occurrences_run_unheld():
+    # The raced occurrence is 0; a.synchronize() makes it run (the sim never holds what the host
+    # waits for). The next launch from the same site is another occurrence: not held for B.
+    sites = {}
+
+    def program(dev):
+        a, b = dev.stream("A"), dev.stream("B")
+        x = dev.alloc((2,), "float32", name="x", fill=0.0)
+        for i in range(2):
+            dev.launch(put(float(i + 1)), (x[i:i + 1],), stream=a, writes=[x[i:i + 1]], name="step")
+            sites.setdefault("a", dev.trace.ops[-1].site)
+            if i == 0:
+                a.synchronize()
+        dev.launch(lambda: None, (), stream=b, name="other")
+        sites.setdefault("b", dev.trace.ops[-1].site)
+
+    program(Device("sim"))
+    order = []
+    policy = Confirm(Target(1, "stream A", "step", sites["a"], 0), Target(2, "stream B", "other", sites["b"], 0),
+                     observe=lambda op, role: order.append((op.name, role)))
+    dev = Device("sim", policy=policy)
+    program(dev)
+    dev.synchronize()
+    launches = [entry for entry in order if entry[0] in ("step", "other")]
+    assert launches == [("step", "first"), ("step", None), ("other", "second")]

@@ -307,3 +307,36 @@ def test_a_library_call_site_names_the_users_line_and_the_librarys_as_innermost(
     (op,) = ops(rec, T.Launch)
     assert (op.site.file, op.site.line) == (__file__, line)
     assert (op.site.innermost.file, op.site.innermost.line) == (str(tmp_path / "fakelib" / "api.py"), 2)
+
+
+def test_the_cuda_stream_legacy_handle_is_the_legacy_default_stream(rec):
+    # cudaStreamLegacy is ((cudaStream_t)0x1): work on it and on the null stream (0) is in stream order.
+    rec.alloc(0x1000, 64)
+    x = FakeArray(0x1000, 64)
+    launch(rec, "write", FakeStream(1), writes=(x,))
+    launch(rec, "read", FakeStream(0), reads=(x,))
+    assert rec.sid(FakeStream(1)) == rec.sid(FakeStream(0)) == 0
+    assert rec.races == []
+
+
+def test_kernel_arguments_the_signature_does_not_describe_count_as_written(rec):
+    # No source to read a signature from: each array argument may be written (the conservative rule).
+    s1, s2 = FakeStream(0x10), FakeStream(0x20)
+    rec.alloc(0x1000, 64)
+    x = FakeArray(0x1000, 64)
+    assert rec.kernel_access("opaque", None, (x, 3)) == ([], [x])
+    rec.source_launch("opaque", None, (x,), s1, lambda: None)
+    launch(rec, "read", s2, reads=(x,))
+    (race,) = rec.races
+    assert (race.kind, race.first.name, race.second.name) == ("RAW", "opaque", "read")
+
+
+def test_a_non_blocking_host_read_does_not_synchronize_its_stream(rec):
+    # get(blocking=False): the copy is queued on s1 and the host goes on; the data is not there yet.
+    s1 = FakeStream(0x10)
+    rec.alloc(0x1000, 64)
+    y = FakeArray(0x1000, 64)
+    rec.host_read("get", y, s1, False, lambda: None)
+    assert ops(rec, T.StreamSync) == []
+    rec.host_read("get", y, s1, True, lambda: None)
+    assert [op.stream for op in ops(rec, T.StreamSync)] == [rec.sid(s1)]

@@ -448,6 +448,8 @@ CASES = [
     pytest.param(lambda: byte_ranges((0, 32), (32, 64)), [], id="disjoint-halves-safe"),
     pytest.param(lambda: byte_ranges((0, 40), (24, 64)), ["WAW"], id="overlapping-ranges-racy"),
     pytest.param(lambda: byte_ranges((16, 17), (0, 64)), ["WAW"], id="one-byte-inside-racy"),
+    # A zero-length access (an empty slice) touches no byte, even inside another stream's range.
+    pytest.param(lambda: byte_ranges((16, 16), (0, 64)), [], id="zero-length-inside-safe"),
     # Freeing memory still in use on another stream is a race.
     pytest.param(lambda: free_program("host, no sync"), ["FREE"], id="host-free-without-sync-racy"),
     pytest.param(lambda: free_program("host, after sync"), [], id="host-free-after-sync-safe"),

@@ -1,5 +1,7 @@
 """Schedule policies: deterministic given a seed, different across seeds, replayable
 decision by decision, and loud about bad input."""
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -7,7 +9,7 @@ from hypothesis import strategies as st
 
 from streamcheck.device import Device
 from streamcheck.core.schedule import (HOST, POLICIES, PCT, Delay, Policy, Schedule, ScheduleError, compact,
-                                  make_policy, parse_compact)
+                                  directed_delay, make_policy, parse_compact)
 
 EXPLORING = [("random", {}), ("pct", {}), ("pct", {"depth": 3}), ("delay", {}), ("delay", {"streams": ["A"]})]
 
@@ -293,6 +295,35 @@ def test_delay_after_and_every_pick_which_targeted_launches_strike():
         held.append(dev.backend.pending() > 0)  # still queued: held back
         a.synchronize()  # drains it regardless of the delay
     assert held == [False, False, True, False, False, True, False, False, True]
+
+
+def test_delay_holds_for_exactly_its_steps_of_host_calls():
+    # steps=3: the held launch runs once the third later host call is issued, not one call later.
+    dev = Device("sim", check=False, policy="delay", streams=["A"], steps=3)
+    a, b = dev.stream("A"), dev.stream("B")
+    x, y = dev.alloc((1,), "float32", fill=0.0), dev.alloc((1,), "float32", fill=0.0)
+    dev.launch(lambda x: None, (x,), stream=a, writes=[x], name="held")
+    pending = [dev.backend.pending()]
+    for _ in range(5):
+        dev.launch(lambda y: None, (y,), stream=b, writes=[y], name="other")
+        pending.append(dev.backend.pending())
+    assert pending == [1, 1, 1, 0, 0, 0]
+
+
+def test_the_race_directed_delay_of_a_free_or_a_copy_is_by_stream_alone():
+    # A free or a copy has no kernel name a delay could match: the delay names its stream only.
+    dev = Device("sim", check=True)
+    a, b = dev.stream("A"), dev.stream("B")
+    x = dev.alloc((4,), "float32", name="x", fill=0.0)
+    dev.launch(lambda x: None, (x,), stream=a, writes=[x], name="produce")
+    dev.launch(lambda x: None, (x,), stream=b, reads=[x], name="consume")
+    (race,) = dev.races
+    assert directed_delay(race) == ("A", "produce")
+    for first in ("free", "copy D2H"):
+        moved = dataclasses.replace(race, first=dataclasses.replace(race.first, name=first))
+        assert directed_delay(moved) == ("A", None)
+    host = dataclasses.replace(race, first=dataclasses.replace(race.first, actor="host thread 0"))
+    assert directed_delay(host) is None  # the host's access: nothing to delay
 
 
 def test_schedule_prints_policy_seed_and_string():
