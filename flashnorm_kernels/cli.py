@@ -65,9 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(_interrupted_line(args, dst_existed), file=sys.stderr)
         return interrupts.INTERRUPTED
-    finally:
-        if args is not None and args.command is not None:  # after the heavy imports: before their atexit clean-up
-            interrupts.at_exit(lambda: _interrupted_line(args, dst_existed))
+    finally:  # after the heavy imports: before their atexit clean-up
+        interrupts.at_exit(lambda: _interrupted_line(args, dst_existed))
 
 
 def _flashify(args) -> int:

@@ -206,14 +206,26 @@ def test_ctrl_c_that_a_lazy_import_turns_into_another_error_is_still_an_interrup
     assert sorted(os.listdir(tmp_path)) == ["src"]
 
 
-def test_ctrl_c_during_the_start_up_imports_gives_one_line(src, tmp_path):
+def _with_fault(fault: str) -> dict:
+    """The environment of a run that gets a real signal at `fault` (tests/fault_injection)."""
     from tests.paths import FAULT_INJECTION
 
-    before = _snapshot(src)
     path = os.pathsep.join(filter(None, [str(FAULT_INJECTION), str(ROOT), os.environ.get("PYTHONPATH")]))
-    env = dict(os.environ, PYTHONPATH=path, STREAMCHECK_TEST_FAULT="INT import torch")
+    return dict(os.environ, PYTHONPATH=path, STREAMCHECK_TEST_FAULT=fault)
+
+
+def test_ctrl_c_during_the_start_up_imports_gives_one_line(src, tmp_path):
+    before = _snapshot(src)
     done = subprocess.run([sys.executable, "-m", "flashnorm_kernels.cli", "flashify", str(src), str(tmp_path / "dst")],
-                          env=env, capture_output=True, text=True, timeout=120)
+                          env=_with_fault("INT import torch"), capture_output=True, text=True, timeout=120)
     assert (done.returncode, done.stderr) == (130, f"flashnorm flashify: interrupted; {tmp_path / 'dst'} was not written.\n")
     assert sorted(os.listdir(tmp_path)) == ["src"]
     assert _snapshot(src) == before
+
+
+def test_ctrl_c_at_interpreter_exit_gives_one_line_not_a_traceback(tmp_path):
+    # After every atexit callback (torch's clean-up among them).
+    done = subprocess.run([sys.executable, "-m", "flashnorm_kernels.cli", "--version"], env=_with_fault("INT atexit"),
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.stdout.startswith("flashnorm ")
+    assert (done.returncode, done.stderr) == (130, "flashnorm: interrupted; nothing was written.\n")
