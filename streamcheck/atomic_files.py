@@ -31,7 +31,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 
 # `.NAME.PID-TOKEN.tmp` or `.NAME.PID-TOKEN.tmp.SUFFIX`; `.NAME.PID.tmp.SUFFIX` too, as repro wrote them before.
-_TEMPORARY = re.compile(r"\..+\.(?P<pid>\d+)(-[0-9a-f]{8})?\.tmp(\.[A-Za-z0-9]+)?")
+_TEMPORARY = re.compile(r"\..+\.(?P<pid>\d+)(-[0-9a-f]{8})?\.tmp(\.[^.]+)?")
 
 
 def owner_alive(pid: int) -> bool:
