@@ -119,6 +119,8 @@ def predecessors(plan: SyncPlan, nodes: list) -> list:
                 stream = node.what.split()[1]
                 if stream in last_on:
                     p.add(last_on[stream])  # synchronize: the host waits for the stream's work so far
+                if kinds.get(stream) == "legacy":  # and, for the legacy stream, blocking streams' (measured)
+                    p.update(last_on[s] for s, k in kinds.items() if k in _JOINS_LEGACY and s in last_on)
             last_host = node.index
         else:
             actor, kind = node.actor, kinds[node.actor]

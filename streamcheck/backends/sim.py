@@ -644,7 +644,10 @@ class SimBackend(Backend):
 
     def sync_stream(self, stream, site) -> None:
         sim = self._streams[stream.id]
-        self._drain([(sim, sim.issued)], f"{stream.name}.synchronize()", site)
+        targets = [(sim, sim.issued)]
+        if sim.is_legacy:  # waits for its device's blocking streams too (measured: docs/cuda-rules.md)
+            targets += [(other, other.issued) for other in sim.dev.joiners]
+        self._drain(targets, f"{stream.name}.synchronize()", site)
 
     def sync_event(self, event, site) -> None:
         captured = self._events[event.id]

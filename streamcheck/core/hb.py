@@ -664,7 +664,13 @@ class Checker:
         stream = self._stream(op, op.stream)
         if self._refused(self._capture.sync_stream, op, op.stream):
             return
-        self._host_join(self._threads[op.thread], stream.clock)
+        thread = self._threads[op.thread]
+        if stream.is_legacy:
+            # Measured on an H200 (docs/cuda-rules.md): synchronizing the legacy stream also waits
+            # for its device's blocking streams' pending work, even when it has none of its own.
+            for other in stream.dev.joiners:
+                _join(thread.clock, other.clock)
+        self._host_join(thread, stream.clock)
 
     def _event_sync(self, op: EventSync) -> None:
         event = self._event(op, op.event)

@@ -154,6 +154,8 @@ def must_happen_before(kinds, ops, devices=None) -> list[set]:
         else:  # host actions: syncs, host reads and writes
             if tag == "ssync" and op[1] in last_on:
                 before.add(last_on[op[1]])
+            if tag == "ssync" and op[1] == legacy_of.get(devices[op[1]]):  # and its device's blocking streams
+                before |= {last_on[t] for t in joiners if t in last_on and devices[t] == devices[op[1]]}
             elif tag == "esync" and op[1] in recorded:
                 before.add(recorded[op[1]])
             elif tag == "dsync":  # that device's streams only

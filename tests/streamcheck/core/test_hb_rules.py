@@ -708,3 +708,23 @@ def test_host_free_fix_offers_the_stream_ordered_free_first():
 def test_no_races_report():
     assert format_report(record_then_wait().races()) == "streamcheck: no races found"
     assert json.loads(reports_to_json([])) == []
+
+
+def test_a_legacy_stream_synchronize_waits_for_blocking_streams_even_without_work_of_its_own():
+    # Measured on an H200 (docs/cuda-rules.md): cudaStreamSynchronize(0) waited for a blocking
+    # stream's pending spin while the legacy stream had nothing; for a non-blocking one it did not.
+    from streamcheck.device import Device
+
+    def write(y):
+        y[:] = 1
+
+    for kind, races in (("blocking", 0), ("non_blocking", 1)):
+        dev = Device("sim", policy="delay", seed=0)
+        s = dev.stream("S", kind=kind)
+        y = dev.alloc((4,), name="y", fill=0)
+        dev.launch(write, [y], stream=s, writes=[y], name="write")
+        dev.legacy.synchronize()
+        value = dev.host_read(y)
+        assert len(dev.races) == races, dev.report()
+        if not races:
+            assert (value == 1).all()  # the sim drained the blocking stream too
