@@ -7,7 +7,7 @@ workers to deal with).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import pytest
@@ -32,11 +32,12 @@ class Settings:
     trace_dir: Optional[str]  # absolute (see _trace_dir)
     replay: Optional[tuple]  # (policy, index): run only that schedule
     confirm: bool = False  # a failing test's races are confirmed on the sim (streamcheck.confirm)
-    audit_syncs: bool = False  # each test's synchronizations are audited (streamcheck.analyses.sync_audit)
     timeout: float = DEFAULT_TIMEOUT  # seconds a run_schedules schedule may take; 0: no limit
+    audit_syncs: bool = False  # each test's synchronizations are audited (streamcheck.analyses.sync_audit)
 
 
 SETTINGS_KEY = pytest.StashKey[Settings]()
+LIBRARIES_KEY = pytest.StashKey[tuple]()
 IN_USE_KEY = pytest.StashKey[bool]()  # set by usage.py
 BACKEND_KEY = pytest.StashKey[str]()
 
@@ -76,8 +77,12 @@ _OPTIONS = (
     ("--streamcheck-timeout", "streamcheck_timeout", "SECONDS",
      "a run_schedules schedule (or its sequential reference) that runs longer fails, naming its last device "
      "call; 0: no limit (the program runs in the test's own thread).", f"{DEFAULT_TIMEOUT:g}"),
+    ("--streamcheck-library", "streamcheck_library", "PATH[,PATH...]",
+     "your own wrappers (directories or files): reports skip their frames, as torch's, to name your call "
+     "as the site, and show the wrapper's line as the innermost frame. Relative as --streamcheck-trace-dir.", ""),
 )
 _DEFAULTS = {ini: default for _, ini, _, _, default in _OPTIONS}
+_SWITCHES = {"streamcheck_confirm", "streamcheck_audit_syncs"}
 _BOOLS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
 
 
@@ -87,7 +92,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     for flag, ini, metavar, help, default in _OPTIONS:
         # No ini default: None tells an unset option from one set to its default (options_given).
         ini_help = f"default for {flag} ({default or 'none'}): {help}"
-        if ini in ("streamcheck_confirm", "streamcheck_audit_syncs"):  # a switch (a value after it would swallow a test path)
+        if ini in _SWITCHES:  # a switch (a value after it would swallow a test path)
             group.addoption(flag, dest=ini, action="store_const", const="true", default=None, help=help)
             group.addoption("--no-" + flag[2:], dest=ini, action="store_const", const="false",
                             help=f"turn {flag} off (where the ini file turns it on).")
@@ -108,6 +113,42 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError("streamcheck: --streamcheck-backend=cupy needs an NVIDIA GPU and CuPy "
                                     "(pip install 'streamcheck[gpu]'); none found. Use sim or auto.")
     config.stash[SETTINGS_KEY] = settings
+    config.stash[LIBRARIES_KEY] = _library_paths(config)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session) -> None:
+    """Call sites for this run, once it uses streamcheck (the core is imported only then):
+    --streamcheck-library's paths are library frames, and reports name files relative to the
+    rootdir. The previous settings come back at the end (pytester runs pytest in-process)."""
+    config = session.config
+    if not in_use(config):
+        return
+    from ..core.trace import set_site_settings, site_settings
+
+    previous = set_site_settings(replace(site_settings(), libraries=config.stash[LIBRARIES_KEY],
+                                         root=str(config.rootpath)))
+    config.add_cleanup(lambda: set_site_settings(previous))
+
+
+def _library_paths(config) -> tuple:
+    """--streamcheck-library's paths, checked at start-up."""
+    value, source = option_value(config, "streamcheck_library")
+    base = config.invocation_params.dir if source.startswith("--") else config.rootpath
+    paths = []
+    for part in filter(None, (p.strip() for p in value.split(","))):
+        path = os.path.normpath(os.path.join(str(base), os.path.expanduser(part)))
+        if not os.path.exists(path):
+            raise pytest.UsageError(f"streamcheck: {source}={value!r}: {path} does not exist; give the directories "
+                                    "or files of your own wrappers")
+        paths.append(path)
+    return tuple(paths)
+
+
+def in_use(config) -> bool:
+    """Whether this run uses streamcheck, as usage.py found out so far (collection may still find
+    a test that uses it)."""
+    return config.stash.get(IN_USE_KEY, False)
 
 
 def option_value(config, ini: str) -> tuple[str, str]:
@@ -128,12 +169,6 @@ def options_given(config) -> list:
     """The streamcheck options this run sets, on the command line or in an ini file: any of them
     means the run uses streamcheck (usage.py)."""
     return [ini for _, ini, _, _, _ in _OPTIONS if config.getoption(ini) is not None or config.getini(ini) is not None]
-
-
-def in_use(config) -> bool:
-    """Whether this run uses streamcheck, as usage.py found out so far (collection may still find
-    a test that uses it)."""
-    return config.stash.get(IN_USE_KEY, False)
 
 
 def bad_value(source: str, value: str, accepted: str) -> pytest.UsageError:
