@@ -21,6 +21,19 @@ RULES = ROOT / "docs" / "cuda-rules.md"
 SETUP, *EXAMPLES = blocks(RULES, "python")
 
 
+@pytest.fixture
+def example_dir(tmp_path, monkeypatch):
+    """Where a reader saves and runs an example: the working directory, which report paths are
+    relative to (not this suite's rootdir, which the plugin sets for our own tests)."""
+    from streamcheck.core.trace import set_site_settings, site_settings
+    from dataclasses import replace
+
+    monkeypatch.chdir(tmp_path)  # examples may write files (a Perfetto trace, a PNG)
+    previous = set_site_settings(replace(site_settings(), root=None))
+    yield tmp_path
+    set_site_settings(previous)
+
+
 def run_example(example) -> list:
     """The races of the setup and `example` run as one file, example.py, as a reader would save them."""
     namespace = {"__name__": "example"}
@@ -40,8 +53,7 @@ def quoted_fragments(example) -> list:
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[f"example{i}" for i in range(len(EXAMPLES))])
-def test_cuda_rules_examples_report_what_their_comments_say(example, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # examples may write files (a Perfetto trace, a PNG)
+def test_cuda_rules_examples_report_what_their_comments_say(example, example_dir):
     races = run_example(example)
     said = set(re.findall(r"#.*?\b(RAW|WAR|WAW|FREE) race", example))
     found = {race.kind for race in races}
@@ -71,8 +83,7 @@ CUDA_RULES_SAMPLES = list(samples_after_examples(RULES))
 
 @pytest.mark.parametrize("example, sample", CUDA_RULES_SAMPLES,
                          ids=[f"sample{i}" for i in range(len(CUDA_RULES_SAMPLES))])
-def test_cuda_rules_sample_reports_are_what_the_examples_print(example, sample, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
+def test_cuda_rules_sample_reports_are_what_the_examples_print(example, sample, example_dir):
     assert "\n\n".join(race.format() for race in run_example(example)) == sample
 
 

@@ -110,7 +110,20 @@ def site_path(site: "CallSite", root: Optional[str] = None) -> str:
         path = os.path.relpath(path, max(installed, key=len))
     elif os.path.commonpath([root, path]) == root:
         path = os.path.relpath(path, root)
+    else:
+        path = _package_path(path)
     return f"{path}:{site.line}"
+
+
+def _package_path(path: str) -> str:
+    """A file of a package outside the root (an editable install, a checkout on sys.path) by its
+    package path (flashnorm_kernels/pipeline.py), as an installed one is; else the absolute path."""
+    top = os.path.dirname(path)
+    if not os.path.exists(os.path.join(top, "__init__.py")):
+        return path
+    while os.path.exists(os.path.join(os.path.dirname(top), "__init__.py")):
+        top = os.path.dirname(top)
+    return os.path.relpath(path, os.path.dirname(top))
 
 
 def _line_at(code, offset: int) -> int:

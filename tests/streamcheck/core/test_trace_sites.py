@@ -11,7 +11,8 @@ import threading
 import pytest
 
 from streamcheck.core.hb import format_report
-from streamcheck.core.trace import LIBRARY, MACHINERY, USER, SiteResolver, SiteSettings, set_site_settings, site_path
+from streamcheck.core.trace import (LIBRARY, MACHINERY, USER, CallSite, SiteResolver, SiteSettings, set_site_settings,
+                                    site_path)
 from streamcheck.device import Device
 from streamcheck.device_objects import caller_site
 
@@ -178,3 +179,17 @@ def test_sites_in_a_thread_end_with_the_users_thread_function():
     [site] = found
     # threading's frames around the target are not the user's
     assert site.function == "<lambda>" and [f.function for f in site.stack] == ["<lambda>"]
+
+
+def test_a_package_file_outside_the_root_is_named_by_its_package_path(tmp_path):
+    pkg = tmp_path / "checkout" / "mypkg" / "sub"
+    pkg.mkdir(parents=True)
+    (pkg.parent / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "ops.py").write_text("")
+    loose = tmp_path / "loose.py"
+    loose.write_text("")
+    root = tmp_path / "project"
+    root.mkdir()
+    assert site_path(CallSite(str(pkg / "ops.py"), 2), root=str(root)) == "mypkg/sub/ops.py:2"
+    assert site_path(CallSite(str(loose), 3), root=str(root)) == f"{loose}:3"  # no package: the absolute path
