@@ -46,6 +46,9 @@ def notes(tmp_path, monkeypatch):
     folder.mkdir()
     monkeypatch.setenv("NOTES", str(folder))
     monkeypatch.setenv("COLUMNS", "200")
+    # This suite may itself run under xdist: the foreign runs are not our workers.
+    for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
+        monkeypatch.delenv(name, raising=False)
 
     def read() -> dict:
         seen = {p.name: json.loads(p.read_text()) for p in folder.iterdir()}
