@@ -14,9 +14,12 @@ import numpy as np
 from .core.trace import CallSite, Range, SiteResolver
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-# Frames in the device API, its backends and the analysis are machinery, never the user's call site.
+# Frames in the device API, its backends and the analysis are machinery, never the user's call site;
+# so are the runners that call a user's program (the plugin, its time limit, confirmation, the sync
+# audit's proof): a stack ends at the program's outermost frame, not in them.
 caller_site = SiteResolver(os.path.join(_PACKAGE_DIR, name) for name in (
-    "device.py", "device_objects.py", "gpu.py", "core" + os.sep, "backends" + os.sep))
+    "device.py", "device_objects.py", "gpu.py", "core" + os.sep, "backends" + os.sep, "plugin" + os.sep,
+    "timeout.py", "confirm.py", "sync_proof.py"))
 
 
 class DeviceError(RuntimeError):

@@ -251,7 +251,7 @@ def run_schedules(request, streamcheck_seed):
             raise ScheduleFailure(failure_text(
                 f"the happens-before checker found {len(races)} race{'s' if len(races) != 1 else ''}; "
                 f"values matched the reference {matched} (the race has not struck yet)",
-                spec, describe_schedule(spec, first_device, elide=True), None, format_races(races) + confirmed + written,
+                spec, describe_schedule(spec, first_device, elide=True), None, format_races(races, config=config) + confirmed + written,
                 found.replay, width, len(EXCEPTION_NAME)))
         return outcome
 

@@ -181,10 +181,11 @@ def _elided(decisions: str) -> str:
             "all of them in report.txt under --streamcheck-trace-dir and in --junitxml)")
 
 
-def format_races(races, width: Optional[int] = None) -> str:
+def format_races(races, width: Optional[int] = None, config=None) -> str:
+    """The race reports of a failure; under -v each access's stack follows it."""
     from ..core.hb import format_report
 
-    return format_report(list(races), width)
+    return format_report(list(races), width, stack=config is not None and config.getoption("verbose") > 0)
 
 
 def confirmation_text(confirmations) -> str:
@@ -350,7 +351,7 @@ def pytest_runtest_makereport(item, call):
         report.longrepr = "\n".join([
             f"streamcheck: the happens-before checker found {len(races)} race{'s' if len(races) != 1 else ''} "
             "in the test's GPU work (streamcheck_gpu)",
-            f"  {recording.summary()}", format_races(races, width), f"  replay: {found.replay}"])
+            f"  {recording.summary()}", format_races(races, width, config), f"  replay: {found.replay}"])
     elif device is not None and races and check == "on" and report.passed:
         # The race did not strike on this schedule, but nothing orders the accesses.
         report.outcome = "failed"
@@ -363,10 +364,10 @@ def pytest_runtest_makereport(item, call):
             f"the happens-before checker found {len(races)} race{'s' if len(races) != 1 else ''} "
             "(streamcheck_device: values are the test's to check)",
             found.spec, describe_schedule(found.spec, device, elide=True), None,
-            format_races(races) + "\n" + extra, found.replay, width)
+            format_races(races, config=config) + "\n" + extra, found.replay, width)
     elif races and not ours:
         # Races beside some other outcome (warn mode, or the test failed for its own reason).
-        text = format_races(races, width)
+        text = format_races(races, width, config)
         if report.failed and hasattr(report.longrepr, "addsection"):
             report.longrepr.addsection("streamcheck races", text)  # in the failure: --junitxml keeps it
         else:

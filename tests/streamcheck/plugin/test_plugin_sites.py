@@ -55,3 +55,30 @@ def test_a_library_path_that_does_not_exist_is_a_usage_error(pytester):
     assert result.ret == 4  # pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*streamcheck: --streamcheck-library='wrapers': */wrapers does not exist; give the "
                                  "directories or files of your own wrappers"])
+
+
+def test_under_verbose_a_race_report_shows_each_access_s_stack(pytester):
+    pytester.makepyfile(helpers="""
+        def produce(dev, stream, x):
+            dev.launch(lambda y: None, [x], stream=stream, writes=[x], name="produce")
+    """, test_racy="""
+        from helpers import produce
+
+        def test_racy(run_schedules):
+            def program(dev):
+                a, b = dev.stream("A"), dev.stream("B")
+                x = dev.alloc((4,), name="x", fill=0)
+                produce(dev, a, x)
+                dev.launch(lambda y: None, [x], stream=b, reads=[x], name="consume")
+            run_schedules(program, schedules=1)
+    """)
+    quiet = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--streamcheck-backend=sim")
+    loud = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--streamcheck-backend=sim", "-v")
+    quiet.assert_outcomes(failed=1)
+    loud.assert_outcomes(failed=1)
+    assert not any(" in produce" in line for line in quiet.stdout.lines)
+    lines = [line.removeprefix("E").strip() for line in loud.stdout.lines]
+    first = lines.index("first:  stream A: `produce` writes at helpers.py:2")
+    # the stack: the wrapper, the program, and nothing of the runner that called it
+    assert lines[first + 1:first + 3] == ["helpers.py:2 in produce", "test_racy.py:7 in program"], loud.stdout.str()
+    assert lines[first + 3].startswith("second:"), loud.stdout.str()
