@@ -172,35 +172,17 @@ class CallSite:
         self._stack = stack[:max(_site_settings.depth, 1)]
         self._frames = None
 
-    @property
-    def file(self) -> str:
-        if self._frames is not None:
-            self._resolve()
-        return self._file
+    file = property(lambda self: self._resolved()._file)
+    line = property(lambda self: self._resolved()._line)
+    function = property(lambda self: self._resolved()._function)
+    innermost = property(lambda self: self._resolved()._innermost)  # Optional[CallSite]
+    stack = property(lambda self: self._resolved()._stack)
 
-    @property
-    def line(self) -> int:
+    def _resolved(self) -> "CallSite":
+        """Itself, its frames turned into files and lines on first read."""
         if self._frames is not None:
             self._resolve()
-        return self._line
-
-    @property
-    def function(self) -> str:
-        if self._frames is not None:
-            self._resolve()
-        return self._function
-
-    @property
-    def innermost(self) -> Optional["CallSite"]:
-        if self._frames is not None:
-            self._resolve()
-        return self._innermost
-
-    @property
-    def stack(self) -> tuple:
-        if self._frames is not None:
-            self._resolve()
-        return self._stack
+        return self
 
     @property
     def place(self) -> tuple:
