@@ -642,6 +642,9 @@ def _swap_for(checker: Checker, sync: Sync, races, ops):
     """The device-side waits that replace host sync `sync`: each race's consumer stream waits
     for its producer, through an event recorded where the host synchronized."""
     op = ops[sync.indexes[0]]
+    names = _Names()
+    for each in ops:
+        names.see(each)
     records, waits, replacements = [], [], []
     for race in races:
         witness = checker.witness(race)
@@ -652,33 +655,18 @@ def _swap_for(checker: Checker, sync: Sync, races, ops):
         if kind is T.EventSync:
             wait = (target, None, op.event)
             rep = Replacement("", "", race.second.actor, f"`{race.second.name}` ({race.second.site})",
-                              event=_event_name(ops, op.event))
+                              event=names.event(op.event))
         else:
             record = op.stream if kind is T.StreamSync else source
             if record not in records:
                 records.append(record)
             wait = (target, record, None)
-            rep = Replacement(_label(ops, record), f"`{race.first.name}` ({race.first.site})", race.second.actor,
+            rep = Replacement(names.stream(record), f"`{race.first.name}` ({race.first.site})", race.second.actor,
                               f"`{race.second.name}` ({race.second.site})")
         if wait not in waits:
             waits.append(wait)
             replacements.append(rep)
     return _Swap(tuple(records), tuple(waits)), replacements
-
-
-def _label(ops, sid) -> str:
-    names = _Names()
-    for op in ops:
-        if type(op) is T.StreamCreate:
-            names.see(op)
-    return names.stream(sid)
-
-
-def _event_name(ops, eid) -> str:
-    for op in ops:
-        if type(op) is T.EventCreate and op.event == eid:
-            return op.name or f"event{eid}"
-    return f"event{eid}"
 
 
 def _provenance(ops, syncs):
