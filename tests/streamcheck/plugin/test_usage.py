@@ -11,6 +11,7 @@ import numpy  # noqa: F401 (in-process runs drop the modules they import; numpy 
 import pytest
 
 from streamcheck.plugin import FIXTURES, MARKERS
+from tests.streamcheck.plugin.test_xdist import notes_folder
 
 SEED_LINE = re.compile(r"^streamcheck: backend=\w+ policy=\S+ schedules=\d+ check=\w+ --streamcheck-seed=(\d+)$", re.M)
 
@@ -42,20 +43,11 @@ FOREIGN_INI = "[pytest]\nmarkers =\n    gpu_timing: this project's own timing te
 
 @pytest.fixture
 def notes(tmp_path, monkeypatch):
-    folder = tmp_path / "notes"
-    folder.mkdir()
-    monkeypatch.setenv("NOTES", str(folder))
     monkeypatch.setenv("COLUMNS", "200")
     # This suite may itself run under xdist: the foreign runs are not our workers.
     for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
         monkeypatch.delenv(name, raising=False)
-
-    def read() -> dict:
-        seen = {p.name: json.loads(p.read_text()) for p in folder.iterdir()}
-        for p in folder.iterdir():
-            p.unlink()
-        return seen
-    return read
+    return notes_folder(tmp_path, monkeypatch)
 
 
 def _foreign_project(pytester):

@@ -28,13 +28,12 @@ def test_seen(streamcheck_seed, request, i):
 SEED_HEADER = re.compile(r"--streamcheck-seed=(\d+)$", re.M)
 
 
-@pytest.fixture
-def notes(tmp_path, monkeypatch):
+def notes_folder(tmp_path, monkeypatch):
+    """A folder the test programs write their notes to ($NOTES), and its reader: the notes so
+    far, by file name, each read once."""
     folder = tmp_path / "notes"
     folder.mkdir()
     monkeypatch.setenv("NOTES", str(folder))
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.setenv("COLUMNS", "400")
 
     def read() -> dict:
         seen = {p.name: json.loads(p.read_text()) for p in folder.iterdir()}
@@ -42,6 +41,13 @@ def notes(tmp_path, monkeypatch):
             p.unlink()
         return seen
     return read
+
+
+@pytest.fixture
+def notes(tmp_path, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("COLUMNS", "400")
+    return notes_folder(tmp_path, monkeypatch)
 
 
 def run(pytester, *args):
