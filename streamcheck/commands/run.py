@@ -47,7 +47,6 @@ from dataclasses import replace
 
 from ..atomic_files import write_text
 from ..gpu import MAX_DELAY_US
-from ..sync_proof_gpu import SPAN_PREFIX
 from . import STDOUT, output_problem, report_width, timeline_file, timeline_problem
 
 INTERNAL_ERROR = 3  # the recording is incomplete: a refused record can hide a race
@@ -184,6 +183,9 @@ class _ScriptSpan:
     the driver (no adapter records them), the device synchronized at both ends."""
 
     def __init__(self):
+        from ..sync_proof_gpu import SPAN_PREFIX  # what --prove reads back
+
+        self.prefix = SPAN_PREFIX
         self.started = False
 
     def begin(self) -> None:
@@ -325,7 +327,7 @@ def run(args) -> int:
         code = compile(source, script, "exec", dont_inherit=True)
         exec(code, main.__dict__)
         if span is not None and span.started:
-            print(f"{SPAN_PREFIX}{span.stop():.1f} us", file=sys.stderr)
+            print(f"{span.prefix}{span.stop():.1f} us", file=sys.stderr)
         # Like interpreter exit: wait for the script's non-daemon threads before the report.
         for thread in set(threading.enumerate()) - before:
             if not thread.daemon and thread is not threading.current_thread():
