@@ -245,9 +245,10 @@ def sync_key(op, names: _Names) -> Optional[tuple]:
     return None
 
 
-def legacy_join_key(op, names: _Names) -> tuple:
+def legacy_join_key(op) -> tuple:
     """The implicit legacy-stream join of the blocking stream `op` (a StreamCreate) creates."""
-    return ("legacy join", op.site.file, op.site.line, op.site.function, names.stream(op.stream), "")
+    label = stream_label(StreamKind.parse(op.kind), op.name, op.stream, op.thread)
+    return ("legacy join", op.site.file, op.site.line, op.site.function, label, "")
 
 
 def _describe(op, names: _Names) -> str:
@@ -312,7 +313,7 @@ def find_syncs(ops) -> list:
         if type(op) is T.StreamCreate and op.stream in busy:
             label, skind, device = names.streams[op.stream]
             if skind.joins_legacy and device in legacy_busy:
-                key = legacy_join_key(op, names)
+                key = legacy_join_key(op)
                 what = (f"{label} ({skind.value}) and the legacy default stream join implicitly (CUDA's legacy "
                         "stream semantics)")
                 syncs.append((index, Sync(key, "legacy join", op.site, what, False, (index,))))
@@ -347,7 +348,7 @@ def edit(ops, remove=frozenset(), swap=None) -> list:
             continue
         names.see(op)
         if kind is T.StreamCreate and remove and StreamKind.parse(op.kind).joins_legacy:
-            if legacy_join_key(op, names) in remove:
+            if legacy_join_key(op) in remove:
                 out.append(replace(op, kind=StreamKind.NON_BLOCKING))
                 continue
         if kind in SYNC_OPS:
@@ -435,8 +436,7 @@ class SyncEdits:
         """`op` itself, or made non-blocking when its implicit legacy join is removed."""
         if not StreamKind.parse(op.kind).joins_legacy:
             return op
-        self.names.see(op)  # its label, as the audit named it
-        key = legacy_join_key(op, self.names)
+        key = legacy_join_key(op)
         self.met.add(key)
         return replace(op, kind=StreamKind.NON_BLOCKING) if key in self.remove else op
 
