@@ -232,6 +232,14 @@ def make_mode(rec, torch, ops=None):
     ops = ops or Ops(rec, torch)
 
     class RecordingMode(TorchDispatchMode):
+        @classmethod
+        def ignore_compile_internals(cls) -> bool:
+            # torch.compile then compiles under the recording instead of falling back to eager
+            # (Dynamo skips frames while a mode that returns False is on the stack), keeps the mode
+            # off while it traces, and on while the compiled code runs: the wrapper's extern calls
+            # (extern_kernels.mm, fallback ops) come here, its Triton kernels to torch_inductor.
+            return True
+
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             if R.current is not rec or is_suppressed() or R.depth():

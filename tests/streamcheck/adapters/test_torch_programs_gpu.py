@@ -58,6 +58,8 @@ KINDS = ("RAW", "WAR", "WAW", "FREE")
 HEADER = re.compile(r"^#\s*(expect|delay|strikes):(.*)$")
 DELAY_OPTIONS = ("--delay-stream", "--delay-kernel")
 RACY_PREFIX = "race_"
+WITHOUT_CUPY = GPU_PROGRAMS / "without_cupy"  # a stub `cupy` package whose import fails
+USES_CUPY = re.compile(r"^\s*(import|from)\s+cupy\b|cupy_column", re.M)
 TWIN_PREFIXES = ("fixed_", "ok_")
 STREAMCHECK_IMPORT = re.compile(r"^\s*(import|from)\s+streamcheck\b", re.M)
 
@@ -168,12 +170,14 @@ def _text(data) -> str:
     return data.decode(errors="replace") if isinstance(data, bytes) else data
 
 
-def streamcheck_run(program: Path, *options: str, report: Optional[Path] = None) -> Run:
+def streamcheck_run(program: Path, *options: str, report: Optional[Path] = None, without_cupy: bool = False) -> Run:
     cmd = [sys.executable, "-m", "streamcheck.cli", "run", *options]
     if report is not None:
         cmd += ["--report-json", str(report)]
     cmd.append(str(program))
     env = {k: v for k, v in os.environ.items() if k != "STREAMCHECK_RUN"}
+    if without_cupy:  # `import cupy` fails in the run, as where CuPy is not installed
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(WITHOUT_CUPY), env.get("PYTHONPATH", "")) if p)
     try:
         # cwd=ROOT: the report's call sites are relative to the working directory.
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=ROOT, env=env)
@@ -244,6 +248,33 @@ def test_program_is_reported_as_labelled_and_strikes_under_its_delay(program, tm
     else:
         assert result["wrong"] > 0, (f"{program.name}: the race did not strike under {' '.join(options)}: "
                                      f"{result}\n{delayed.describe()}")
+
+
+TORCH_ONLY = [p for p in PROGRAMS if not USES_CUPY.search(p.read_text(encoding="utf-8"))
+              and parse_header(p).delay and (parse_header(p).strikes or parse_header(p).clean)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("program", TORCH_ONLY, ids=[p.name for p in TORCH_ONLY])
+def test_program_strikes_under_torch_sleep_delays_without_cupy(program, tmp_path):
+    """Issue 22, item 6: where CuPy is not installed, the delays are torch's own bounded sleep
+    kernel; a racy program still goes wrong under its declared delay, its twin still does not,
+    and the report is the same."""
+    reason = missing_gpu()
+    if reason:
+        pytest.skip(reason)
+    header = parse_header(program)
+    options = (*header.delay, "--delay-us", DELAY_US)
+    delayed = streamcheck_run(program, *options, report=tmp_path / "races.json", without_cupy=True)
+    what = f"{program.name} {' '.join(options)} without CuPy"
+    assert_ran_cleanly(delayed, what)
+    result = delayed.result()
+    if header.clean:
+        assert delayed.races == [] and result["wrong"] == 0, f"{what}: {result}\n{delayed.describe()}"
+        return
+    for kind in header.kinds:
+        assert own_races(delayed.races, kind, program), f"{what}: no {kind} race reported\n{delayed.describe()}"
+    assert result["wrong"] > 0, f"{what}: the race did not strike: {result}\n{delayed.describe()}"
 
 
 # --- on the CPU too -----------------------------------------------------------------------
