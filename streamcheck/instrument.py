@@ -16,6 +16,7 @@ Importing this module imports neither cupy nor torch: they load when a session s
 """
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import types
@@ -23,6 +24,7 @@ from typing import Optional
 
 from . import recorder as R
 from .adapters import install
+from .adapters.patching import ImportWatcher
 from .gpu import MAX_DELAY_US, cuda_device_present, external_stream, is_suppressed, suppressed, warm_up
 from .kernel_access import declare_kernel, kernel_signature  # noqa: F401 (public here too)
 from .recorder import Recorder, captured_work, format_capture_errors  # noqa: F401 (public here too)
@@ -153,66 +155,27 @@ def stop() -> Optional[Session]:
     return session
 
 
-class StartAtImport:
+class StartAtImport(ImportWatcher):
     """Start recording when the program imports CuPy or torch, not before (`streamcheck run`);
     triton, imported before or after, joins the recording:
     CuPy reads its environment (CUPY_CUDA_PER_THREAD_DEFAULT_STREAM, ...) at import, and a
-    program may set it first. A finder on sys.meta_path lets the normal import run, then starts
-    the session; when the other library is imported later, the session adapts it too. `session`
-    stays None if the program imports neither."""
+    program may set it first. The finder lets the normal import run, then starts the session;
+    when the other library is imported later, the session adapts it too. `session` stays None
+    if the program imports neither."""
 
     def __init__(self, **options):
         self.options = options
         self.session: Optional[Session] = None
-        self.waiting = {name for name in ("cupy", "torch", "triton") if name not in sys.modules}
-        if not {"cupy", "torch"} <= self.waiting:  # one is loaded already (e.g. by a sitecustomize): start now
+        waiting = [name for name in ("cupy", "torch", "triton") if name not in sys.modules]
+        if not {"cupy", "torch"} <= set(waiting):  # one is loaded already (e.g. by a sitecustomize): start now
             self.session = start(**options)
-        if self.waiting:
-            sys.meta_path.insert(0, self)
-
-    def find_spec(self, name, path=None, target=None):
-        if name not in self.waiting:
-            return None
-        import importlib.util
-
-        self.waiting.discard(name)
-        self.remove()  # the real spec, found without us
-        try:
-            spec = importlib.util.find_spec(name)
-        finally:
-            if self.waiting:
-                sys.meta_path.insert(0, self)
-        if spec is None or spec.loader is None:
-            return spec
-        spec.loader = _StartingLoader(spec.loader, self, name)
-        return spec
+        super().__init__({name: functools.partial(self.imported, name) for name in waiting})
 
     def imported(self, name: str, module) -> None:
         if self.session is not None:
             self.session.library_loaded(name, module)
         elif name != "triton":  # triton alone launches nothing: it joins when torch or CuPy starts
             self.session = start(**self.options)
-
-    def remove(self) -> None:
-        if self in sys.meta_path:
-            sys.meta_path.remove(self)
-
-
-class _StartingLoader:
-    """A library's own loader, which starts (or extends) the recording once the module has run."""
-
-    def __init__(self, loader, hook: StartAtImport, name: str):
-        self._loader, self._hook, self._name = loader, hook, name
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module):
-        self._loader.exec_module(module)
-        self._hook.imported(self._name, module)
-
-    def __getattr__(self, name):  # resources, source, file names: the real loader's
-        return getattr(self._loader, name)
 
 
 class instrument:

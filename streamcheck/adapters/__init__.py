@@ -24,6 +24,7 @@ ADAPTERS = (
     ("torch_runtime", "torch"),  # streams, events, syncs, the caching allocator (GPU-trace callbacks)
     ("torch_ops", "torch"),  # ATen operators (a TorchDispatchMode), host copies, record_stream
     ("torch_graphs", "torch"),  # torch.cuda.graph / CUDAGraph capture and replay
+    ("torch_inductor", "torch"),  # torch.compile's kernels (Inductor's CachingAutotuner.run)
     ("triton_launch", "triton"),  # Triton's JITFunction.run (jit, autotune, heuristics)
     ("threads", None),  # threading.Thread start / join
 )

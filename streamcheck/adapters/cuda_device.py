@@ -126,12 +126,29 @@ class CudaDriver:
         return int(stream.value or 0)
 
 
+def inductor_code_dir() -> Optional[str]:
+    """Where torch.compile writes the Python it generates (Inductor's cache: the compiled
+    wrapper's frames are torch's, not the user's); None until Inductor is loaded. Asked the way
+    Inductor's cache_dir() asks, without its side effects (it creates the folder)."""
+    utils = sys.modules.get("torch._inductor.runtime.cache_dir_utils")
+    if utils is None:
+        return None
+    configured = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    try:
+        return os.path.abspath(configured or utils.default_cache_dir())
+    except Exception:  # an Inductor without default_cache_dir: its frames count as the user's
+        return None
+
+
 def _library_dirs() -> tuple:
     dirs = []
     for mod in ("cupy", "cupyx", "cupy_backends", "torch", "triton"):
         m = sys.modules.get(mod)
         if m is not None and getattr(m, "__file__", None):
             dirs.append(os.path.dirname(os.path.abspath(m.__file__)))
+    generated = inductor_code_dir()
+    if generated is not None:
+        dirs.append(generated)
     return tuple(dirs)
 
 
@@ -180,6 +197,12 @@ class CudaGpu:
             self.torch, self.tensor = module, module.Tensor
         self.library_dirs = _library_dirs()
         self._bind()
+
+    def refresh_library_dirs(self) -> bool:
+        """Whether the libraries' folders changed (a part imported lazily, e.g. Inductor's)."""
+        dirs = _library_dirs()
+        changed, self.library_dirs = dirs != self.library_dirs, dirs
+        return changed
 
     def stream_ptr(self, stream) -> int:
         if isinstance(stream, int):

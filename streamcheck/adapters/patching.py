@@ -15,6 +15,8 @@ injected delays aside):
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
@@ -118,6 +120,22 @@ class Patcher:
     def on_undo(self, undo: Callable) -> None:
         self.undo.append(undo)
 
+    def after_import(self, module: str, loaded: Callable) -> None:
+        """Call `loaded(module object)` now if `module` is imported, else right after the program
+        imports it (libraries import parts of themselves lazily: torch.compile loads Inductor's
+        runtime at the first compile); never imports it itself."""
+        def guarded(found) -> None:
+            try:
+                loaded(found)
+            except Exception as exc:  # never into the program's import
+                self.unpatched.append(f"{module}: {type(exc).__name__}: {exc}")
+        found = sys.modules.get(module)
+        if found is not None:
+            guarded(found)
+            return
+        watcher = ImportWatcher({module: guarded})
+        self.undo.append(watcher.remove)
+
     def restore(self) -> None:
         while self.undo:
             undo = self.undo.pop()
@@ -125,6 +143,52 @@ class Patcher:
                 undo()
             except (AttributeError, TypeError):
                 pass
+
+
+class ImportWatcher:
+    """A sys.meta_path finder that lets the normal import of each awaited module run, then
+    calls its callback with the module (once: the callback is forgotten after it ran)."""
+
+    def __init__(self, waiting: dict):
+        self.waiting = dict(waiting)  # module name -> callback(module)
+        if self.waiting:
+            sys.meta_path.insert(0, self)
+
+    def find_spec(self, name, path=None, target=None):
+        loaded = self.waiting.pop(name, None)
+        if loaded is None:
+            return None
+        self.remove()  # the real spec, found without us
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            if self.waiting:
+                sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return spec
+        spec.loader = _AfterExec(spec.loader, loaded)
+        return spec
+
+    def remove(self) -> None:
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+
+
+class _AfterExec:
+    """A module's own loader, which calls `loaded(module)` once the module has run."""
+
+    def __init__(self, loader, loaded: Callable):
+        self._loader, self._loaded = loader, loaded
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        self._loaded(module)
+
+    def __getattr__(self, name):  # resources, source, file names: the real loader's
+        return getattr(self._loader, name)
 
 
 def transparent_subclass(base: type, body: dict) -> type:

@@ -16,8 +16,9 @@ tensor (`triton.reinterpret`, host tensor descriptors) by their base's.
 specialization compiles and loads a module, which may synchronize the device: noted as an
 implicit synchronization, never an edge.
 
-Not seen: kernels torch.compile generates (Inductor launches its compiled binaries, not
-`JITFunction.run`), and Triton's interpreter (`TRITON_INTERPRET=1`, kernels run on the host).
+Kernels torch.compile generates do not come here (Inductor launches its compiled binaries, not
+`JITFunction.run`): streamcheck/adapters/torch_inductor.py records them with this module's plan.
+Not seen: Triton's interpreter (`TRITON_INTERPRET=1`, kernels run on the host).
 Installed with torch's adapters, and only if triton is imported by then (a recording never
 imports it). Written against Triton 3.x (`run(self, *args, grid, warmup, **kwargs)`, read in
 3.3 and 3.9); the wrapper takes any arguments and passes them on untouched.
@@ -50,15 +51,25 @@ class _Plan:
     names in order, per parameter 'r' / 'w' / '-', and the analysis (for the notices). Valid
     while the kernel's source and its declare_kernel entry stay the same objects."""
 
-    __slots__ = ("name", "full", "src", "declaration", "params", "index", "access", "analysis", "told")
+    __slots__ = ("name", "full", "src", "declaration", "params", "index", "access", "analysis", "told", "stated")
 
-    def __init__(self, name, full, src, declaration, params, access, analysis: Optional[KernelAccess]):
+    def __init__(self, name, full, src, declaration, params, access, analysis: Optional[KernelAccess],
+                 stated=frozenset()):
         self.name, self.full, self.src, self.declaration = name, full, src, declaration
         self.params = params
         self.index = {p: i for i, p in enumerate(params)}
         self.access = access  # tuple of 'r' / 'w' / '-', one per parameter
         self.analysis = analysis
+        self.stated = stated  # parameters the launcher says are written (Inductor's mutated_arg_names)
         self.told = weakref.WeakSet()  # recordings told of this kernel's assumptions already
+
+    def with_writes(self, written) -> "_Plan":
+        """This plan, with the parameters named in `written` written whatever the source says
+        (a compiler's own record of what its kernel mutates: no notice for them)."""
+        written = frozenset(written) & frozenset(self.params)
+        access = tuple("w" if p in written else a for p, a in zip(self.params, self.access))
+        return _Plan(self.name, self.full, self.src, self.declaration, self.params, access, self.analysis,
+                     self.stated | written)
 
 
 def _first_def_line(fn) -> int:
@@ -124,7 +135,7 @@ def _declaration(name: str, full: str):
     return found if found is not None else kernel_access.declared(full)
 
 
-def _plan(jit) -> _Plan:
+def plan_of(jit) -> _Plan:
     plan = getattr(jit, _PLAN, None)
     if plan is not None and plan.src is getattr(jit, "src", None) and \
             _declaration(plan.name, plan.full) is plan.declaration:
@@ -188,7 +199,7 @@ def _arrays(rec, value, out: list, depth: int = 0) -> bool:
     return not callable(getattr(value, "data_ptr", None))
 
 
-def _accesses(rec, plan: _Plan, args, kwargs) -> tuple:
+def accesses(rec, plan: _Plan, args, kwargs) -> tuple:
     reads, writes, undecided, opaque = [], [], set(), []
     params, access, index = plan.params, plan.access, plan.index
     n = len(params)
@@ -203,7 +214,7 @@ def _accesses(rec, plan: _Plan, args, kwargs) -> tuple:
         if not found:
             return
         (reads if kind == "r" else writes).extend(found)
-        if kind == "w" and plan.analysis is not None and name not in plan.analysis.writes:
+        if kind == "w" and plan.analysis is not None and name not in plan.analysis.writes and name not in plan.stated:
             undecided.add(name)
 
     for i, value in enumerate(args):
@@ -265,9 +276,9 @@ def _run(orig):
             return orig(self, *args, **kwargs)
         rec = R.current
         try:
-            plan = _plan(self)
+            plan = plan_of(self)
             stream = _launch_stream()
-            reads, writes = _accesses(rec, plan, args, kwargs)
+            reads, writes = accesses(rec, plan, args, kwargs)
             site = _site(rec)
         except Exception as exc:  # never into the program: this launch goes unrecorded
             rec.errors.append(f"Triton launch of `{getattr(self, '__name__', self)}`: {type(exc).__name__}: {exc}; "
