@@ -178,6 +178,9 @@ class Recorder:
         self._events = weakref.WeakKeyDictionary()
         self._event_handles: dict = {}  # cudaEvent_t -> event id (libraries that report handles)
         self._next_event = 1
+        # Program events are named by their own count (event1, event2, ...): a proof rerun's
+        # replacement events take ids too, and the audit's keys name events as the recorded run did.
+        self._named_events = 0
         self._starts: list = []  # sorted allocation starts
         self._allocs: list = []  # _Alloc in the same order
         self._next_buffer = 1
@@ -384,6 +387,8 @@ class Recorder:
         with self._lock:
             eid = self._next_event
             self._next_event += 1
+            self._named_events += 1
+            name = f"event{self._named_events}"
         try:
             event._streamcheck_event = (self, eid)
         except AttributeError:  # an event type without a __dict__: look it up by identity
@@ -391,7 +396,7 @@ class Recorder:
             if tag is not None:
                 return tag
             self._events[event] = eid
-        self.record(T.EventCreate(self.tid(), self.site(), event=eid, name=f"event{eid}"))
+        self.record(T.EventCreate(self.tid(), self.site(), event=eid, name=name))
         return eid
 
     def event_handle(self, handle: int, fresh: bool = False) -> int:
@@ -403,7 +408,9 @@ class Recorder:
                 return eid
             eid = self._event_handles[handle] = self._next_event
             self._next_event += 1
-        self.record(T.EventCreate(self.tid(), self.site(), event=eid, name=f"event{eid}"))
+            self._named_events += 1
+            name = f"event{self._named_events}"
+        self.record(T.EventCreate(self.tid(), self.site(), event=eid, name=name))
         return eid
 
     def forget_event_handle(self, handle: int) -> None:

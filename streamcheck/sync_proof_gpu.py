@@ -9,9 +9,12 @@ recorded on the producer's stream and a wait on the consumer's), then timed with
 - timing: the script's span (CUDA events on the legacy stream, the device synchronized at both
   ends), median of repeats, as recorded and edited, each under recording.
 
-A rerun that issued other synchronizations than the audit knows, or one a library reported
-only after it ran (torch's GPU-trace callbacks: `wait_stream`, `torch.cuda.synchronize`), is
-claimed nothing of: the rerun could not skip it.
+A rerun that issued other synchronizations than the audit knows, or one the recorder saw only
+after it ran, is claimed nothing of: the rerun could not skip it. torch's Python-level syncs
+(`torch.cuda.synchronize`, `Stream.synchronize`, `Event.synchronize`, `Event.wait` and so
+`wait_stream`) are skipped at their entry point (adapters/torch_runtime.py); those torch makes
+inside C++ (`.item()`, `.cpu()`, `nonzero()`) reach the recorder only through its callbacks,
+after the call, and are named as not skippable.
 """
 from __future__ import annotations
 
@@ -33,9 +36,17 @@ SPAN_PREFIX = "streamcheck: script span "  # the line a --time-script rerun prin
 class GpuProof:
     removable: object  # True, False, or None (not claimed)
     lines: tuple  # what to print
+    skipped: tuple = ()  # finding numbers the reruns skipped or replaced
+    edits: str = ""  # the reruns' --skip-syncs edit list (SyncEdits.to_json)
+    spans: tuple = ((), ())  # script spans in µs of the timed reruns: (as recorded, edited)
 
     def format(self) -> str:
         return "\n".join(("streamcheck: proof on the GPU:",) + tuple(f"  {line}" for line in self.lines))
+
+    def to_dict(self) -> dict:
+        return {"removable": self.removable, "lines": list(self.lines), "skipped": list(self.skipped),
+                "skip_syncs": self.edits, "spans_us": {"as recorded": list(self.spans[0]),
+                                                       "edited": list(self.spans[1])}}
 
 
 def _rerun(script: str, script_args, *options, timeout: float = 600) -> tuple:
@@ -59,6 +70,32 @@ def _span_us(stderr: str):
     return None
 
 
+def time_spans(script: str, script_args, edits: str, repeats: int = TIMING_REPEATS) -> tuple:
+    """(as recorded, edited): the script's span in µs of `repeats` timed reruns each, under
+    recording, interleaved so that a drift of the GPU's clocks reaches both alike; `edits`: the
+    --skip-syncs list. A rerun that did not report its span is left out."""
+    spans = ([], [])
+    for _ in range(repeats):
+        for out, options in zip(spans, ((), ("--skip-syncs", edits))):
+            proc, _ = _rerun(script, script_args, "--time-script", *options)
+            span = _span_us(proc.stderr)
+            if span is not None:
+                out.append(span)
+    return tuple(spans[0]), tuple(spans[1])
+
+
+def unskipped_line(audit, keys) -> str:
+    """'not claimed' naming the syncs (audit keys, as their str()) a rerun made anyway."""
+    from .core.trace import site_path
+
+    found = {str(f.sync.key): f for f in audit.findings}
+    names = [f"#{found[k].number} ({found[k].sync.kind} at {site_path(found[k].sync.site)})" if k in found else k
+             for k in sorted(keys)]
+    return ("not claimed: the rerun could not skip " + ", ".join(names) + ": the recorder saw it only after the call "
+            "(torch synchronizes inside C++ for `.item()`, `.cpu()`, `nonzero()` and the like), or its replacement "
+            "needs a stream or event the rerun cannot name yet")
+
+
 def prove(audit, races, script: str, script_args=(), *, seed: int = 0) -> GpuProof:
     """`audit`: the recorded run's sync audit; `races`: its races (they are allowed again)."""
     numbers = [f"#{n}" for n in audit.removed] + [f"#{n} (as its device-side wait)" for n in audit.replaced]
@@ -75,10 +112,11 @@ def prove(audit, races, script: str, script_args=(), *, seed: int = 0) -> GpuPro
     for i in range(PROOF_DELAYED_RUNS):
         proc, data = _rerun(script, script_args, *skip, "--delay-us", str(DELAY_US), "--seed", str(seed + i))
         edit = data.get("skip_syncs", {})
-        if edit.get("unskipped") or not edit.get("same_path", False):
-            why = ("it could not skip " + ", ".join(edit["unskipped"]) if edit.get("unskipped")
-                   else "the rerun issued other synchronizations than the recorded run (not deterministic)")
-            return GpuProof(None, (f"not claimed: {why}",))
+        if edit.get("unskipped"):
+            return GpuProof(None, (unskipped_line(audit, edit["unskipped"]),))
+        if not edit.get("same_path", False):
+            return GpuProof(None, ("not claimed: the rerun issued other synchronizations than the recorded run "
+                                   "(not deterministic)",))
         new = len(data.get("races", [])) - allowed
         problems = []
         if proc.stdout != reference.stdout:
@@ -91,18 +129,12 @@ def prove(audit, races, script: str, script_args=(), *, seed: int = 0) -> GpuPro
         removable = removable and not problems
     lines.insert(0, ("removable on this run: " if removable else "NOT removable: ") + ", ".join(numbers)
                  + f" skipped in {PROOF_DELAYED_RUNS} reruns under delays")
-    spans = {"as recorded": [], "edited": []}
-    for _ in range(TIMING_REPEATS):
-        for name, options in (("as recorded", ()), ("edited", skip)):
-            proc, _ = _rerun(script, script_args, "--time-script", *options)
-            span = _span_us(proc.stderr)
-            if span is not None:
-                spans[name].append(span)
-    if all(spans.values()):
-        before, after = (statistics.median(spans[k]) for k in ("as recorded", "edited"))
+    spans = time_spans(script, script_args, skip[1])
+    if all(spans):
+        before, after = (statistics.median(s) for s in spans)
         lines.append(f"time (script span, CUDA events, median of {TIMING_REPEATS}, under recording): "
                      f"{before:.0f} µs as recorded, {after:.0f} µs edited: saves {before - after:.0f} µs "
                      f"({(before - after) / before:.1%})")
     else:
         lines.append("time: the timed reruns did not report their span")
-    return GpuProof(removable, tuple(lines))
+    return GpuProof(removable, tuple(lines), tuple(audit.removed + audit.replaced), skip[1], spans)

@@ -10,6 +10,9 @@ the stream current when it was allocated: the caching allocator reuses a freed b
 stream at once (`tensor.record_stream(s)` defers that until `s` passed the free; torch_ops.py
 records it). Block sizes are learnt when a tensor on the block is first seen.
 
+The Python entry points of those syncs are also wrapped, only so that the sync audit's proof
+rerun can skip one before it runs (the callback comes after); they record nothing themselves.
+
 Supported: torch >= 2.4 (the callbacks and `torch._C._activate_gpu_trace` exist since 2.0;
 older versions are refused with a notice). The callbacks cannot be unregistered: they are
 registered once per process and forward to the recording that runs, if any.
@@ -22,6 +25,7 @@ from .. import recorder as R
 from ..core import trace as T
 from ..gpu import is_suppressed
 from .patching import forwarding
+from .threads import unseen_work
 
 _installed = threading.Lock()
 _active = False  # callbacks registered with torch (once per process)
@@ -106,6 +110,7 @@ def _allocated(ptr: int) -> None:
     rec = _recording()  # also inside a recorded op: its outputs are allocated there
     if rec is not None:
         state(rec).pending[ptr] = rec.sid(current_stream_ptr(rec.gpu.torch))
+        unseen_work(rec, "allocated CUDA memory through torch")  # a thread the dispatch mode never reached
 
 
 def _deallocated(ptr: int) -> None:
@@ -200,11 +205,63 @@ def _event_query(orig):
     return forwarding(orig, query)
 
 
+# --- synchronizations a proof rerun skips ------------------------------------------------
+# torch's callbacks report a sync after it ran, so the sync audit's proof rerun
+# (Recorder.skipped) decides at the Python entry point instead. A call that is made is still
+# recorded by its callback, as in any recording; a skipped one makes no callback. Syncs torch
+# makes inside C++ (`.item()`, `.cpu()`, `nonzero()`) pass no Python entry point: they stay
+# unskippable, and the proof names them.
+
+def _device_sync_op(rec, device=None):
+    return T.DeviceSync(rec.tid(), rec.site())
+
+
+def _stream_sync_op(rec, stream):
+    return T.StreamSync(rec.tid(), rec.site(), stream=rec.sid(stream.cuda_stream))
+
+
+def _event_sync_op(rec, event):
+    # An event never recorded has no handle yet: torch returns at once and reports nothing.
+    if not event.cuda_event:
+        return None
+    return T.EventSync(rec.tid(), rec.site(), event=rec.event_handle(event.cuda_event))
+
+
+def _event_wait_op(rec, event, stream=None):
+    # `wait_stream` and `Stream.wait_event` end here (`event.wait(self)`); None: the current stream.
+    if not event.cuda_event:
+        return None
+    ptr = current_stream_ptr(rec.gpu.torch) if stream is None else stream.cuda_stream
+    return T.StreamWait(rec.tid(), rec.site(), stream=rec.sid(ptr), event=rec.event_handle(event.cuda_event))
+
+
+def _skippable(make_op):
+    """Wrap a sync so that a proof rerun whose edits skip it does not make the call (and issues
+    its replacement, when the audit gave one); `make_op(rec, *args)`: the trace record the
+    callback would make, or None when the call synchronizes nothing."""
+    def wrap(orig):
+        def call(*args, **kwargs):
+            rec = _recording()
+            if rec is not None and rec.edits is not None:
+                op = make_op(rec, *args, **kwargs)
+                if op is not None and rec.skipped(op):
+                    return None
+            return orig(*args, **kwargs)
+        return forwarding(orig, call)
+    return wrap
+
+
 def patches() -> tuple:
     """torch reports streams, events, syncs and memory through its callbacks; the names of the
-    streams the program creates and the queries (which no callback reports) come from here."""
+    streams the program creates, the queries (which no callback reports) and the skipping of a
+    proof rerun's syncs come from here."""
     from .patching import Patch
 
     return (Patch("torch.cuda.streams.Stream.__new__", _stream_new),
             Patch("torch.cuda.streams.Stream.query", _stream_query),
-            Patch("torch.cuda.streams.Event.query", _event_query))
+            Patch("torch.cuda.streams.Event.query", _event_query),
+            Patch("torch.cuda.synchronize", _skippable(_device_sync_op)),
+            Patch("torch.accelerator.synchronize", _skippable(_device_sync_op)),
+            Patch("torch.cuda.streams.Stream.synchronize", _skippable(_stream_sync_op)),
+            Patch("torch.cuda.streams.Event.synchronize", _skippable(_event_sync_op)),
+            Patch("torch.cuda.streams.Event.wait", _skippable(_event_wait_op)))

@@ -384,6 +384,14 @@ def run(args) -> int:
 
         sync_audit = audit(session.trace)
         print(sync_audit.format(width=report_width(sys.stderr)), file=sys.stderr)
+    proof = None
+    if args.prove and sync_audit is not None:  # before --json, which holds it too
+        from .. import sync_proof_gpu
+
+        print("streamcheck: proving the audit's minimal set: the script rerun with the removable synchronizations "
+              "skipped, under delays, then timed", file=sys.stderr)
+        proof = sync_proof_gpu.prove(sync_audit, races, script, args.args, seed=args.seed)
+        print(proof.format(), file=sys.stderr)
     if args.json:
         import json
 
@@ -394,6 +402,8 @@ def run(args) -> int:
             data = {"races": data}
             if sync_audit is not None:
                 data["sync_audit"] = sync_audit.to_dict()
+            if proof is not None:
+                data["sync_proof"] = proof.to_dict()
             if edits is not None:  # what this rerun of --prove could skip, and whether it took the same path
                 data["skip_syncs"] = {"unskipped": sorted(map(str, edits.unskipped)),
                                       "same_path": set(edits.remove) | set(edits.swap) <= edits.met}
@@ -401,12 +411,6 @@ def run(args) -> int:
             print(json.dumps(data, indent=2))
         else:
             write_text(args.json, json.dumps(data, indent=2))  # whole or absent, even if killed
-    if args.prove and sync_audit is not None:
-        from .. import sync_proof_gpu
-
-        print("streamcheck: proving the audit's minimal set: the script rerun with the removable synchronizations "
-              "skipped, under delays, then timed", file=sys.stderr)
-        print(sync_proof_gpu.prove(sync_audit, races, script, args.args, seed=args.seed).format(), file=sys.stderr)
     if args.ops_json:
         write_text(args.ops_json, session.trace.to_json())
     if sync_audit is not None and args.trace:

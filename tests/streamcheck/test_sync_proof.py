@@ -11,6 +11,7 @@ from streamcheck.cli import main
 from streamcheck.core import trace as T
 from streamcheck.device import Device
 from streamcheck.sync_proof import prove
+from tests.streamcheck.fake_torch import FAKE_TORCH_DIR, FakeTorch
 from tests.streamcheck.test_recorder import FakeArray, FakeGpu, FakeStream
 
 
@@ -193,3 +194,113 @@ def test_the_perfetto_trace_marks_the_removable_synchronizations():
         assert len([m for m in marked if m["args"]["sync audit"]["number"] == finding.number]) == finding.sync.count
     replaced = [e for e in marked if e["args"]["sync audit"]["verdict"] == "device-side suffices"]
     assert replaced and all("wait on it" in e["args"]["sync audit"]["replacement"][0] for e in replaced)
+
+
+# --- torch's syncs, skipped at their Python entry point (adapters/torch_runtime.py) -----------
+
+def torch_recording(monkeypatch, torch, edits=None):
+    """A recording with torch_runtime's patch table applied to `torch` (a FakeTorch)."""
+    from streamcheck.adapters import torch_runtime as TR
+    from streamcheck.adapters.patching import Patcher
+
+    gpu = FakeGpu()
+    gpu.library_dirs = (FAKE_TORCH_DIR,)  # its frames are torch's: call sites are the program's lines
+    rec = R.Recorder(gpu)
+    rec.gpu.torch = torch.module
+    rec.gpu.driver = Driver()
+    rec.state["torch"] = TR.TorchState()  # what install() sets up; the callbacks record for it
+    patcher = Patcher(rec.unpatched)
+    syncs = [p for p in TR.patches() if p.target.rpartition(".")[2] in ("synchronize", "wait")]
+    assert len(syncs) == 5 and all(patcher.apply(patch) for patch in syncs), rec.unpatched
+    monkeypatch.setattr(R, "current", rec)
+    if edits is not None:
+        rec.edits = edits
+        rec.edits.start(rec.trace.ops)
+    return rec, patcher
+
+
+def torch_program(rec, torch, cxx=False):
+    """A on 0x10 produces x, B on 0x20 copies it into y, A overwrites x, the host reads y (`.item()`).
+    `cxx`: the last synchronize is one torch makes inside C++ (no Python entry point)."""
+    from streamcheck.adapters import torch_runtime as TR
+
+    t = torch.module
+    a, b = torch.stream(0x10), torch.stream(0x20)
+    rec.register_stream(0x10, rec.site()), rec.register_stream(0x20, rec.site())  # as Stream.__new__ does
+    rec.alloc(0x1000, 256), rec.alloc(0x2000, 256)
+    x, y = FakeArray(0x1000, 256), FakeArray(0x2000, 256)
+    rec.launch("produce", lambda: None, stream=a, writes=[x])
+    t.cuda.synchronize()  # only orders B after A: a device-side wait suffices
+    rec.launch("copy", lambda: None, stream=b, reads=[x], writes=[y])
+    done = t.cuda.streams.Event()
+    done.record(b)
+    done.wait(a)  # A overwrites what B reads: needed
+    done.wait(a)  # the same wait twice: redundant
+    rec.launch("overwrite", lambda: None, stream=a, writes=[x])
+    done.synchronize()  # implied by the host read's own sync: redundant
+    rec.host_read("aten._local_scalar_dense", y, b, True, lambda: None)
+    if cxx:
+        TR._stream_synchronized(0x20)  # `.nonzero()` and the like: c10 reports it after it ran
+    else:
+        b.synchronize()  # implied by the host read's sync: redundant
+    return torch.made
+
+
+def test_torch_syncs_are_recorded_once_by_their_callbacks_when_nothing_is_skipped(monkeypatch):
+    torch = FakeTorch(monkeypatch)
+    rec, patcher = torch_recording(monkeypatch, torch)
+    made = torch_program(rec, torch)
+    patcher.restore()
+    assert made == ["device synchronize", "wait 0x10", "wait 0x10", "event synchronize", "synchronize 0x20"]
+    syncs = [op for op in rec.trace.ops if type(op) in (T.DeviceSync, T.StreamWait, T.EventSync, T.StreamSync)]
+    assert [(type(op), getattr(op, "cause", "")) for op in syncs] == [
+        (T.DeviceSync, ""), (T.StreamWait, ""), (T.StreamWait, ""), (T.EventSync, ""),
+        (T.StreamSync, "aten._local_scalar_dense"), (T.StreamSync, "")]
+    assert rec.races == []
+    assert torch.module.cuda.synchronize.__name__ == "synchronize"  # restored (the fake's own again)
+
+
+def test_a_torch_rerun_skips_the_removable_syncs_and_issues_the_replacement(monkeypatch):
+    torch = FakeTorch(monkeypatch)
+    first, patcher = torch_recording(monkeypatch, torch)
+    torch_program(first, torch)
+    patcher.restore()
+    result = audit(first.trace)
+    kinds = {f.number: f.sync.kind for f in result.findings}
+    assert [kinds[n] for n in result.replaced] == ["device synchronize"], result.format()
+    assert sorted(kinds[n] for n in result.removed) == ["event synchronize", "stream synchronize", "wait_event"]
+    first_wait, second_wait = sorted((f for f in result.findings if f.sync.kind == "wait_event"),
+                                     key=lambda f: f.sync.site.line)
+    assert second_wait.number in result.removed and first_wait.number in result.keep, result.format()
+
+    torch = FakeTorch(monkeypatch)
+    rerun, patcher = torch_recording(monkeypatch, torch, edits=result.edits())
+    made = torch_program(rerun, torch)
+    patcher.restore()
+    assert made == ["wait 0x10"]  # the first wait alone is made
+    assert rerun.gpu.driver.calls == [("record", 0xE0, 0x10), ("wait", 0x20, 0xE0)]
+    edits = rerun.edits
+    assert not edits.unskipped and set(edits.remove) | set(edits.swap) <= edits.met
+    assert T.DeviceSync not in [type(op) for op in rerun.trace.ops]
+    assert rerun.races == []  # the replacement wait is in the trace: the checker sees the edge
+
+
+def test_a_sync_torch_makes_inside_cxx_is_unskipped_and_the_proof_names_it(monkeypatch):
+    from streamcheck.sync_proof_gpu import unskipped_line
+
+    torch = FakeTorch(monkeypatch)
+    first, patcher = torch_recording(monkeypatch, torch)
+    torch_program(first, torch, cxx=True)
+    patcher.restore()
+    result = audit(first.trace)
+    (late,) = [f for f in result.findings if f.sync.kind == "stream synchronize"]
+    assert late.number in result.removed, result.format()
+
+    torch = FakeTorch(monkeypatch)
+    rerun, patcher = torch_recording(monkeypatch, torch, edits=result.edits())
+    torch_program(rerun, torch, cxx=True)
+    patcher.restore()
+    assert rerun.edits.unskipped == {late.sync.key}
+    line = unskipped_line(result, map(str, rerun.edits.unskipped))
+    assert line.startswith(f"not claimed: the rerun could not skip #{late.number} (stream synchronize at ")
+    assert f":{late.sync.site.line})" in line and "inside C++" in line
