@@ -1,7 +1,8 @@
 """Transparency on a real GPU: ordinary, correct CuPy programs behave the same under
 `streamcheck run` as under plain `python`.
 
-Each script in tests/gpu_programs/transparency/ runs three times, each in its own process:
+Each script in tests/gpu_programs/transparency/ (CuPy) and tests/gpu_programs/compiled/ (torch.compile)
+runs three times, each in its own process:
 twice as `python prog.py` (the two runs must agree, or the program is not deterministic and
 the comparison would mean nothing; the first also warms CuPy's kernel cache), then as
 `python -m streamcheck.cli run prog.py`. Without --error-exitcode, `streamcheck run` exits with
@@ -44,7 +45,8 @@ pytestmark = [
 ]
 
 PROGRAMS_DIR = GPU_PROGRAMS / "transparency"
-PROGRAMS = sorted(PROGRAMS_DIR.glob("*.py"))
+COMPILED_DIR = GPU_PROGRAMS / "compiled"  # torch.compile programs (issue 22): Inductor's kernels, CUDA graph trees
+PROGRAMS = sorted(PROGRAMS_DIR.glob("*.py")) + sorted(COMPILED_DIR.glob("*.py"))
 TIMEOUT_S = 300  # per run: a hung program fails its test instead of the session
 HEADER_LINES = 20
 SETTING = re.compile(r"#\s*transparency-(env|exit):\s*(.+?)\s*$")

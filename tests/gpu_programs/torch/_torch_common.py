@@ -18,9 +18,25 @@ report's call sites point into the program. torch and CuPy are imported only by 
 that needs them, so a CuPy-only program stays CuPy-only.
 """
 import json
+import os
 
 N = 1 << 20  # float32 elements per buffer: 4 MiB
 STEPS = 8
+
+
+COMPILE = "STREAMCHECK_PROGRAMS_COMPILE"  # =1: `compiled` functions go through torch.compile
+
+
+def compiled(fn):
+    """A program's kernels, written as a function: `fn` itself, or with COMPILE=1 in the
+    environment `torch.compile(fn)` (whole graph, dynamic scalars: one compile for every step's
+    value), so tests/streamcheck/adapters/test_compiled_programs_gpu.py checks the same bug in
+    Inductor's kernels."""
+    if os.environ.get(COMPILE) != "1":
+        return fn
+    import torch
+
+    return torch.compile(fn, fullgraph=True, dynamic=True)
 
 
 def column(t, index=0) -> list:

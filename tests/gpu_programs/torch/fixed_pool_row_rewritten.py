@@ -5,7 +5,19 @@
 # strikes: no
 import torch
 
-from _torch_common import N, STEPS, column, report
+from _torch_common import N, STEPS, column, compiled, report
+
+
+# The kernels, as functions that test_compiled_programs_gpu.py compiles (`compiled`).
+@compiled
+def fill(t, value):
+    t.fill_(value)
+
+
+@compiled
+def scale(t, factor, out):
+    torch.mul(t, factor, out=out)
+
 
 ROWS = 2  # rows in the input pool, reused round-robin
 
@@ -16,8 +28,8 @@ torch.cuda.synchronize()
 for step in range(1, STEPS + 1):
     row = pool[step % ROWS]
     torch.cuda.current_stream().wait_stream(forward)  # THE FIX: earlier forwards have read the row
-    row.fill_(float(step))  # the scheduler writes the batch's inputs on the default stream
+    fill(row, float(step))  # the scheduler writes the batch's inputs on the default stream
     forward.wait_stream(torch.cuda.current_stream())  # the forward waits for its inputs
     with torch.cuda.stream(forward):
-        torch.mul(row, 2.0, out=outs[step - 1])  # the forward reads the row on s1
+        scale(row, 2.0, outs[step - 1])  # the forward reads the row on s1
 report(column(outs), [2.0 * s for s in range(1, STEPS + 1)])

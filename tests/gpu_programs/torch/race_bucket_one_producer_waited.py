@@ -14,7 +14,19 @@ The fix the projects shipped: the reduction waits for every stream that wrote in
 # strikes: yes
 import torch
 
-from _torch_common import N, STEPS, column, report
+from _torch_common import N, STEPS, column, compiled, report
+
+
+# The kernels, as functions that test_compiled_programs_gpu.py compiles (`compiled`).
+@compiled
+def fill(t, value):
+    t.fill_(value)
+
+
+@compiled
+def scale(t, factor, out):
+    torch.mul(t, factor, out=out)
+
 
 HALF = N // 2
 
@@ -28,12 +40,12 @@ for step in range(1, STEPS + 1):
     grads_a.wait_stream(allreduce)  # the previous reduction has read the bucket
     grads_b.wait_stream(allreduce)
     with torch.cuda.stream(grads_a):
-        bucket[:HALF].fill_(float(step))  # first half on s1
+        fill(bucket[:HALF], float(step))  # first half on s1
     with torch.cuda.stream(grads_b):
-        bucket[HALF:].fill_(float(100 + step))  # second half on s2
+        fill(bucket[HALF:], float(100 + step))  # second half on s2
     allreduce.wait_stream(grads_a)
     # BUG: no allreduce.wait_stream(grads_b): the second half may not be written yet
     with torch.cuda.stream(allreduce):
-        torch.mul(bucket, 0.5, out=outs[step - 1])  # reads the whole bucket on s3
+        scale(bucket, 0.5, outs[step - 1])  # reads the whole bucket on s3
 observed = [v for pair in zip(column(outs, 0), column(outs, HALF)) for v in pair]
 report(observed, [v for s in range(1, STEPS + 1) for v in (0.5 * s, 0.5 * (100 + s))])

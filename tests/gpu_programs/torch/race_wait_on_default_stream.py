@@ -14,7 +14,19 @@ The fix the projects shipped: wait for `torch.cuda.current_stream()`, the caller
 # strikes: yes
 import torch
 
-from _torch_common import N, STEPS, column, report
+from _torch_common import N, STEPS, column, compiled, report
+
+
+# The kernels, as functions that test_compiled_programs_gpu.py compiles (`compiled`).
+@compiled
+def fill(t, value):
+    t.fill_(value)
+
+
+@compiled
+def scale(t, factor, out):
+    torch.mul(t, factor, out=out)
+
 
 main = torch.cuda.Stream()  # s1: the caller's current stream
 side = torch.cuda.Stream()  # s2: the library's side stream
@@ -23,9 +35,9 @@ outs = torch.zeros(STEPS, N, device="cuda")
 torch.cuda.synchronize()
 with torch.cuda.stream(main):
     for step in range(1, STEPS + 1):
-        x.fill_(float(step))  # the caller's producer, on its current stream s1
+        fill(x, float(step))  # the caller's producer, on its current stream s1
         side.wait_stream(torch.cuda.default_stream())  # BUG: the producer ran on s1, not the default stream
         with torch.cuda.stream(side):
-            torch.mul(x, 2.0, out=outs[step - 1])  # the library reads x on s2
+            scale(x, 2.0, outs[step - 1])  # the library reads x on s2
         torch.cuda.current_stream().wait_stream(side)  # x is rewritten only after the read
 report(column(outs), [2.0 * s for s in range(1, STEPS + 1)])

@@ -13,7 +13,24 @@ The fix the projects shipped: issue the wait after the tensor's last write
 # strikes: yes
 import torch
 
-from _torch_common import N, STEPS, column, report
+from _torch_common import N, STEPS, column, compiled, report
+
+
+# The kernels, as functions that test_compiled_programs_gpu.py compiles (`compiled`).
+@compiled
+def fill(t, value):
+    t.fill_(value)
+
+
+@compiled
+def add(t, value):
+    t.add_(value)
+
+
+@compiled
+def copy_into(dst, src):
+    dst.copy_(src)
+
 
 compute = torch.cuda.Stream()  # s1: the producer's stream
 copy = torch.cuda.Stream()  # s2: the hand-off stream
@@ -22,10 +39,10 @@ outs = torch.zeros(STEPS, N, device="cuda")
 torch.cuda.synchronize()
 with torch.cuda.stream(compute):
     for step in range(1, STEPS + 1):
-        x.fill_(float(step))  # the main producer on s1
+        fill(x, float(step))  # the main producer on s1
         copy.wait_stream(compute)  # covers the fill only
-        x.add_(1000.0)  # BUG: issued after the wait, which does not cover it
+        add(x, 1000.0)  # BUG: issued after the wait, which does not cover it
         with torch.cuda.stream(copy):
-            outs[step - 1].copy_(x)  # the copy stream reads x on s2
+            copy_into(outs[step - 1], x)  # the copy stream reads x on s2
         compute.wait_stream(copy)  # x is rewritten only after the read
 report(column(outs), [1000.0 + s for s in range(1, STEPS + 1)])

@@ -170,14 +170,15 @@ def _text(data) -> str:
     return data.decode(errors="replace") if isinstance(data, bytes) else data
 
 
-def streamcheck_run(program: Path, *options: str, report: Optional[Path] = None, without_cupy: bool = False) -> Run:
+def streamcheck_run(program: Path, *options: str, report: Optional[Path] = None, env: Optional[dict] = None,
+                    ops: Optional[Path] = None) -> Run:
     cmd = [sys.executable, "-m", "streamcheck.cli", "run", *options]
     if report is not None:
         cmd += ["--report-json", str(report)]
+    if ops is not None:
+        cmd += ["--ops-json", str(ops)]
     cmd.append(str(program))
-    env = {k: v for k, v in os.environ.items() if k != "STREAMCHECK_RUN"}
-    if without_cupy:  # `import cupy` fails in the run, as where CuPy is not installed
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(WITHOUT_CUPY), env.get("PYTHONPATH", "")) if p)
+    env = {**{k: v for k, v in os.environ.items() if k != "STREAMCHECK_RUN"}, **(env or {})}
     try:
         # cwd=ROOT: the report's call sites are relative to the working directory.
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=ROOT, env=env)
@@ -265,7 +266,9 @@ def test_program_strikes_under_torch_sleep_delays_without_cupy(program, tmp_path
         pytest.skip(reason)
     header = parse_header(program)
     options = (*header.delay, "--delay-us", DELAY_US)
-    delayed = streamcheck_run(program, *options, report=tmp_path / "races.json", without_cupy=True)
+    # `import cupy` fails in the run, as where CuPy is not installed
+    hidden = os.pathsep.join(p for p in (str(WITHOUT_CUPY), os.environ.get("PYTHONPATH", "")) if p)
+    delayed = streamcheck_run(program, *options, report=tmp_path / "races.json", env={"PYTHONPATH": hidden})
     what = f"{program.name} {' '.join(options)} without CuPy"
     assert_ran_cleanly(delayed, what)
     result = delayed.result()
