@@ -12,6 +12,17 @@ a race. Copies between host and device (`copy_`, `.to()`, `.cuda()`, `.cpu()`):
 `.item()`, `.tolist()` and printing read through `_local_scalar_dense`: a copy, then a sync.
 `tensor.record_stream(s)` marks the tensor's block as used on `s` for the caching allocator.
 
+Custom operators (`torch.library.custom_op`, `Library.define`, any namespace but `aten` and
+`prims`) come here as one opaque operator: the mode is off while their implementation runs.
+Their schema says what they write (`mutates_args`, `"unknown"` marks every tensor argument,
+`Tensor(a!)`), with two assumptions, each said once per recording in a notice:
+- an operator that declares no written argument and returns no tensor can only have had an
+  effect by writing: every tensor argument counts as written;
+- a tensor argument it does not declare written whose `_version` moved while it ran (its
+  implementation wrote it in place through torch) counts as written. A write through a raw
+  pointer (a Triton or CUDA kernel, `data_ptr()`) moves no version counter: such an operator
+  must declare the write (`mutates_args`, or `streamcheck.declare_access`).
+
 Not seen: memory written through `.numpy()` or raw pointers (numpy writes are not ATen ops:
 declare them with streamcheck.declare_access), kernels of extensions that bypass the
 dispatcher, and tensor subclasses whose __torch_dispatch__ runs before ours.
@@ -22,6 +33,7 @@ from .. import recorder as R
 from ..core import trace as T
 from ..core.trace import CopyKind
 from ..gpu import is_suppressed
+from .threads import add_context
 from .torch_runtime import current_stream_ptr, state
 
 # Allocate without touching the bytes (their contents are undefined): no access.
@@ -31,6 +43,10 @@ _NO_ACCESS = frozenset({"aten.empty.memory_format", "aten.empty_strided.default"
                         "aten._pin_memory.default"})
 _COPIES = frozenset({"aten.copy_.default", "aten._to_copy.default", "aten._copy_from.default",
                      "aten._copy_from_and_resize.default"})
+
+
+# torch's own operators: their schemas are exact, and their implementations are not the program's.
+_TORCH_NAMESPACES = frozenset({"aten", "prims"})
 
 
 def _tensors(value, torch) -> list:
@@ -43,17 +59,32 @@ def _tensors(value, torch) -> list:
 
 class _Schema:
     """Per operator overload, computed once: argument names and which are written; whether
-    it only makes views (every return aliases an input, none written)."""
+    it only makes views (every return aliases an input, none written); for a custom operator,
+    whether every tensor argument is assumed written (it declares no write and returns no
+    tensor) and whether its undeclared in-place writes are looked for."""
 
-    __slots__ = ("name", "arguments", "view")
+    __slots__ = ("name", "arguments", "view", "all_written", "counts_versions")
 
     def __init__(self, func):
+        from torch._C import _dispatch_has_kernel_for_dispatch_key  # loaded: func is one of its operators
+
         schema = func._schema
         self.name = str(func)
-        self.arguments = tuple((a.name, a.kwarg_only, bool(a.alias_info is not None and a.alias_info.is_write))
-                               for a in schema.arguments)
+        arguments = [(a.name, a.kwarg_only, bool(a.alias_info is not None and a.alias_info.is_write))
+                     for a in schema.arguments]
         returns = schema.returns
         self.view = bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
+        custom = func.namespace not in _TORCH_NAMESPACES
+        # `Tensor`, `Tensor?`, `Tensor[]`: the type's name says whether a return holds tensors.
+        self.all_written = (custom and not any(written for _, _, written in arguments)
+                            and not any("Tensor" in str(r.type) for r in returns))
+        if self.all_written:
+            arguments = [(arg_name, kwarg_only, True) for arg_name, kwarg_only, _ in arguments]
+        self.arguments = tuple(arguments)
+        # An ADInplaceOrView kernel of its own (custom_op's, when it declares mutations) would
+        # run again under _counting_versions and move its declared arguments' counters twice:
+        # such an operator runs as under any dispatch mode, taken at its schema's word.
+        self.counts_versions = custom and not _dispatch_has_kernel_for_dispatch_key(func.name(), "ADInplaceOrView")
 
 
 _schemas: dict = {}
@@ -109,9 +140,9 @@ class Ops:
         internal error; the operator's own exception reaches the program unchanged."""
         started, ran = [], []
 
-        def run():
+        def run(call=func):
             started.append(True)
-            result = R.inside(func, *args, **kwargs)
+            result = R.inside(call, *args, **kwargs)
             ran.append(result)
             return result
         try:
@@ -131,12 +162,15 @@ class Ops:
             return self._record_stream(run, args, kwargs)
         torch, rec = self.torch, self.rec
         reads, writes = [], []
+        versions = []  # (name, tensor, _version) of the read arguments, where undeclared writes are looked for
         for i, (arg_name, kwarg_only, written) in enumerate(schema.arguments):
             value = kwargs.get(arg_name) if kwarg_only or i >= len(args) else args[i]
             for t in _tensors(value, torch):
                 kind = self._kind(t)
                 if kind:
                     (writes if written else reads).append((t, kind))
+                if kind and not written and schema.counts_versions:
+                    versions.append((arg_name, t, t._version))
         if name == "aten._local_scalar_dense.default" and reads and reads[0][1] == "cuda":
             return self._host_read(run, reads[0][0])
         cuda = [t for t, k in reads + writes if k == "cuda"]
@@ -147,7 +181,13 @@ class Ops:
             if rec.intercepts:
                 rec.before_issue(stream, sid, name)  # before the operator is issued
         site, tid = rec.site(), rec.tid()
-        result = run()
+        result = run(_counting_versions(func, torch)) if schema.counts_versions else run()
+        if versions:
+            reads, writes = self._undeclared_writes(name, versions, reads, writes)
+        if schema.all_written and writes:
+            rec.notice(f"custom operator `{name}` declares no written argument and returns no tensor, so its only "
+                       "effect can be a write: every tensor argument is assumed written (declare the written ones "
+                       "with `mutates_args=` or `Tensor(a!)` in its schema)")
         fresh = []
         for t in _tensors(result, torch):
             if all(t is not w for w, _ in writes):  # in-place ops return their written argument
@@ -176,6 +216,18 @@ class Ops:
                                 reads=tuple(r for r in rec.ranges(t for t, _ in reads) if r not in written),
                                 writes=written))
         return result
+
+    def _undeclared_writes(self, name, versions, reads, writes) -> tuple:
+        """(reads, writes) with the read arguments whose version counter moved while the
+        operator ran moved to the writes: its implementation wrote them in place through torch,
+        though its schema does not say so."""
+        moved = [(arg_name, t) for arg_name, t, version in versions if t._version != version]
+        for arg_name, _ in moved:
+            self.rec.notice(f"custom operator `{name}` wrote its argument `{arg_name}` in place (its version counter "
+                            "moved) though its schema does not declare the write: recorded as written (declare it "
+                            "with `mutates_args=` or `Tensor(a!)`)")
+        now_written = [(t, k) for t, k in reads if any(t is m for _, m in moved)]
+        return [(t, k) for t, k in reads if all(t is not m for _, m in moved)], writes + now_written
 
     def _pageable_side(self, args, kwargs) -> bool:
         """A copy between a CUDA tensor and pageable CPU memory: synchronous for the host."""
@@ -225,6 +277,22 @@ class Ops:
         return result
 
 
+def _counting_versions(func, torch):
+    """`func` run as it runs without the mode, version counters included: a TorchDispatchMode
+    runs with every dispatch key above Python excluded, ADInplaceOrView too, so in-place ops in
+    a custom operator's implementation would not move `_version`. The call gets that key back;
+    the operator has no ADInplaceOrView kernel of its own (_Schema.counts_versions), so the
+    dispatcher passes over it to the implementation."""
+    C = torch._C
+    include = C._dispatch_tls_local_include_set()
+    counting = C._dispatch_tls_local_exclude_set().remove(C.DispatchKey.ADInplaceOrView)
+
+    def call(*args, **kwargs):
+        with C._ForceDispatchKeyGuard(include, counting):
+            return func(*args, **kwargs)
+    return call
+
+
 def make_mode(rec, torch, ops=None):
     """The TorchDispatchMode that records operators for `rec` (built when torch is loaded)."""
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -255,7 +323,7 @@ def install(rec, patcher) -> None:
         return
     mode = make_mode(rec, torch)
     mode.__enter__()
-    rec.thread_contexts.append(lambda: make_mode(rec, torch))  # modes are per thread
+    add_context(rec, lambda: make_mode(rec, torch), patcher)  # modes are per thread: running ones too
 
     def leave():
         try:
