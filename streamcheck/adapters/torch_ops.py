@@ -19,9 +19,12 @@ Their schema says what they write (`mutates_args`, `"unknown"` marks every tenso
 - an operator that declares no written argument and returns no tensor can only have had an
   effect by writing: every tensor argument counts as written;
 - a tensor argument it does not declare written whose `_version` moved while it ran (its
-  implementation wrote it in place through torch) counts as written. A write through a raw
-  pointer (a Triton or CUDA kernel, `data_ptr()`) moves no version counter: such an operator
-  must declare the write (`mutates_args`, or `streamcheck.declare_access`).
+  implementation wrote it in place through torch) counts as written. The implementation runs
+  with the ADInplaceOrView key back (a dispatch mode excludes it), so counters move as without
+  the recording; a `custom_op` that declares mutations has that key's kernel itself and is
+  taken at its schema's word. A write through a raw pointer (a Triton or CUDA kernel,
+  `data_ptr()`) moves no version counter: such an operator must declare the write
+  (`mutates_args`, or `streamcheck.declare_access`).
 
 Not seen: memory written through `.numpy()` or raw pointers (numpy writes are not ATen ops:
 declare them with streamcheck.declare_access), kernels of extensions that bypass the
