@@ -1,12 +1,17 @@
 """Over-synchronized torch steps for `streamcheck run --audit-syncs`: a device-wide
 synchronize whose only use is ordering a side stream after the current one (a device-side
 wait suffices), a wait_stream issued twice, a busy loop on Event.query(), and `.item()`, the
-host read that needs its sync."""
+host read that needs its sync.
+
+    python audit_oversync_torch.py [STEPS]    (default 4)
+"""
 import json
+import sys
 
 import torch
 
-N, STEPS = 1 << 20, 4
+N = 1 << 20
+STEPS = int(sys.argv[1]) if len(sys.argv) > 1 else 4
 
 side = torch.cuda.Stream()
 x = torch.zeros(N, device="cuda")

@@ -1,6 +1,8 @@
 """`streamcheck run --audit-syncs` on the GPU: over-synchronized CuPy and torch programs
-(tests/gpu_programs/audit_oversync_*.py) recorded by the adapters, each synchronization's verdict
-from the real trace, with CuPy's `stream.done` and torch's `Event.query()` as polling."""
+(tests/gpu_programs/audit_*.py) recorded by the adapters, each synchronization's verdict
+from the real trace, with CuPy's `stream.done` and torch's `Event.query()` as polling; and
+`--prove`: the removable syncs skipped in reruns (torch's at their Python entry points), the
+outputs the same, the script span timed."""
 from __future__ import annotations
 
 import json
@@ -89,9 +91,30 @@ def test_the_proof_skips_the_removable_cupy_syncs_and_times_the_saving(tmp_path)
     assert "time (script span, CUDA events, median of 3" in proof, proc.stderr
 
 
-def test_the_proof_claims_nothing_for_syncs_torch_reports_after_they_ran(tmp_path):
+def test_torch_decode_loop_verdicts(tmp_path):
+    program = "audit_decode_loop_torch.py"
+    proc, audit, verdicts = _audit(program, tmp_path)
+    numbers = {int(f["site"].rpartition(":")[2]): f["number"] for f in audit["findings"]}
+    sync = _line(program, "torch.cuda.synchronize()")
+    assert verdicts[sync] == {"redundant"} and numbers[sync] in audit["removed"], proc.stderr
+    assert verdicts[_line(program, "side.wait_stream(main)")] == {"necessary"}, proc.stderr
+    assert numbers[_line(program, "main.wait_stream(side)")] in audit["keep"], proc.stderr  # the sync's cover
+    assert verdicts[_line(program, "h.argmax().item()")] == {"host needed"}, proc.stderr
+
+
+@pytest.mark.parametrize("program", ["audit_oversync_torch.py", "audit_decode_loop_torch.py"])
+def test_the_proof_skips_the_removable_torch_syncs_and_the_outputs_match(program, tmp_path):
+    report = tmp_path / "report.json"
     proc = subprocess.run([sys.executable, "-m", "streamcheck.cli", "run", "--audit-syncs", "--prove",
-                           str(GPU_PROGRAMS / "audit_oversync_torch.py")], cwd=ROOT, capture_output=True, text=True,
-                          timeout=900)
+                           "--json", str(report), str(GPU_PROGRAMS / program)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr
-    assert "not claimed: it could not skip" in proc.stderr.partition("proof on the GPU:")[2], proc.stderr
+    data = json.loads(report.read_text())
+    proof, audit = data["sync_proof"], data["sync_audit"]
+    assert proof["removable"] is True, proc.stderr
+    assert sorted(proof["skipped"]) == sorted(audit["removed"] + audit["replaced"]) and proof["skipped"], proof
+    kinds = {f["number"]: f["kind"] for f in audit["findings"]}
+    assert {kinds[n] for n in proof["skipped"]} & {"device synchronize", "wait_event"}, proof  # torch's own
+    assert sum("same output, no new race" in line for line in proof["lines"]) == 3, proc.stderr
+    spans = proof["spans_us"]
+    assert len(spans["as recorded"]) == len(spans["edited"]) == 3 and min(spans["edited"]) > 0, proof
