@@ -7,11 +7,12 @@ launches a compiled binary, not `JITFunction.run`, so triton_launch.py never see
 - the stream: the raw cudaStream_t the wrapper passes (torch's current stream when the compiled
   function was called, so a compiled region called under `torch.cuda.stream(s)` is on s);
 - reads and writes, per argument: written if Inductor's own record says the kernel mutates it
-  (`mutated_arg_names`, and `reset_to_zero_arg_names`, zeroed before the launch), or if the
-  generated source stores through it (triton_launch's analysis of `fn.src`: Inductor names its
-  outputs `out_ptr*` / `in_out_ptr*` and stores through them); read otherwise. Exact as to which
-  tensors; the bytes are each argument's view (`reinterpret_tensor` of a buffer), so a kernel that
-  touches only part of its view is recorded as touching all of it (conservative);
+  (`mutated_arg_names`, and `reset_to_zero_arg_names`, zeroed before the launch), or if it is one
+  of the generated kernel's outputs (`out_ptr*`, `in_out_ptr*`, `ws_ptr`: Inductor names its
+  parameters by their use); read otherwise. A user's @triton.jit kernel inside a compiled function
+  goes through triton_launch's source analysis, plus Inductor's mutated_arg_names. Exact as to
+  which tensors; the bytes are each argument's view (`reinterpret_tensor` of a buffer), so a kernel
+  that touches only part of its view is recorded as touching all of it (conservative);
 - the call site: the compiled function's `def` line in the user's file (the frame Dynamo runs);
   the wrapper's frames are library frames (cuda_device.inductor_code_dir).
 The wrapper's other calls (`extern_kernels.mm`, fallback ATen ops, allocations) reach the
@@ -39,13 +40,31 @@ _PLANS = weakref.WeakKeyDictionary()  # CachingAutotuner -> (triton_launch's pla
 _OPS = weakref.WeakKeyDictionary()  # recorder -> its torch_ops.Ops (to file the buffers' blocks)
 
 
+# Inductor's code generator names a kernel's pointer parameters by what the kernel does with
+# them: in_ptrN loaded, out_ptrN stored, in_out_ptrN both, ws_ptr a workspace it writes.
+_GENERATED_WRITES = ("out_ptr", "in_out_ptr", "ws_ptr")
+
+
 def plan_of(autotuner):
-    base = triton_launch.plan_of(autotuner.fn)  # the same object while source and declarations stay
+    """Per argument, read or written. A kernel Inductor generated: by its parameter names and
+    Inductor's mutated_arg_names (its own record; the generated source is often gone by the
+    launch: a kernel compiled in a worker process or loaded from the cache keeps no Python
+    function). A user's @triton.jit kernel called from compiled code: triton_launch's analysis
+    of its source, with Inductor's mutated_arg_names written too."""
+    jit = autotuner.fn
+    stated = set(getattr(autotuner, "mutated_arg_names", None) or ())
+    stated |= set(getattr(autotuner, "reset_to_zero_arg_names", None) or ())
+    user_kernel = getattr(autotuner, "custom_kernel", False) and getattr(jit, "fn", None) is not None
+    base = triton_launch.plan_of(jit) if user_kernel else None  # the same object while source and declarations stay
     found = _PLANS.get(autotuner)
     if found is None or found[0] is not base:
-        stated = set(getattr(autotuner, "mutated_arg_names", None) or ())
-        stated |= set(getattr(autotuner, "reset_to_zero_arg_names", None) or ())
-        found = _PLANS[autotuner] = (base, base.with_writes(stated))
+        if base is not None:
+            plan = base.with_writes(stated)
+        else:
+            params = tuple(getattr(jit, "arg_names", None) or ())
+            plan = triton_launch.Plan.by_names(getattr(jit, "__name__", None) or "triton kernel", params,
+                                                {p for p in params if p in stated or p.startswith(_GENERATED_WRITES)})
+        found = _PLANS[autotuner] = (base, plan)
     return found[1]
 
 

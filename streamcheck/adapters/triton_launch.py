@@ -42,11 +42,11 @@ from .patching import Patch, forwarding, quiet
 _SCALARS = (int, float, complex, bool, str, bytes, type(None))
 _MAX_NESTING = 4  # tuples of tensors followed this deep
 
-_PLAN = "_streamcheck_plan"  # attribute a JITFunction keeps its _Plan in
+_PLAN = "_streamcheck_plan"  # attribute a JITFunction keeps its Plan in
 _sites = weakref.WeakKeyDictionary()  # recorder -> its resolver that also skips triton's frames
 
 
-class _Plan:
+class Plan:
     """What a kernel's launches need, worked out at its first launch: its name, parameter
     names in order, per parameter 'r' / 'w' / '-', and the analysis (for the notices). Valid
     while the kernel's source and its declare_kernel entry stay the same objects."""
@@ -63,12 +63,20 @@ class _Plan:
         self.stated = stated  # parameters the launcher says are written (Inductor's mutated_arg_names)
         self.told = weakref.WeakSet()  # recordings told of this kernel's assumptions already
 
-    def with_writes(self, written) -> "_Plan":
+    @classmethod
+    def by_names(cls, name: str, params, written) -> "Plan":
+        """A kernel whose source is not analysed: the parameters in `written` written, the others
+        read (their values say whether they hold arrays at all)."""
+        written = frozenset(written)
+        return cls(name, name, None, None, tuple(params), tuple("w" if p in written else "r" for p in params), None,
+                   written)
+
+    def with_writes(self, written) -> "Plan":
         """This plan, with the parameters named in `written` written whatever the source says
         (a compiler's own record of what its kernel mutates: no notice for them)."""
         written = frozenset(written) & frozenset(self.params)
         access = tuple("w" if p in written else a for p, a in zip(self.params, self.access))
-        return _Plan(self.name, self.full, self.src, self.declaration, self.params, access, self.analysis,
+        return Plan(self.name, self.full, self.src, self.declaration, self.params, access, self.analysis,
                      self.stated | written)
 
 
@@ -135,7 +143,7 @@ def _declaration(name: str, full: str):
     return found if found is not None else kernel_access.declared(full)
 
 
-def plan_of(jit) -> _Plan:
+def plan_of(jit) -> Plan:
     plan = getattr(jit, _PLAN, None)
     if plan is not None and plan.src is getattr(jit, "src", None) and \
             _declaration(plan.name, plan.full) is plan.declaration:
@@ -158,7 +166,7 @@ def plan_of(jit) -> _Plan:
         access = tuple(declared.get(i, "w") for i in range(len(params)))
     else:
         access = tuple(analysis.access(p) for p in params)
-    plan = _Plan(name, full, getattr(jit, "src", None), declared, params, access, analysis)
+    plan = Plan(name, full, getattr(jit, "src", None), declared, params, access, analysis)
     try:
         setattr(jit, _PLAN, plan)
     except (AttributeError, TypeError):  # a kernel object without a __dict__: worked out at each launch
@@ -199,7 +207,7 @@ def _arrays(rec, value, out: list, depth: int = 0) -> bool:
     return not callable(getattr(value, "data_ptr", None))
 
 
-def accesses(rec, plan: _Plan, args, kwargs) -> tuple:
+def accesses(rec, plan: Plan, args, kwargs) -> tuple:
     reads, writes, undecided, opaque = [], [], set(), []
     params, access, index = plan.params, plan.access, plan.index
     n = len(params)
@@ -228,7 +236,7 @@ def accesses(rec, plan: _Plan, args, kwargs) -> tuple:
     return reads, writes
 
 
-def _tell(rec, plan: _Plan, undecided, opaque) -> None:
+def _tell(rec, plan: Plan, undecided, opaque) -> None:
     """The notices of a kernel, once per recording: the arguments assumed written and why,
     the pointers whose bytes cannot be named, stores the analysis cannot attribute."""
     if plan.analysis is not None:

@@ -35,7 +35,11 @@ def compiled(fn):
     if os.environ.get(COMPILE) != "1":
         return fn
     import torch
+    import torch._dynamo
 
+    # A step's value is a graph input, not a constant: one compile serves every step (with
+    # fullgraph=True a recompile per value would fail at the recompile limit).
+    torch._dynamo.config.specialize_float = False
     return torch.compile(fn, fullgraph=True, dynamic=True)
 
 

@@ -40,8 +40,8 @@ class FakeAutotuner:
     `mutated_arg_names`, `launchers` (none until the first run compiles and autotunes), and
     `run(*args, stream, benchmark_run=False)`."""
 
-    def __init__(self, fn, mutated_arg_names=()):
-        self.fn, self.mutated_arg_names = fn, list(mutated_arg_names)
+    def __init__(self, fn, mutated_arg_names=(), custom_kernel=False):
+        self.fn, self.mutated_arg_names, self.custom_kernel = fn, list(mutated_arg_names), custom_kernel
         self.reset_to_zero_arg_names = []
         self.launchers = []
         self.launched = []  # (stream, args, benchmark_run)
@@ -83,6 +83,32 @@ def test_a_compiled_kernel_is_recorded_on_the_wrappers_stream_with_inductors_wri
     assert "first launch" in implicit.reason and "triton_poi_fused_add_copy__0" in implicit.reason
     kernel.run(x, buf, x, 64, stream=STREAM_B)
     assert len(ops(rec, T.ImplicitSync)) == 1  # compiled and autotuned once
+
+
+def test_a_kernel_loaded_from_inductors_cache_without_its_function_is_planned_by_its_names(compiled, rec):
+    """A kernel compiled in a worker or loaded from the cache keeps `src` and `arg_names` but no
+    Python function: its outputs are the parameters Inductor names out_ptr*/in_out_ptr*."""
+    rec.alloc(0x1000, 768, stream=None)
+    a, b, c = Tensor(0x1000, 256), Tensor(0x1100, 256), Tensor(0x1200, 256)
+    jit = FakeJIT(triton_poi_fused_mul_1.fn)
+    jit.arg_names = ["in_ptr0", "in_out_ptr0", "out_ptr1", "xnumel"]
+    jit.fn = None
+    FakeAutotuner(jit).run(a, b, c, 64, stream=STREAM_A)
+    (launch,) = ops(rec, T.Launch)
+    assert [(r.start, r.stop) for r in launch.reads] == [(0, 256)]
+    assert sorted((r.start, r.stop) for r in launch.writes) == [(256, 512), (512, 768)]
+    assert rec.errors == [] and rec.notices == []
+
+
+def test_a_users_triton_kernel_inside_compiled_code_is_analysed_with_inductors_mutations(compiled, rec):
+    rec.alloc(0x1000, 768, stream=None)
+    x, out, scratch = Tensor(0x1000, 256), Tensor(0x1100, 256), Tensor(0x1200, 256)
+    user = FakeAutotuner(triton_poi_fused_mul_1, mutated_arg_names=["out_ptr0"], custom_kernel=True)
+    user.run(x, out, 64, stream=STREAM_A)
+    (launch,) = ops(rec, T.Launch)
+    assert [(r.start, r.stop) for r in launch.reads] == [(0, 256)]  # the source only loads in_ptr0
+    assert [(r.start, r.stop) for r in launch.writes] == [(256, 512)]
+    assert rec.errors == [] and rec.notices == []
 
 
 def test_a_benchmark_run_while_inductor_compiles_is_not_the_programs_work(compiled, rec):
