@@ -13,7 +13,9 @@ loop. Needs a GPU with a CUDA build of torch.
 streamcheck runs three ways: as `streamcheck run` records (call sites with a stack of up to 8
 frames); `streamcheck-syncs`, the checker fed at host synchronizations (Recorder.defer_checks);
 `streamcheck-depth1`, call sites without the user's callers (SiteSettings(depth=1)): what the
-stack costs.
+stack costs. `compiled` and `compiled-streamcheck`: the same loop with each stream's work a
+torch.compile'd function (Inductor's Triton kernels and its extern mm), plain and under
+streamcheck; their ratio is to `compiled`.
 """
 from __future__ import annotations
 
@@ -26,12 +28,25 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MODES = ("plain", "streamcheck", "streamcheck-syncs", "streamcheck-depth1", "sanitizer")
+MODES = ("plain", "streamcheck", "streamcheck-syncs", "streamcheck-depth1", "sanitizer", "compiled",
+         "compiled-streamcheck")
 ROOT = os.path.dirname(HERE)
 
 
-def decode_loop(dim: int, steps: int, warmup: int, repeats: int) -> list:
+def decode_loop(dim: int, steps: int, warmup: int, repeats: int, compiled: bool = False) -> list:
     import torch
+
+    def mm_into(x, w, y):
+        torch.mm(x, w.t(), out=y)
+
+    def rms_into(x, r):
+        torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + 1e-6, out=r)
+
+    def scale_into(y, r, out):
+        torch.mul(y, r, out=out)
+
+    if compiled:
+        mm_into, rms_into, scale_into = (torch.compile(f, fullgraph=True) for f in (mm_into, rms_into, scale_into))
 
     device = "cuda"
     gen = torch.Generator(device="cpu").manual_seed(0)
@@ -48,13 +63,13 @@ def decode_loop(dim: int, steps: int, warmup: int, repeats: int) -> list:
         a.wait_stream(caller)
         b.wait_stream(caller)
         with torch.cuda.stream(a):
-            torch.mm(x, w.t(), out=y)  # F.linear(x, w) into the persistent y (a fresh y per step
+            mm_into(x, w, y)  # F.linear(x, w) into the persistent y (a fresh y per step
             # would be freed on the host while the caller may still read it: the allocator bug)
         with torch.cuda.stream(b):
-            torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + 1e-6, out=r)
+            rms_into(x, r)
         caller.wait_stream(a)
         caller.wait_stream(b)
-        torch.mul(y, r, out=out)
+        scale_into(y, r, out)
 
     for t in range(warmup):
         step(t)
@@ -72,7 +87,8 @@ def decode_loop(dim: int, steps: int, warmup: int, repeats: int) -> list:
 def child(mode: str, args) -> None:
     import torch  # noqa: F401 (first: the sanitizer and streamcheck's torch adapter need it loaded)
 
-    if mode.startswith("streamcheck"):
+    compiled = mode.startswith("compiled")
+    if "streamcheck" in mode:
         import streamcheck.instrument as instrument
         from streamcheck.core.trace import SiteSettings, set_site_settings
 
@@ -82,13 +98,13 @@ def child(mode: str, args) -> None:
         if mode == "streamcheck-syncs":
             session.defer_checks()
         try:
-            times = decode_loop(args.dim, args.steps, args.warmup, args.repeats)
+            times = decode_loop(args.dim, args.steps, args.warmup, args.repeats, compiled)
         finally:
             instrument.stop()
         extra = {"races": len(session.races), "ops": len(session.trace), "errors": session.errors[:3],
                  "notices": session.notices}
     else:
-        times = decode_loop(args.dim, args.steps, args.warmup, args.repeats)
+        times = decode_loop(args.dim, args.steps, args.warmup, args.repeats, compiled)
         extra = {}
     print("RESULT " + json.dumps({"mode": mode, "times": times, **extra}), flush=True)
 
@@ -100,12 +116,17 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--dim", type=int, default=4096)
     ap.add_argument("--child", choices=MODES)
+    ap.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
     args = ap.parse_args(argv)
     if args.child:
         child(args.child, args)
         return 0
+    modes = [m for m in args.modes.split(",") if m]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        ap.error(f"--modes: {', '.join(unknown) or '(none)'}: choose from {', '.join(MODES)}")
     rows = []
-    for mode in MODES:
+    for mode in modes:
         env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
         if mode == "sanitizer":
             env["TORCH_CUDA_SANITIZER"] = "1"
@@ -120,7 +141,8 @@ def main(argv=None) -> int:
         rows.append(json.loads(line[len("RESULT "):]))
     import torch
 
-    base = statistics.median(rows[0]["times"])
+    bases = {("compiled" if row["mode"].startswith("compiled") else "eager"): statistics.median(row["times"])
+             for row in reversed(rows) if row["mode"] in ("plain", "compiled")}
     print(f"torch decode-loop overhead: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"1x{args.dim} @ {args.dim}x{args.dim} fp32, {args.steps} steps after {args.warmup} warm-up, "
           f"median of {args.repeats} repeats")
@@ -129,7 +151,8 @@ def main(argv=None) -> int:
         times = row["times"]
         median = statistics.median(times)
         notes = ""
-        if row["mode"].startswith("streamcheck"):
+        base = bases.get("compiled" if row["mode"].startswith("compiled") else "eager", float("nan"))
+        if "streamcheck" in row["mode"]:
             notes = f"{row['ops']} ops recorded, {row['races']} races, errors {row['errors']}, notices {row['notices']}"
         print(f"{row['mode']:<20}{median:>16.1f}{min(times):>10.1f}{max(times):>10.1f}{median / base:>7.2f}x  {notes}")
     return 0
