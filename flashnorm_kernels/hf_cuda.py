@@ -34,12 +34,27 @@ baseline of benchmarks/bench_norm_proj.py). Every step, prefill or decode, takes
 
 Inference only (the matmul writes Y through `out=`): run under torch.no_grad() or
 torch.inference_mode(). CuPy is imported when a group is built, never at import.
+
+torch.compile. Dynamo cannot trace a step (CuPy kernels, events, the held input), so while it
+compiles (torch.compiler.is_compiling()) each projection is the custom operator
+`flashnorm::norm_projection(hidden, group, index)`: one node of the graph whose implementation
+is the group's step (`outputs(hidden)[index]`, so q/k/v still share one), the group found by
+an int id in a registry that forgets it at close() (detach). Its schema writes no argument
+(Y and r are the group's own, the output is fresh); its fake gives the output's shape, dtype
+and device. A compiled model thus keeps every group in its graph (`fullgraph=True` works)
+and runs the same kernels as in eager; eager calls the group directly (no dispatcher on the
+decode path). A recording (`streamcheck run`) sees a custom operator as one opaque call, so
+the step then declares its kernels on streams A, B and the post-scale's stream
+(streamcheck.declare_access), between the events it records: the compiled model is checked
+as the eager one, the talk's missing join included.
 """
 from __future__ import annotations
 
 import inspect
+import sys
+import weakref
 from dataclasses import dataclass
-from itertools import accumulate
+from itertools import accumulate, count
 from typing import Optional
 
 import torch
@@ -168,6 +183,8 @@ class CudaNormProjection(StepPerInput):
         self._war_stream: Optional[int] = None  # handle of the stream `war` was last recorded on
         self.steps = 0  # forwards run: step 0 is the prompt's
         self.hold: Optional[MatmulHold] = None
+        self.declare = None  # streamcheck.declare_access while a recording cannot see inside the step
+        self.op_id = register_group(self)  # flashnorm::norm_projection's `group` argument
 
     @property
     def module(self) -> "CudaNormProjection":
@@ -195,8 +212,13 @@ class CudaNormProjection(StepPerInput):
     def close(self) -> None:
         """Release the buffers and streams once no work on them can be in flight."""
         torch.cuda.synchronize(self.device)
+        release_group(self.op_id)
         self._outputs = self._last_hidden = None
         self.y = self.r = self._y = self._r = None
+
+    def compiled_output(self, hidden: torch.Tensor, index: int) -> torch.Tensor:
+        """Projection `index` as torch.compile traces it: the custom operator, one graph node."""
+        return torch.ops.flashnorm.norm_projection(hidden, self.op_id, index)
 
     # --- one step (StepPerInput.outputs calls it once per new input) --------------------------
     def _step(self, hidden: torch.Tensor) -> list:
@@ -243,6 +265,7 @@ class CudaNormProjection(StepPerInput):
         where = self.plan.post_stream
         post = {"caller": caller, "A": a, "B": b}[where]
         post_cupy = kernels.cupy_stream(caller.cuda_stream) if where == "caller" else self._side[where]
+        declare = self.declare
         # Fresh outputs, allocated on the caller's stream (the caching allocator ties them to it).
         outs = [torch.empty((m, n), dtype=self.dtype, device=self.device) for n in self.out_features]
 
@@ -260,13 +283,19 @@ class CudaNormProjection(StepPerInput):
                 SpinDelay.get().enqueue(self._side["A"], self.hold.us)  # before the matmul, on A
             with torch.cuda.stream(a):
                 torch.mm(x, self.weight.t(), out=self.y[:m])
+            if declare:  # named as the recorder names them in eager
+                declare(reads=(x, self.weight), writes=(self.y[:m],), stream=a, name="aten.mm.out")
             with self._side["B"]:
                 kernels.rms(kernels.cupy_view(x), self._r[:m], eps=self.eps, dtype=kernel_dtype)
+            if declare:
+                declare(reads=(x,), writes=(self.r[:m],), stream=b, name=f"rms_{kernel_dtype}")
             self._edge("join_mm", a, post)
             self._edge("join_rms", b, post)
             with post_cupy:
                 kernels.postscale(self._y[:m], self._r[:m], *[kernels.cupy_view(o) for o in outs],
                                   columns=self.columns, dtype=kernel_dtype)
+            if declare:
+                declare(reads=(self.y[:m], self.r[:m]), writes=outs, stream=post, name=f"postscale_{kernel_dtype}")
         self._edge("join_back", post, caller)
         if war is not None:
             war.record(post)
@@ -280,6 +309,67 @@ class CudaNormProjection(StepPerInput):
         return (f"CudaNormProjection({self.name!r}, in={self.in_features}, out={list(self.out_features)}, "
                 f"{self.kernel_dtype} on {self.device}, max_tokens={self.max_tokens}, "
                 f"prefill_rows={self.prefill_rows}, {self.plan.describe()})")
+
+
+# --- torch.compile: the step as a custom operator -------------------------------------------
+
+# op id -> group. Weak, and emptied by close(): a compiled graph names its groups by id, and
+# must not keep a detached model's buffers (Y can be vocab-wide for lm_head) alive.
+_groups: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()
+_ids = count()
+
+
+def register_group(group) -> int:
+    """A new id under which flashnorm::norm_projection finds `group`."""
+    group_id = next(_ids)
+    _groups[group_id] = group
+    return group_id
+
+
+def release_group(group_id: int) -> None:
+    """Forget the group of `group_id` (its close()); unknown ids are ignored."""
+    _groups.pop(group_id, None)
+
+
+def registered_group(group_id: int):
+    """The group registered as `group_id`, or a LookupError that says it was detached."""
+    group = _groups.get(group_id)
+    if group is None:
+        raise LookupError(f"flashnorm::norm_projection: no attached norm → projection group has id {group_id}: its "
+                          "model was detached (Attachment.detach() closes the groups). Attach the model again "
+                          "before calling the compiled function (torch.compile recompiles for the new modules)")
+    return group
+
+
+def _unseen_work_declarer():
+    """streamcheck.declare_access while a recording runs this operator as one opaque call (the
+    torch adapter's dispatch mode is off inside a custom operator and nested library calls are
+    not recorded), else None. The recorder is looked up, not imported: without a recording
+    the operator costs no import."""
+    recorder = sys.modules.get("streamcheck.recorder")
+    if recorder is None or recorder.current is None or not recorder.depth():
+        return None
+    from streamcheck.instrument import declare_access
+
+    return declare_access
+
+
+@torch.library.custom_op("flashnorm::norm_projection", mutates_args=(), device_types="cuda")
+def norm_projection(hidden: torch.Tensor, group: int, index: int) -> torch.Tensor:
+    """Projection `index` of group `group` (an op id) on `hidden`: the group's step, run once per
+    new input. Writes no argument: Y and r are the group's own buffers, the output is fresh."""
+    found = registered_group(group)
+    found.declare = _unseen_work_declarer()
+    try:
+        return found.outputs(hidden)[index]
+    finally:
+        found.declare = None
+
+
+@norm_projection.register_fake
+def _norm_projection_fake(hidden, group, index):
+    found = registered_group(group)
+    return hidden.new_empty((*hidden.shape[:-1], found.out_features[index]), dtype=found.dtype)
 
 
 def attached_groups(model) -> list:
