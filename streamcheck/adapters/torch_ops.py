@@ -15,16 +15,12 @@ a race. Copies between host and device (`copy_`, `.to()`, `.cuda()`, `.cpu()`):
 Custom operators (`torch.library.custom_op`, `Library.define`, any namespace but `aten` and
 `prims`) come here as one opaque operator: the mode is off while their implementation runs.
 Their schema says what they write (`mutates_args`, `"unknown"` marks every tensor argument,
-`Tensor(a!)`), with two assumptions, each said once per recording in a notice:
-- an operator that declares no written argument and returns no tensor can only have had an
-  effect by writing: every tensor argument counts as written;
-- a tensor argument it does not declare written whose `_version` moved while it ran (its
-  implementation wrote it in place through torch) counts as written. The implementation runs
-  with the ADInplaceOrView key back (a dispatch mode excludes it), so counters move as without
-  the recording; a `custom_op` that declares mutations has that key's kernel itself and is
-  taken at its schema's word. A write through a raw pointer (a Triton or CUDA kernel,
-  `data_ptr()`) moves no version counter: such an operator must declare the write
-  (`mutates_args`, or `streamcheck.declare_access`).
+`Tensor(a!)`), with one assumption, said once per recording in a notice: an operator that
+declares no written argument and returns no tensor can only have had an effect by writing, so
+every tensor argument counts as written. Otherwise the schema is taken at its word: an
+implementation that writes an argument its schema does not declare is not caught (under a
+dispatch mode torch excludes ADInplaceOrView, so not even the version counter moves); declare
+the write (`mutates_args`, `Tensor(a!)`) or use `streamcheck.declare_access`.
 
 Not seen: memory written through `.numpy()` or raw pointers (numpy writes are not ATen ops:
 declare them with streamcheck.declare_access), kernels of extensions that bypass the
@@ -64,13 +60,11 @@ class _Schema:
     """Per operator overload, computed once: argument names and which are written; whether
     it only makes views (every return aliases an input, none written); for a custom operator,
     whether every tensor argument is assumed written (it declares no write and returns no
-    tensor) and whether its undeclared in-place writes are looked for."""
+    tensor)."""
 
-    __slots__ = ("name", "arguments", "view", "all_written", "counts_versions")
+    __slots__ = ("name", "arguments", "view", "all_written")
 
     def __init__(self, func):
-        from torch._C import _dispatch_has_kernel_for_dispatch_key  # loaded: func is one of its operators
-
         schema = func._schema
         self.name = str(func)
         arguments = [(a.name, a.kwarg_only, bool(a.alias_info is not None and a.alias_info.is_write))
@@ -84,10 +78,6 @@ class _Schema:
         if self.all_written:
             arguments = [(arg_name, kwarg_only, True) for arg_name, kwarg_only, _ in arguments]
         self.arguments = tuple(arguments)
-        # An ADInplaceOrView kernel of its own (custom_op's, when it declares mutations) would
-        # run again under _counting_versions and move its declared arguments' counters twice:
-        # such an operator runs as under any dispatch mode, taken at its schema's word.
-        self.counts_versions = custom and not _dispatch_has_kernel_for_dispatch_key(func.name(), "ADInplaceOrView")
 
 
 _schemas: dict = {}
@@ -143,9 +133,9 @@ class Ops:
         internal error; the operator's own exception reaches the program unchanged."""
         started, ran = [], []
 
-        def run(call=func):
+        def run():
             started.append(True)
-            result = R.inside(call, *args, **kwargs)
+            result = R.inside(func, *args, **kwargs)
             ran.append(result)
             return result
         try:
@@ -165,15 +155,12 @@ class Ops:
             return self._record_stream(run, args, kwargs)
         torch, rec = self.torch, self.rec
         reads, writes = [], []
-        versions = []  # (name, tensor, _version) of the read arguments, where undeclared writes are looked for
         for i, (arg_name, kwarg_only, written) in enumerate(schema.arguments):
             value = kwargs.get(arg_name) if kwarg_only or i >= len(args) else args[i]
             for t in _tensors(value, torch):
                 kind = self._kind(t)
                 if kind:
                     (writes if written else reads).append((t, kind))
-                if kind and not written and schema.counts_versions:
-                    versions.append((arg_name, t, t._version))
         if name == "aten._local_scalar_dense.default" and reads and reads[0][1] == "cuda":
             return self._host_read(run, reads[0][0])
         cuda = [t for t, k in reads + writes if k == "cuda"]
@@ -184,9 +171,7 @@ class Ops:
             if rec.intercepts:
                 rec.before_issue(stream, sid, name)  # before the operator is issued
         site, tid = rec.site(), rec.tid()
-        result = run(_counting_versions(func, torch)) if schema.counts_versions else run()
-        if versions:
-            reads, writes = self._undeclared_writes(name, versions, reads, writes)
+        result = run()
         if schema.all_written and writes:
             rec.notice(f"custom operator `{name}` declares no written argument and returns no tensor, so its only "
                        "effect can be a write: every tensor argument is assumed written (declare the written ones "
@@ -219,18 +204,6 @@ class Ops:
                                 reads=tuple(r for r in rec.ranges(t for t, _ in reads) if r not in written),
                                 writes=written))
         return result
-
-    def _undeclared_writes(self, name, versions, reads, writes) -> tuple:
-        """(reads, writes) with the read arguments whose version counter moved while the
-        operator ran moved to the writes: its implementation wrote them in place through torch,
-        though its schema does not say so."""
-        moved = [(arg_name, t) for arg_name, t, version in versions if t._version != version]
-        for arg_name, _ in moved:
-            self.rec.notice(f"custom operator `{name}` wrote its argument `{arg_name}` in place (its version counter "
-                            "moved) though its schema does not declare the write: recorded as written (declare it "
-                            "with `mutates_args=` or `Tensor(a!)`)")
-        now_written = [(t, k) for t, k in reads if any(t is m for _, m in moved)]
-        return [(t, k) for t, k in reads if all(t is not m for _, m in moved)], writes + now_written
 
     def _pageable_side(self, args, kwargs) -> bool:
         """A copy between a CUDA tensor and pageable CPU memory: synchronous for the host."""
@@ -278,22 +251,6 @@ class Ops:
                                                 device_type=stream.device_type)
                 rec.record_stream(alloc, cuda_stream.cuda_stream)
         return result
-
-
-def _counting_versions(func, torch):
-    """`func` run as it runs without the mode, version counters included: a TorchDispatchMode
-    runs with every dispatch key above Python excluded, ADInplaceOrView too, so in-place ops in
-    a custom operator's implementation would not move `_version`. The call gets that key back;
-    the operator has no ADInplaceOrView kernel of its own (_Schema.counts_versions), so the
-    dispatcher passes over it to the implementation."""
-    C = torch._C
-    include = C._dispatch_tls_local_include_set()
-    counting = C._dispatch_tls_local_exclude_set().remove(C.DispatchKey.ADInplaceOrView)
-
-    def call(*args, **kwargs):
-        with C._ForceDispatchKeyGuard(include, counting):
-            return func(*args, **kwargs)
-    return call
 
 
 def make_mode(rec, torch, ops=None):

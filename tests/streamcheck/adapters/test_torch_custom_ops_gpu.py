@@ -1,9 +1,8 @@
 """Custom operators (torch.library) under `streamcheck run`, on a real GPU: the programs of
 tests/gpu_programs/custom_ops/. Each `race_*.py` runs a custom operator on a side stream that
-writes a tensor its schema does not declare written (in place through torch, found by the
-version counter; or through a Triton kernel's pointer, by an operator that declares nothing
-and returns nothing), then reads it on the default stream with no wait: a RAW race between the
-two lines marked `# RACE:`, and the note saying what was assumed. Its `fixed_*.py` twin declares
+writes a tensor its schema does not declare written (through a Triton kernel's pointer, by an
+operator that declares nothing and returns nothing), then reads it on the default stream with
+no wait: a RAW race between the two lines marked `# RACE:`, and the note saying what was assumed. Its `fixed_*.py` twin declares
 the write and waits: clean, no note.
 
     pytest -m gpu tests/streamcheck/adapters/test_torch_custom_ops_gpu.py
@@ -23,9 +22,7 @@ PROGRAMS_DIR = GPU_PROGRAMS / "custom_ops"
 RACY = sorted(PROGRAMS_DIR.glob("race_*.py"))
 NOTE = "streamcheck: note: custom operator"
 # What each racy program's note must say: the operator and the assumption.
-ASSUMED = {"race_in_place_undeclared.py": ("`sc_programs.shift.default` wrote its argument `x` in place",
-                                           "does not declare the write"),
-           "race_raw_kernel_returns_nothing.py": ("`sc_programs.fill_raw.default` declares no written argument",
+ASSUMED = {"race_raw_kernel_returns_nothing.py": ("`sc_programs.fill_raw.default` declares no written argument",
                                                   "every tensor argument is assumed written")}
 
 
