@@ -14,10 +14,9 @@ torch = pytest.importorskip("torch")
 
 from streamcheck import recorder as R  # noqa: E402
 from streamcheck.adapters import threads, torch_ops, torch_runtime  # noqa: E402
-from streamcheck.adapters.cuda_device import CudaGpu  # noqa: E402
 from streamcheck.adapters.patching import Patcher  # noqa: E402
 from streamcheck.core import trace as T  # noqa: E402
-from tests.streamcheck.adapters.test_torch_ops import CpuStandsInForCuda  # noqa: E402
+from tests.streamcheck.adapters.test_torch_ops import CpuStandsInForCuda, stand_in_gpu  # noqa: E402
 
 A = 0x10  # torch's current stream (cudaStream_t)
 needs_312 = pytest.mark.skipif(not threads.REACHES_RUNNING_THREADS,
@@ -65,7 +64,7 @@ class Worker:
 def recording(monkeypatch):
     """(rec, start, stop): `start()` adds the CPU stand-in mode as the thread context, as
     torch_ops.install does when a recording starts; `stop()` undoes it, as stop() does."""
-    rec = R.Recorder(CudaGpu(torch=torch))
+    rec = R.Recorder(stand_in_gpu())
     monkeypatch.setattr(R, "current", rec)
     rec.state["torch"] = torch_runtime.TorchState()
     monkeypatch.setattr(torch_ops, "current_stream_ptr", lambda torch, device=None: A)

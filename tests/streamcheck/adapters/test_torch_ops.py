@@ -29,10 +29,19 @@ class CpuStandsInForCuda(torch_ops.Ops):
         return "host" if t.untyped_storage().data_ptr() in self.pinned else "cuda"
 
 
+def stand_in_gpu() -> CudaGpu:
+    """The recorder's Gpu for the stand-in: the CUDA driver is never asked, so the fake stream
+    handles (A, B) reach no real driver on a machine that has one (cuStreamGetFlags on a made-up
+    handle is a segmentation fault there, not an error)."""
+    gpu = CudaGpu(torch=torch)
+    gpu.driver.lib = None
+    return gpu
+
+
 @pytest.fixture
 def run(monkeypatch):
     """(recorder, ops, on(stream)): `with on(A): ...` runs torch code recorded on stream A."""
-    rec = R.Recorder(CudaGpu(torch=torch))
+    rec = R.Recorder(stand_in_gpu())
     monkeypatch.setattr(R, "current", rec)
     rec.state["torch"] = torch_runtime.TorchState()
     current = {"stream": A}
