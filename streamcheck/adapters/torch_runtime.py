@@ -118,6 +118,12 @@ def _deallocated(ptr: int) -> None:
     if rec is None:
         return
     state(rec).pending.pop(ptr, None)
+    if rec.captures:
+        # torch rule: a block freed while a graph is captured goes back to the capture's private
+        # pool, which only that graph (and graphs sharing its pool: CUDA graph trees) allocates
+        # from, and which lives as long as they do; their replays keep using the bytes. Not a
+        # free: the block stays the same allocation for the replays and the pool's next user.
+        return
     alloc = rec.allocation_at(ptr)
     if alloc is not None and alloc.pool == "torch":
         rec.free(alloc)

@@ -17,7 +17,7 @@ TOKENS = int(sys.argv[1]) if len(sys.argv) > 1 else 8
 bias_cpu = torch.randn(LAYERS, N, generator=torch.Generator().manual_seed(0))
 main = torch.cuda.current_stream()
 side = torch.cuda.Stream()  # the KV offload stream
-bias = bias_cpu.cuda()
+bias = bias_cpu.pin_memory().cuda(non_blocking=True)  # no host wait: nothing rewrites the pinned source
 h = torch.zeros(N, device="cuda")
 kv = torch.zeros(TOKENS, LAYERS, N, device="cuda")
 

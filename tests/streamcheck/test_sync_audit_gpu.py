@@ -95,7 +95,7 @@ def test_torch_decode_loop_verdicts(tmp_path):
     program = "audit_decode_loop_torch.py"
     proc, audit, verdicts = _audit(program, tmp_path)
     numbers = {int(f["site"].rpartition(":")[2]): f["number"] for f in audit["findings"]}
-    sync = _line(program, "torch.cuda.synchronize()")
+    sync = _line(program, "torch.cuda.synchronize()  #")  # the loop's, not the docstring's
     assert verdicts[sync] == {"redundant"} and numbers[sync] in audit["removed"], proc.stderr
     assert verdicts[_line(program, "side.wait_stream(main)")] == {"necessary"}, proc.stderr
     assert numbers[_line(program, "main.wait_stream(side)")] in audit["keep"], proc.stderr  # the sync's cover

@@ -40,6 +40,7 @@ def compiled(fn):
     # A step's value is a graph input, not a constant: one compile serves every step (with
     # fullgraph=True a recompile per value would fail at the recompile limit).
     torch._dynamo.config.specialize_float = False
+    torch._dynamo.config.recompile_limit = 64  # views at other offsets (a bucket's halves) recompile once each
     return torch.compile(fn, fullgraph=True, dynamic=True)
 
 

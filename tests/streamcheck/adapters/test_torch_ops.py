@@ -187,6 +187,25 @@ def test_a_block_freed_without_record_stream_races_with_its_side_stream_reader(r
     assert race.first.name == "aten.sum.default" and "record_stream" in race.hint
 
 
+def test_a_block_freed_while_a_graph_is_captured_stays_the_graphs(run, monkeypatch):
+    """torch's capture pool: a block freed during a capture (an intermediate the compiled wrapper
+    drops) goes back to the graph's private pool, whose replays keep writing it: no Free, so a
+    replay after it is no use after free, and the block is the same allocation afterwards."""
+    rec, _, on = run
+    x = torch.zeros(1024)
+    ptr = x.untyped_storage().data_ptr()
+    torch_runtime.state(rec).pending[ptr] = rec.sid(A)
+    with on(A):
+        x.fill_(1)
+    alloc = rec.allocation_of(x)
+    with monkeypatch.context() as capturing:
+        capturing.setattr(type(rec), "captures", property(lambda self: 1))  # a capture is open
+        torch_runtime._deallocated(ptr)
+    assert [op for op in rec.trace.ops if type(op) is T.Free] == [] and rec.allocation_of(x) is alloc
+    torch_runtime._deallocated(ptr)  # outside a capture: back to the stream's pool
+    assert len([op for op in rec.trace.ops if type(op) is T.Free]) == 1
+
+
 def test_record_stream_defers_the_reuse_past_the_side_streams_work(run):
     rec, _, on = run
     x = torch.zeros(1024)
