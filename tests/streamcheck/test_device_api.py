@@ -481,3 +481,22 @@ def test_public_types_are_exported():
     dev = Device("sim")
     assert isinstance(dev.stream("A"), Stream) and isinstance(dev.event(), Event)
     assert isinstance(dev.alloc(1), Buffer)
+
+
+def test_a_built_in_backend_is_found_without_scanning_installed_packages(monkeypatch):
+    """Device("sim") answers from the built-in table: the entry-point scan (every installed
+    distribution's metadata, about 10 ms) is only for names that are not built in."""
+    from importlib import metadata
+
+    from streamcheck.backends import backend_class, resolve
+
+    scans = []
+    monkeypatch.setattr(metadata, "entry_points", lambda *args, **kwargs: scans.append(kwargs) or ())
+    dev = Device("sim")
+    x = dev.alloc(4, fill=1.0, name="x")
+    dev.launch(lambda v: None, (x,), writes=[x], name="k")
+    assert resolve("sim") == "sim" and backend_class("sim").__name__ == "SimBackend" and dev.races == []
+    assert scans == []
+    with pytest.raises(ValueError, match="unknown backend 'nosuch'"):
+        resolve("nosuch")  # a name not built in: the installed packages are asked
+    assert scans == [{"group": "streamcheck.backends"}] * len(scans) and scans
