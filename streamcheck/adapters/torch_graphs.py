@@ -5,7 +5,9 @@ are captured, not run: the checker holds them as graph nodes, so a side stream f
 capture and never joined back is CUDA's cudaErrorStreamCaptureUnjoined, named with its stream
 and last kernel. No spin is ever captured (recorder.maybe_spin asks the driver first).
 
-CUDAGraph is a Python subclass of torch._C._CUDAGraph: its methods are wrapped in place.
+CUDAGraph is a Python subclass of torch._C._CUDAGraph: its methods are wrapped in place. A
+graph captured before the recording started has no recorded nodes: its replays are named in a
+notice (once per graph), never silently missed.
 """
 from __future__ import annotations
 
@@ -40,12 +42,28 @@ def _capture_end(orig):
 
 def _replay(orig):
     def replay(self):
+        if quiet():
+            return orig(self)
         captured = getattr(self, "_streamcheck_graph", None)
-        if quiet() or captured is None or captured[0] is not R.current:
+        rec = R.current
+        if captured is None or captured[0] is not rec:
+            _unseen_replay(rec, self)
             return orig(self)
         rec, gid, names = captured
         return rec.graph_launch(gid, names, current_stream_ptr(rec.gpu.torch), lambda: orig(self))
     return forwarding(orig, replay)
+
+
+def _unseen_replay(rec, graph) -> None:
+    """A graph this recording did not capture (captured before it started, or by another one):
+    its nodes are unknown, so its replays are unseen work. Said once per graph."""
+    told = rec.state.setdefault("unseen graphs", set())
+    if id(graph) in told:
+        return
+    told.add(id(graph))
+    rec.notice(f"a torch CUDA graph captured before the recording started was replayed at {rec.site()}: its work "
+               "is not seen (not recorded, not checked); capture it while the recording runs (under `streamcheck "
+               "run` everything the script captures is)")
 
 
 def patches() -> tuple:

@@ -340,3 +340,23 @@ def test_a_non_blocking_host_read_does_not_synchronize_its_stream(rec):
     assert ops(rec, T.StreamSync) == []
     rec.host_read("get", y, s1, True, lambda: None)
     assert [op.stream for op in ops(rec, T.StreamSync)] == [rec.sid(s1)]
+
+
+def test_a_torch_graph_captured_before_the_recording_is_named_when_replayed(rec):
+    """Its nodes were never recorded: each such graph is named once, its replay still runs."""
+    from streamcheck.adapters import torch_graphs
+
+    class BeforeGraph:  # a torch.cuda.CUDAGraph captured before the recording: no _streamcheck_graph
+        replays = 0
+
+        def replay(self):
+            self.replays += 1
+    replay = torch_graphs._replay(BeforeGraph.replay)
+    first, second = BeforeGraph(), BeforeGraph()
+    replay(first)
+    replay(first)
+    replay(second)
+    assert (first.replays, second.replays) == (2, 1)
+    notices = [n for n in rec.notices if "captured before the recording started" in n]
+    assert len(notices) == 2 and all("test_recorder.py" in n and "not seen" in n for n in notices)
+    assert ops(rec, T.GraphLaunch) == []
