@@ -16,7 +16,8 @@ launches a compiled binary, not `JITFunction.run`, so triton_launch.py never see
 - the call site: the compiled function's `def` line in the user's file (the frame Dynamo runs);
   the wrapper's frames are library frames (cuda_device.inductor_code_dir).
 The wrapper's other calls (`extern_kernels.mm`, fallback ATen ops, allocations) reach the
-recording TorchDispatchMode (torch_ops.py), which lets Dynamo compile (`ignore_compile_internals`).
+recording TorchDispatchMode (torch_ops.py), which lets Dynamo compile (`ignore_compile_internals`;
+a torch without it falls back to eager under the recording, and a notice says so).
 
 Autotuning runs inside `run` at a kernel's first launch: its benchmark launches, clones and
 cache clears are streamcheck-quiet (nested in the recorded launch), and the device-wide
@@ -114,6 +115,18 @@ def install(rec, patcher) -> None:
             if refresh():  # the generated wrapper's folder: its frames are not the user's
                 rec.refresh_library_dirs()
     patcher.after_import(MODULE, loaded)
+    patcher.after_import("torch._dynamo", lambda module: _eager_fallback(rec))
+
+
+def _eager_fallback(rec) -> None:
+    """A torch whose dispatch modes cannot say `ignore_compile_internals` (before 2.8): Dynamo
+    skips every frame while the recording's mode is on, so compiled functions run eagerly."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    if not hasattr(TorchDispatchMode, "ignore_compile_internals"):
+        rec.notice(f"torch {rec.gpu.torch.__version__}: torch.compile falls back to eager under the recording (Dynamo "
+                   "skips frames while a TorchDispatchMode is active; torch >= 2.8 lets the recording's mode step "
+                   "aside): compiled functions are checked as the eager operators they run, not as Inductor's kernels")
 
 
 def patches() -> tuple:

@@ -151,3 +151,16 @@ def test_after_import_patches_a_module_only_once_the_program_imports_it(tmp_path
     patcher.after_import("sc_lazy_never", seen.append)
     patcher.restore()
     assert not any(type(f).__name__ == "ImportWatcher" for f in sys.meta_path)  # the finders are gone
+
+
+def test_a_torch_whose_modes_cannot_step_aside_says_compiled_code_runs_eagerly(rec, monkeypatch):
+    torch = pytest.importorskip("torch")
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    rec.gpu.torch = torch
+    torch_inductor._eager_fallback(rec)
+    assert rec.notices == []  # this torch has ignore_compile_internals
+    monkeypatch.delattr(TorchDispatchMode, "ignore_compile_internals")
+    torch_inductor._eager_fallback(rec)
+    (notice,) = rec.notices
+    assert "falls back to eager" in notice and torch.__version__ in notice
