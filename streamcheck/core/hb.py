@@ -107,19 +107,24 @@ class Access:
     name: str  # kernel / copy / host access name
     site: CallSite
     write: bool
+    replay: str = ""  # a CUDA graph node run by a launch: "replay 2 of CUDA graph 1 (launched at ...)"
 
     def describe(self) -> str:
         verb = "writes" if self.write else "reads"
         inner = self.site.innermost
         through = f" (through {site_path(inner)})" if inner is not None else ""
-        return f"{self.actor}: `{self.name}` {verb} at {site_path(self.site)}{through}"
+        replay = f", in {self.replay}" if self.replay else ""
+        return f"{self.actor}: `{self.name}` {verb} at {site_path(self.site)}{through}{replay}"
 
     def to_dict(self, root: Optional[str] = None) -> dict:
-        return dict({"actor": self.actor, "name": self.name, "write": self.write}, **self.site.to_dict(root))
+        d = dict({"actor": self.actor, "name": self.name, "write": self.write}, **self.site.to_dict(root))
+        if self.replay:
+            d["replay"] = self.replay
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "Access":
-        return cls(d["actor"], d["name"], _site_from_dict(d), d["write"])
+        return cls(d["actor"], d["name"], _site_from_dict(d), d["write"], d.get("replay", ""))
 
 
 def _site_from_dict(d: dict) -> CallSite:
@@ -249,7 +254,7 @@ def _join(clock: dict, other: dict) -> None:
 
 # An access as the checker keeps it: a tuple, indexed by these positions. The
 # operation is kept so the report can name it; the Access is built only then.
-_START, _STOP, _WRITE, _OWNER, _TICK, _OP, _FREE = range(7)
+_START, _STOP, _WRITE, _OWNER, _TICK, _OP, _FREE, _REPLAY = range(8)
 
 
 class _Device:
@@ -347,6 +352,7 @@ class Checker:
         self._witnesses: dict[tuple, tuple] = {}  # Race.key -> (first op, second op) of its first report
         self._latest: dict[tuple, tuple] = {}  # Race.key -> the same, of its last repeat
         self._capture = CaptureTracker()
+        self._replays: dict = {}  # graph id -> (graph, replays so far, the last launch's site, the one before)
         self._graph_buffers: dict = {}  # active graph id -> buffer id -> _Buffer holding its accesses
         self._in_graph: Optional[int] = None  # set while checking a captured node, for the report
         self.capture_errors: list[CaptureError] = []
@@ -852,14 +858,20 @@ class Checker:
         # (every fork was joined back into the origin), so all of its nodes share one tick.
         tick = self._issue(op, stream)
         clock, owner, buffers = stream.clock, stream.owner, self._buffers
+        # Which replay this is, and the one before: a graph rewrites its memory at every launch,
+        # so a race with a node names the replay (and what the previous one left there).
+        previous = self._replays.get(op.graph)
+        replay = self._replays[op.graph] = (op.graph, 1 + (previous[1] if previous else 0), op.site,
+                                            previous[2] if previous else None)
         for node in graph.nodes:
             for ranges, write in ((node.op.reads, False), (node.op.writes, True)):
                 for rng in ranges:
-                    self._access(buffers[rng.buffer], rng.start, rng.stop, write, clock, owner, tick, node.op, False)
+                    self._access(buffers[rng.buffer], rng.start, rng.stop, write, clock, owner, tick, node.op, False,
+                                 replay)
 
     # --- the race check -----------------------------------------------------------------
     def _access(self, buf: _Buffer, start: int, stop: int, write: bool, clock: dict, owner: int,
-                tick: int, op: Op, free: bool) -> None:
+                tick: int, op: Op, free: bool, replay: Optional[tuple] = None) -> None:
         if start >= stop:
             return
         get = clock.get
@@ -872,18 +884,33 @@ class Checker:
                     if (write or not rec[2]) and start <= rec[0] and rec[1] <= stop:
                         continue
                 elif write or rec[2]:
-                    self._report(buf, rec, start, stop, write, owner, op, free)
+                    self._report(buf, rec, start, stop, write, owner, op, free, replay)
             keep.append(rec)
-        keep.append((start, stop, write, owner, tick, op, free))
+        keep.append((start, stop, write, owner, tick, op, free, replay))
         buf.records = keep
 
-    def _access_of(self, owner: int, op: Op, write: bool, free: bool) -> Access:
+    def _access_of(self, owner: int, op: Op, write: bool, free: bool, replay: Optional[tuple] = None) -> Access:
         actor = self._owners[owner]
         label = actor.label if isinstance(actor, _Stream) else f"host thread {actor.id}"
-        return Access(label, "free" if free else op.name, op.site, write)
+        described = ""
+        if replay is not None:
+            graph, number, site, _ = replay
+            described = f"replay {number} of CUDA graph {graph} (launched at {site_path(site)})"
+        return Access(label, "free" if free else op.name, op.site, write, described)
+
+    @staticmethod
+    def _overwritten(first: tuple, kind: str, replay: Optional[tuple]) -> str:
+        """A graph's replay rewriting bytes an earlier access outside it still uses: the output of
+        the replay before it, in most programs (CUDA graph trees warn of exactly this)."""
+        if replay is None or first[_REPLAY] is not None or kind not in ("WAR", "WAW") or replay[1] < 2:
+            return ""
+        graph, number, _, before = replay
+        return (f"; CUDA graph {graph} rewrites its memory at every replay: replay {number} overwrites what replay "
+                f"{number - 1} (launched at {site_path(before)}) left there while `{first[_OP].name}` may still use "
+                "it (clone an output that must outlive the next replay, or order the replay after its user)")
 
     def _report(self, buf: _Buffer, first: tuple, start: int, stop: int, write: bool,
-                owner: int, op: Op, free: bool) -> None:
+                owner: int, op: Op, free: bool, replay: Optional[tuple] = None) -> None:
         if free:
             kind = "FREE"
         elif first[_WRITE] and write:
@@ -908,9 +935,10 @@ class Checker:
             pairs[(first[_OWNER], owner)] = None
             buffers[buf.name] = None
             return
-        first_access = self._access_of(first[_OWNER], first[_OP], first[_WRITE], first[_FREE])
-        second = self._access_of(owner, op, write, free)
+        first_access = self._access_of(first[_OWNER], first[_OP], first[_WRITE], first[_FREE], first[_REPLAY])
+        second = self._access_of(owner, op, write, free, replay)
         edge, hint = self._explain(first, first_access, owner, second, kind, op, buf)
+        hint += self._overwritten(first, kind, replay)
         self._counts[key] = 1
         self._folds[key] = ({(first[_OWNER], owner): None}, {buf.name: None})
         self._races[key] = Race(kind, buf.name, buf.site, max(start, first[_START]),

@@ -460,3 +460,48 @@ def test_a_graph_launch_on_the_legacy_stream_while_a_blocking_stream_captures_is
     graph.launch()  # nothing captures now: the legacy stream may launch it
     dev.synchronize()
     assert dev.host_read(out)[0] == 1.0
+
+
+def _replayed_output_read_on_a_side_stream(dev, fixed: bool):
+    """A graph's output read on a side stream after each replay (an output processor), the next
+    replay ordered after that read only in the fixed program. Returns the host copies."""
+    compute, side = dev.stream("compute"), dev.stream("side")
+    step = dev.alloc(1, fill=0.0, name="step")
+    out = dev.alloc(1, fill=0.0, name="out")
+    copies = [dev.alloc(1, fill=-1.0, name=f"copy{i}") for i in range(STEPS)]
+    compute.begin_capture()
+
+    def forward(s, o):
+        o[...] = s * 10
+    dev.launch(forward, (step, out), stream=compute, reads=[step], writes=[out], name="forward")
+    graph = compute.end_capture()
+    for i in range(STEPS):
+        dev.launch(set_to(float(i + 1)), (step,), stream=compute, writes=[step], name="produce")
+        graph.launch(compute)
+        side.wait_event(compute.record())
+        dev.launch(lambda o, c: c.__setitem__(..., o), (out, copies[i]), stream=side, reads=[out], writes=[copies[i]],
+                   name="copy_out")
+        if fixed:
+            compute.wait_event(side.record())  # the next replay waits for the copy
+    dev.synchronize()
+    return [float(dev.host_read(c)[0]) for c in copies]
+
+
+def test_a_replay_overwriting_the_previous_replays_output_names_both_replays():
+    """CUDA graph trees' warning as a race: replay k+1 rewrites the graph's output while a side
+    stream may still read replay k's; the report names the replay and the one before it."""
+    dev = Device("sim")
+    _replayed_output_read_on_a_side_stream(dev, fixed=False)
+    war = [r for r in dev.races if r.kind == "WAR" and r.buffer == "out"]
+    assert war, dev.report()
+    race = war[0]
+    assert (race.first.name, race.second.name) == ("copy_out", "forward")
+    assert race.first.replay == "" and race.second.replay.startswith("replay 2 of CUDA graph ")
+    assert "replay 2 overwrites what replay 1 (launched at" in race.hint and "clone an output" in race.hint
+    assert type(race).from_dict(race.to_dict()).second.replay == race.second.replay  # kept in the JSON
+
+
+def test_the_replay_ordered_after_the_read_is_clean_and_each_copy_is_its_own_step():
+    dev = Device("sim", policy="eager")
+    assert _replayed_output_read_on_a_side_stream(dev, fixed=True) == [10.0, 20.0, 30.0]
+    assert dev.races == []
