@@ -106,6 +106,9 @@ def _run(orig):
 
 
 def install(rec, patcher) -> None:
+    if "torch" not in rec.state:  # torch_runtime refused this torch (notice given)
+        return
+
     # Inductor's runtime is imported at the first compile, maybe after the recording started.
     def loaded(module) -> None:
         patcher.apply(Patch(f"{MODULE}.CachingAutotuner.run", _run))
