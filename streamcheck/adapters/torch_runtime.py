@@ -211,6 +211,20 @@ def _event_query(orig):
     return forwarding(orig, query)
 
 
+def _empty_cache(orig):
+    def empty_cache(*args, **kwargs):
+        rec = _recording()
+        result = orig(*args, **kwargs)
+        if rec is not None and not R.depth():
+            # It gives the cached segments back with cudaFree, which waits for every stream's
+            # pending work (measured, docs/cuda-rules.md (b)); no edge: CUDA's docs promise no
+            # ordering, and with nothing cached nothing is freed. It is a device-wide wait's cost.
+            rec.implicit("torch.cuda.empty_cache(): cudaFree of the cached blocks waits for every stream's pending "
+                         "work (a device-wide wait; not an edge: CUDA's docs promise no ordering)")
+        return result
+    return forwarding(orig, empty_cache)
+
+
 # --- synchronizations a proof rerun skips ------------------------------------------------
 # torch's callbacks report a sync after it ran, so the sync audit's proof rerun
 # (Recorder.skipped) decides at the Python entry point instead. A call that is made is still
@@ -266,6 +280,7 @@ def patches() -> tuple:
     return (Patch("torch.cuda.streams.Stream.__new__", _stream_new),
             Patch("torch.cuda.streams.Stream.query", _stream_query),
             Patch("torch.cuda.streams.Event.query", _event_query),
+            Patch("torch.cuda.memory.empty_cache", _empty_cache, also=("torch.cuda.empty_cache",)),
             Patch("torch.cuda.synchronize", _skippable(_device_sync_op)),
             Patch("torch.accelerator.synchronize", _skippable(_device_sync_op)),
             Patch("torch.cuda.streams.Stream.synchronize", _skippable(_stream_sync_op)),

@@ -243,3 +243,30 @@ def test_the_operators_own_error_reaches_the_program_unchanged(run):
     with on(A), pytest.raises(RuntimeError, match="size of tensor a"):
         a + b
     assert rec.errors == []  # not ours
+
+
+def test_empty_cache_is_noted_as_a_device_wide_wait_never_an_edge(run):
+    """torch.cuda.empty_cache() frees the cached segments with cudaFree, which waits for every
+    stream (docs/cuda-rules.md (b)): on the timeline and in the audit's implicit list, not an
+    edge, so a race it happens to hide is still reported."""
+    from streamcheck.adapters.patching import Patcher
+
+    rec, _, on = run
+    patcher = Patcher(rec.unpatched)
+    for patch in torch_runtime.patches():
+        if patch.target == "torch.cuda.memory.empty_cache":
+            assert patcher.apply(patch)
+    try:
+        x = torch.zeros(1024)
+        with on(A):
+            x.fill_(1)
+        torch.cuda.empty_cache()
+        with on(B):
+            x.sum()
+    finally:
+        patcher.restore()
+    (noted,) = [op for op in rec.trace.ops if type(op) is T.ImplicitSync]
+    assert "empty_cache" in noted.reason and "not an edge" in noted.reason
+    assert [r.kind for r in rec.races] == ["RAW"]
+    assert torch.cuda.empty_cache is torch.cuda.memory.empty_cache and not hasattr(torch.cuda.empty_cache,
+                                                                                      "__wrapped__")
