@@ -14,17 +14,24 @@ The fix the projects shipped: `act.record_stream(copy_stream)` before the tensor
 # strikes: yes
 import torch
 
-from _torch_common import N, STEPS, column, report
+from _torch_common import N, STEPS, column, compiled, report
+
+
+# The kernels, as functions that test_compiled_programs_gpu.py compiles (`compiled`).
+@compiled
+def full(value):
+    return torch.full((N,), value, device="cuda")
+
 
 copy_stream = torch.cuda.Stream()  # s1: the offload stream
 offloaded = torch.zeros(STEPS, N, pin_memory=True)  # one pinned host row per step
 torch.cuda.synchronize()
 for step in range(1, STEPS + 1):
-    act = torch.full((N,), float(step), device="cuda")  # the step's activation, on the default stream
+    act = full(float(step))  # the step's activation, on the default stream
     copy_stream.wait_stream(torch.cuda.current_stream())  # the copy waits for its producer
     with torch.cuda.stream(copy_stream):
         offloaded[step - 1].copy_(act, non_blocking=True)  # async D2H on s1, reads act
     del act  # BUG: no act.record_stream(copy_stream): the block is the default stream's again now
-    scratch = torch.full((N,), -1.0, device="cuda")  # the next buffer reuses the block at once
+    scratch = full(-1.0)  # the next buffer reuses the block at once
     del scratch
 report(column(offloaded), [float(s) for s in range(1, STEPS + 1)])

@@ -14,7 +14,14 @@ The fix the projects shipped: the copy stream waits for the compute stream befor
 # strikes: yes
 import torch
 
-from _torch_common import N, STEPS, column, report
+from _torch_common import N, STEPS, column, compiled, report
+
+
+# The kernels, as functions that test_compiled_programs_gpu.py compiles (`compiled`).
+@compiled
+def fill(t, value):
+    t.fill_(value)
+
 
 compute = torch.cuda.Stream()  # s1: the model's stream
 swap = torch.cuda.Stream()  # s2: the KV offload stream
@@ -23,7 +30,7 @@ swapped = torch.zeros(STEPS, N, pin_memory=True)  # their host copies
 torch.cuda.synchronize()
 for step in range(1, STEPS + 1):
     with torch.cuda.stream(compute):
-        kv[step - 1].fill_(float(step))  # the step's attention writes its KV block on s1
+        fill(kv[step - 1], float(step))  # the step's attention writes its KV block on s1
     # BUG: no swap.wait_stream(compute) before the swap-out reads the block
     with torch.cuda.stream(swap):
         swapped[step - 1].copy_(kv[step - 1], non_blocking=True)  # async D2H on s2

@@ -66,7 +66,7 @@ def test_compiled_program_keeps_its_report_and_strikes_under_its_delay(program, 
 
 def test_the_compiled_programs_are_racy_programs_with_their_twins():
     names = {p.name for p in COMPILED}
-    assert len(names) >= 8, sorted(names)
+    assert len(names) >= 12, sorted(names)
     for name in names:
         other = name.replace("race_", "fixed_", 1) if name.startswith("race_") else name.replace("fixed_", "race_", 1)
         assert other in names, f"{name}: its twin {other} writes its kernels as @compiled functions too"
