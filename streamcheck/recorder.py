@@ -385,10 +385,7 @@ class Recorder:
         if tag is not None and tag[0] is self:
             return tag[1]
         with self._lock:
-            eid = self._next_event
-            self._next_event += 1
-            self._named_events += 1
-            name = f"event{self._named_events}"
+            eid, name = self._new_event()
         try:
             event._streamcheck_event = (self, eid)
         except AttributeError:  # an event type without a __dict__: look it up by identity
@@ -406,12 +403,20 @@ class Recorder:
             eid = self._event_handles.get(handle)
             if eid is not None and not fresh:
                 return eid
-            eid = self._event_handles[handle] = self._next_event
-            self._next_event += 1
-            self._named_events += 1
-            name = f"event{self._named_events}"
+            eid, name = self._new_event()
+            self._event_handles[handle] = eid
         self.record(T.EventCreate(self.tid(), self.site(), event=eid, name=name))
         return eid
+
+    def _new_event(self, named: bool = True) -> tuple:
+        """(id, name) of a new event; the caller holds the lock. Program events are named by
+        their own count, so a proof rerun's replacement events (named=False) take ids only."""
+        eid = self._next_event
+        self._next_event += 1
+        if not named:
+            return eid, None
+        self._named_events += 1
+        return eid, f"event{self._named_events}"
 
     def forget_event_handle(self, handle: int) -> None:
         with self._lock:
@@ -771,8 +776,7 @@ class Recorder:
             found = self._replacement_events.get(sid)
             if found is None:
                 with self._lock:
-                    eid = self._next_event
-                    self._next_event += 1
+                    eid, _ = self._new_event(named=False)
                 found = self._replacement_events[sid] = (driver.event_create(), eid)
                 self.record(T.EventCreate(tid, site, event=eid, name=f"audit replacement on {self._stream_names.get(sid, sid)}"))
             driver.event_record(found[0], ptrs[sid])
@@ -793,24 +797,10 @@ class Recorder:
         return result
 
     def stream_sync(self, stream, call):
-        op = T.StreamSync(self.tid(), self.site(), stream=self.sid(stream))
-        if self.skipped(op):
-            return None
-        if self._checked is not None:
-            self.check_now()  # while the GPU catches up
-        result = self._call(call, op)
-        self.record(op)
-        return result
+        return self._host_sync(T.StreamSync(self.tid(), self.site(), stream=self.sid(stream)), call)
 
     def event_sync(self, event, call):
-        op = T.EventSync(self.tid(), self.site(), event=self.eid(event))
-        if self.skipped(op):
-            return None
-        if self._checked is not None:
-            self.check_now()  # while the GPU catches up
-        result = self._call(call, op)
-        self.record(op)
-        return result
+        return self._host_sync(T.EventSync(self.tid(), self.site(), event=self.eid(event)), call)
 
     def stream_query(self, stream, call):
         """stream.query() / CuPy's stream.done: recorded with what it returned (done orders, not-done does not)."""
@@ -828,7 +818,10 @@ class Recorder:
         return result
 
     def device_sync(self, call):
-        op = T.DeviceSync(self.tid(), self.site())
+        return self._host_sync(T.DeviceSync(self.tid(), self.site()), call)
+
+    def _host_sync(self, op, call):
+        """A host synchronization `op` made by `call()`, unless a proof rerun skips it."""
         if self.skipped(op):
             return None
         if self._checked is not None:

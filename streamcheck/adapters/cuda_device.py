@@ -195,7 +195,7 @@ class CudaGpu:
             self.cupy, self.ndarray, self.runtime = module, module.ndarray, module.cuda.runtime
         elif name == "torch" and self.torch is None:
             self.torch, self.tensor = module, module.Tensor
-        self.library_dirs = _library_dirs()
+        self.refresh_library_dirs()
         self._bind()
 
     def refresh_library_dirs(self) -> bool:

@@ -34,11 +34,10 @@ import weakref
 from .. import recorder as R
 from . import triton_launch
 from .patching import Patch, forwarding, quiet
-from .torch_ops import Ops
+from .torch_ops import register
 
 MODULE = "torch._inductor.runtime.triton_heuristics"
 _PLANS = weakref.WeakKeyDictionary()  # CachingAutotuner -> (triton_launch's plan, with Inductor's writes)
-_OPS = weakref.WeakKeyDictionary()  # recorder -> its torch_ops.Ops (to file the buffers' blocks)
 
 
 # Inductor's code generator names a kernel's pointer parameters by what the kernel does with
@@ -73,12 +72,9 @@ def _register(rec, tensors) -> None:
     """File the caching-allocator blocks of the wrapper's buffers (allocated in C++ by
     `empty_strided_cuda`, never through an operator) under their allocating stream, so their
     frees and reuse are checked like those of eager tensors."""
-    ops = _OPS.get(rec)
-    if ops is None:
-        ops = _OPS[rec] = Ops(rec, rec.gpu.torch)
     for t in tensors:
         if getattr(t, "is_cuda", False) and hasattr(t, "untyped_storage"):
-            ops.register(t, "cuda")
+            register(rec, rec.gpu.torch, t, "cuda")
 
 
 def _run(orig):

@@ -90,6 +90,22 @@ def _schema(func) -> _Schema:
     return found
 
 
+def register(rec, torch, t, kind: str) -> None:
+    """Make sure the storage under `t` ('cuda', or 'host': pinned) is a known allocation of
+    `rec` (its caching-allocator block, filed under the stream it was allocated on)."""
+    storage = t.untyped_storage()
+    ptr = storage.data_ptr()
+    if not ptr or rec.allocation_at(ptr) is not None:
+        return
+    if kind == "cuda":
+        sid = state(rec).pending.pop(ptr, None)
+        if sid is None:  # allocated before the recording started: file it under the current stream
+            sid = rec.sid(current_stream_ptr(torch, t.device.index))
+        rec.alloc(ptr, storage.nbytes(), what="torch tensor", pool="torch", sid=sid)
+    else:
+        rec.alloc(ptr, storage.nbytes(), what="pinned host tensor", pool="pinned", sid=0)
+
+
 class Ops:
     """Turns one operator call into trace records for `rec`."""
 
@@ -112,19 +128,7 @@ class Ops:
         return "host" if pinned else ""
 
     def register(self, t, kind: str) -> None:
-        """Make sure the storage under `t` is a known allocation (its block, its stream)."""
-        rec = self.rec
-        storage = t.untyped_storage()
-        ptr = storage.data_ptr()
-        if not ptr or rec.allocation_at(ptr) is not None:
-            return
-        if kind == "cuda":
-            sid = state(rec).pending.pop(ptr, None)
-            if sid is None:  # allocated before the recording started: file it under the current stream
-                sid = rec.sid(current_stream_ptr(self.torch, t.device.index))
-            rec.alloc(ptr, storage.nbytes(), what="torch tensor", pool="torch", sid=sid)
-        else:
-            rec.alloc(ptr, storage.nbytes(), what="pinned host tensor", pool="pinned", sid=0)
+        register(self.rec, self.torch, t, kind)
 
     # --- one operator ---------------------------------------------------------------------
     def call(self, func, args, kwargs):

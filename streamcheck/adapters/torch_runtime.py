@@ -82,28 +82,46 @@ def _event_recorded(event: int, stream: int) -> None:
         rec.record(T.EventRecord(rec.tid(), rec.site(), event=rec.event_handle(event), stream=rec.sid(stream)))
 
 
+# The records of torch's syncs and waits, from the raw handles its callbacks pass; also what a
+# proof rerun decides on before the Python entry point makes the call (_skippable).
+def _wait_op(rec, event: int, stream: int):
+    return T.StreamWait(rec.tid(), rec.site(), stream=rec.sid(stream), event=rec.event_handle(event))
+
+
+def _device_sync_op(rec):
+    return T.DeviceSync(rec.tid(), rec.site())
+
+
+def _stream_sync_op(rec, stream: int):
+    return T.StreamSync(rec.tid(), rec.site(), stream=rec.sid(stream))
+
+
+def _event_sync_op(rec, event: int):
+    return T.EventSync(rec.tid(), rec.site(), event=rec.event_handle(event))
+
+
 def _event_waited(event: int, stream: int) -> None:
     rec = _recording()
     if rec is not None:
-        rec.record(T.StreamWait(rec.tid(), rec.site(), stream=rec.sid(stream), event=rec.event_handle(event)))
+        rec.record(_wait_op(rec, event, stream))
 
 
 def _device_synchronized() -> None:
     rec = _recording()
     if rec is not None:
-        rec.record(T.DeviceSync(rec.tid(), rec.site()))
+        rec.record(_device_sync_op(rec))
 
 
 def _stream_synchronized(stream: int) -> None:
     rec = _recording()
     if rec is not None and not rec.reading:  # .item() and the like: host_read records it, with its cause
-        rec.record(T.StreamSync(rec.tid(), rec.site(), stream=rec.sid(stream)))
+        rec.record(_stream_sync_op(rec, stream))
 
 
 def _event_synchronized(event: int) -> None:
     rec = _recording()
     if rec is not None:
-        rec.record(T.EventSync(rec.tid(), rec.site(), event=rec.event_handle(event)))
+        rec.record(_event_sync_op(rec, event))
 
 
 def _allocated(ptr: int) -> None:
@@ -232,27 +250,24 @@ def _empty_cache(orig):
 # makes inside C++ (`.item()`, `.cpu()`, `nonzero()`) pass no Python entry point: they stay
 # unskippable, and the proof names them.
 
-def _device_sync_op(rec, device=None):
-    return T.DeviceSync(rec.tid(), rec.site())
+def _synchronize_device(rec, device=None):
+    return _device_sync_op(rec)
 
 
-def _stream_sync_op(rec, stream):
-    return T.StreamSync(rec.tid(), rec.site(), stream=rec.sid(stream.cuda_stream))
+def _synchronize_stream(rec, stream):
+    return _stream_sync_op(rec, stream.cuda_stream)
 
 
-def _event_sync_op(rec, event):
-    # An event never recorded has no handle yet: torch returns at once and reports nothing.
-    if not event.cuda_event:
-        return None
-    return T.EventSync(rec.tid(), rec.site(), event=rec.event_handle(event.cuda_event))
+def _synchronize_event(rec, event):
+    # An event never recorded has no handle yet (0): torch returns at once and reports nothing.
+    return _event_sync_op(rec, event.cuda_event) if event.cuda_event else None
 
 
-def _event_wait_op(rec, event, stream=None):
+def _wait_event(rec, event, stream=None):
     # `wait_stream` and `Stream.wait_event` end here (`event.wait(self)`); None: the current stream.
     if not event.cuda_event:
         return None
-    ptr = current_stream_ptr(rec.gpu.torch) if stream is None else stream.cuda_stream
-    return T.StreamWait(rec.tid(), rec.site(), stream=rec.sid(ptr), event=rec.event_handle(event.cuda_event))
+    return _wait_op(rec, event.cuda_event, current_stream_ptr(rec.gpu.torch) if stream is None else stream.cuda_stream)
 
 
 def _skippable(make_op):
@@ -281,8 +296,8 @@ def patches() -> tuple:
             Patch("torch.cuda.streams.Stream.query", _stream_query),
             Patch("torch.cuda.streams.Event.query", _event_query),
             Patch("torch.cuda.memory.empty_cache", _empty_cache, also=("torch.cuda.empty_cache",)),
-            Patch("torch.cuda.synchronize", _skippable(_device_sync_op)),
-            Patch("torch.accelerator.synchronize", _skippable(_device_sync_op)),
-            Patch("torch.cuda.streams.Stream.synchronize", _skippable(_stream_sync_op)),
-            Patch("torch.cuda.streams.Event.synchronize", _skippable(_event_sync_op)),
-            Patch("torch.cuda.streams.Event.wait", _skippable(_event_wait_op)))
+            Patch("torch.cuda.synchronize", _skippable(_synchronize_device)),
+            Patch("torch.accelerator.synchronize", _skippable(_synchronize_device)),
+            Patch("torch.cuda.streams.Stream.synchronize", _skippable(_synchronize_stream)),
+            Patch("torch.cuda.streams.Event.synchronize", _skippable(_synchronize_event)),
+            Patch("torch.cuda.streams.Event.wait", _skippable(_wait_event)))

@@ -171,13 +171,19 @@ def test_item_reads_on_the_current_stream_and_waits_for_it(run):
     assert all(op.stream == rec.sid(B) for op in rec.trace.ops if type(op) in (T.Copy, T.StreamSync))
 
 
-def test_a_block_freed_without_record_stream_races_with_its_side_stream_reader(run):
+def _block_written_on_a(run):
+    """(rec, on, x, its block's pointer): a tensor the allocator reported on stream A, filled there."""
     rec, _, on = run
     x = torch.zeros(1024)
     ptr = x.untyped_storage().data_ptr()
     torch_runtime.state(rec).pending[ptr] = rec.sid(A)  # the allocator reported the block on stream A
     with on(A):
         x.fill_(1)
+    return rec, on, x, ptr
+
+
+def test_a_block_freed_without_record_stream_races_with_its_side_stream_reader(run):
+    rec, on, x, ptr = _block_written_on_a(run)
     with on(B):
         x.sum()  # read on a side stream, no record_stream
     torch_runtime._deallocated(ptr)  # the program dropped x: the block goes back to A's pool
@@ -191,12 +197,7 @@ def test_a_block_freed_while_a_graph_is_captured_stays_the_graphs(run, monkeypat
     """torch's capture pool: a block freed during a capture (an intermediate the compiled wrapper
     drops) goes back to the graph's private pool, whose replays keep writing it: no Free, so a
     replay after it is no use after free, and the block is the same allocation afterwards."""
-    rec, _, on = run
-    x = torch.zeros(1024)
-    ptr = x.untyped_storage().data_ptr()
-    torch_runtime.state(rec).pending[ptr] = rec.sid(A)
-    with on(A):
-        x.fill_(1)
+    rec, on, x, ptr = _block_written_on_a(run)
     alloc = rec.allocation_of(x)
     with monkeypatch.context() as capturing:
         capturing.setattr(type(rec), "captures", property(lambda self: 1))  # a capture is open
@@ -207,12 +208,7 @@ def test_a_block_freed_while_a_graph_is_captured_stays_the_graphs(run, monkeypat
 
 
 def test_record_stream_defers_the_reuse_past_the_side_streams_work(run):
-    rec, _, on = run
-    x = torch.zeros(1024)
-    ptr = x.untyped_storage().data_ptr()
-    torch_runtime.state(rec).pending[ptr] = rec.sid(A)
-    with on(A):
-        x.fill_(1)
+    rec, on, x, ptr = _block_written_on_a(run)
     torch_runtime._event_recorded(0xE1, A)  # side.wait_stream(A), as torch reports it: record, then wait
     torch_runtime._event_waited(0xE1, B)
     with on(B):
