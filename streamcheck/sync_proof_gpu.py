@@ -50,7 +50,7 @@ class GpuProof:
 
 
 def _rerun(script: str, script_args, *options, timeout: float = 600) -> tuple:
-    """(stdout, stderr, report dict) of `streamcheck run <options> script`."""
+    """(the finished process, its --json report as a dict) of `streamcheck run <options> script`."""
     with tempfile.TemporaryDirectory(prefix="streamcheck-prove-") as tmp:
         report = os.path.join(tmp, "report.json")
         cmd = [sys.executable, "-m", "streamcheck.cli", "run", "--json", report, *options, script,
@@ -101,8 +101,8 @@ def prove(audit, races, script: str, script_args=(), *, seed: int = 0) -> GpuPro
     numbers = [f"#{n}" for n in audit.removed] + [f"#{n} (as its device-side wait)" for n in audit.replaced]
     if not numbers:
         return GpuProof(None, ("not claimed: the minimal set is every synchronization, nothing to skip",))
-    edits = audit.edits()
-    skip = ("--skip-syncs", edits.to_json())
+    edits = audit.edits().to_json()
+    skip = ("--skip-syncs", edits)
     allowed = len(races)
     reference, _ = _rerun(script, script_args)
     if reference.returncode != 0:
@@ -129,7 +129,7 @@ def prove(audit, races, script: str, script_args=(), *, seed: int = 0) -> GpuPro
         removable = removable and not problems
     lines.insert(0, ("removable on this run: " if removable else "NOT removable: ") + ", ".join(numbers)
                  + f" skipped in {PROOF_DELAYED_RUNS} reruns under delays")
-    spans = time_spans(script, script_args, skip[1])
+    spans = time_spans(script, script_args, edits)
     if all(spans):
         before, after = (statistics.median(s) for s in spans)
         lines.append(f"time (script span, CUDA events, median of {TIMING_REPEATS}, under recording): "
@@ -137,4 +137,4 @@ def prove(audit, races, script: str, script_args=(), *, seed: int = 0) -> GpuPro
                      f"({(before - after) / before:.1%})")
     else:
         lines.append("time: the timed reruns did not report their span")
-    return GpuProof(removable, tuple(lines), tuple(audit.removed + audit.replaced), skip[1], spans)
+    return GpuProof(removable, tuple(lines), tuple(audit.removed + audit.replaced), edits, spans)

@@ -393,6 +393,11 @@ class SyncEdits:
         self.unskipped: set = set()  # keys a recorder could not skip (a library reported the call after it ran)
         self.names = _Names()
 
+    @property
+    def every_edit_met(self) -> bool:
+        """Whether the rerun issued every sync it was to skip or swap (it took the recorded path)."""
+        return (self.remove | set(self.swap)) <= self.met
+
     def to_json(self) -> str:
         """For a rerun in another process (`streamcheck run --skip-syncs`)."""
         return json.dumps({"remove": [list(k) for k in sorted(self.remove, key=str)],

@@ -406,7 +406,7 @@ def run(args) -> int:
                 data["sync_proof"] = proof.to_dict()
             if edits is not None:  # what this rerun of --prove could skip, and whether it took the same path
                 data["skip_syncs"] = {"unskipped": sorted(map(str, edits.unskipped)),
-                                      "same_path": set(edits.remove) | set(edits.swap) <= edits.met}
+                                      "same_path": edits.every_edit_met}
         if args.json == STDOUT:
             print(json.dumps(data, indent=2))
         else:
