@@ -141,15 +141,10 @@ def inductor_code_dir() -> Optional[str]:
 
 
 def _library_dirs() -> tuple:
-    dirs = []
-    for mod in ("cupy", "cupyx", "cupy_backends", "torch", "triton"):
-        m = sys.modules.get(mod)
-        if m is not None and getattr(m, "__file__", None):
-            dirs.append(os.path.dirname(os.path.abspath(m.__file__)))
+    """Library folders beyond those every resolver knows (core.trace.LIBRARY_PACKAGES: CuPy's,
+    torch's and Triton's wherever they are installed): the code torch.compile generated."""
     generated = inductor_code_dir()
-    if generated is not None:
-        dirs.append(generated)
-    return tuple(dirs)
+    return () if generated is None else (generated,)
 
 
 def _span(ptr: int, shape, strides, itemsize: int) -> Optional[tuple]:
