@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import sys
 import time
@@ -129,13 +130,19 @@ def replay_us(torch, graph, steps: int, replays: int) -> float:
     return start.elapsed_time(end) * 1000.0 / (replays * steps)
 
 
-def interleaved_medians(torch, graphs: dict, steps: int, replays: int, repeats: int) -> dict:
+def interleaved_medians(torch, graphs: dict, steps: int, replays: int, repeats: int, *, shuffle: bool = True,
+                        seed: int = 0) -> dict:
     """Median per path, sampling the paths round-robin so that clock and power drift
-    (a long bf16 GEMM heats the chip) falls on every path alike."""
+    (a long bf16 GEMM heats the chip) falls on every path alike, in a new seeded order each
+    round: in a fixed order a path's place in the round biased its time (profile_prefill.py
+    measured the last paths 3-4 µs slower at M = 256 with the same kernels)."""
     samples = {name: [] for name in graphs}
+    order, rng = list(graphs), random.Random(seed)
     for _ in range(repeats):
-        for name, graph in graphs.items():
-            samples[name].append(replay_us(torch, graph, steps, replays))
+        if shuffle:
+            rng.shuffle(order)
+        for name in order:
+            samples[name].append(replay_us(torch, graphs[name], steps, replays))
     return {name: statistics.median(v) for name, v in samples.items()}
 
 

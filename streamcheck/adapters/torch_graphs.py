@@ -8,12 +8,22 @@ and last kernel. No spin is ever captured (recorder.maybe_spin asks the driver f
 CUDAGraph is a Python subclass of torch._C._CUDAGraph: its methods are wrapped in place. A
 graph captured before the recording started has no recorded nodes: its replays are named in a
 notice (once per graph), never silently missed.
+
+CUDA graph trees (`torch.compile(mode="reduce-overhead")`) warm a function up eagerly with its
+allocations going to the trees' private pool (`_use_cuda_memory_pool_manager`): the blocks
+allocated there are filed as graph-pool blocks, as those of a capture are (torch_runtime.py
+says why their frees are not frees).
 """
 from __future__ import annotations
 
+import contextlib
+import threading
+
 from .. import recorder as R
 from .patching import Patch, forwarding, quiet
-from .torch_runtime import current_stream_ptr
+from .torch_runtime import current_stream_ptr, state
+
+GRAPH_TREES = "torch._inductor.cudagraph_trees"
 
 
 def _capture_begin(orig):
@@ -64,6 +74,34 @@ def _unseen_replay(rec, graph) -> None:
     rec.notice(f"a torch CUDA graph captured before the recording started was replayed at {rec.site()}: its work "
                "is not seen (not recorded, not checked); capture it while the recording runs (under `streamcheck "
                "run` everything the script captures is)")
+
+
+def _pool_manager(orig):
+    def pool_manager(device, mem_pool, stream):
+        rec = R.current
+        if quiet() or "torch" not in rec.state:
+            return orig(device, mem_pool, stream)
+        return _allocating_to_graph_pool(rec, orig(device, mem_pool, stream))
+    return forwarding(orig, pool_manager)
+
+
+@contextlib.contextmanager
+def _allocating_to_graph_pool(rec, manager):
+    threads, ident = state(rec).graph_pool_threads, threading.get_ident()
+    with manager:  # torch synchronizes the device, then this thread allocates to the pool
+        threads[ident] = threads.get(ident, 0) + 1
+        try:
+            yield
+        finally:
+            threads[ident] -= 1
+
+
+def install(rec, patcher) -> None:
+    if "torch" not in rec.state:  # torch_runtime refused this torch (notice given)
+        return
+    # Graph trees are imported at the first reduce-overhead compile, maybe after the start.
+    patcher.after_import(GRAPH_TREES, lambda module: patcher.apply(
+        Patch(f"{GRAPH_TREES}._use_cuda_memory_pool_manager", _pool_manager)))
 
 
 def patches() -> tuple:

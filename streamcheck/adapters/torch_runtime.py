@@ -33,10 +33,13 @@ _active = False  # callbacks registered with torch (once per process)
 
 class TorchState:
     """What a recording keeps about torch: blocks allocated but not yet seen as a tensor
-    (address -> stream id of the allocation)."""
+    (address -> stream id of the allocation), the blocks of CUDA graphs' private pools, and the
+    host threads allocating into such a pool now (CUDA graph trees' warm-up runs)."""
 
     def __init__(self):
         self.pending: dict = {}
+        self.graph_pool_blocks: set = set()
+        self.graph_pool_threads: dict = {}  # thread ident -> depth of graph-pool contexts entered
 
 
 def state(rec) -> TorchState:
@@ -127,7 +130,10 @@ def _event_synchronized(event: int) -> None:
 def _allocated(ptr: int) -> None:
     rec = _recording()  # also inside a recorded op: its outputs are allocated there
     if rec is not None:
-        state(rec).pending[ptr] = rec.sid(current_stream_ptr(rec.gpu.torch))
+        torch_state = state(rec)
+        torch_state.pending[ptr] = rec.sid(current_stream_ptr(rec.gpu.torch))
+        if rec.captures or torch_state.graph_pool_threads.get(threading.get_ident()):
+            torch_state.graph_pool_blocks.add(ptr)
         unseen_work(rec, "allocated CUDA memory through torch")  # a thread the dispatch mode never reached
 
 
@@ -135,12 +141,16 @@ def _deallocated(ptr: int) -> None:
     rec = _recording()
     if rec is None:
         return
-    state(rec).pending.pop(ptr, None)
-    if rec.captures:
-        # torch rule: a block freed while a graph is captured goes back to the capture's private
-        # pool, which only that graph (and graphs sharing its pool: CUDA graph trees) allocates
-        # from, and which lives as long as they do; their replays keep using the bytes. Not a
-        # free: the block stays the same allocation for the replays and the pool's next user.
+    torch_state = state(rec)
+    torch_state.pending.pop(ptr, None)
+    if rec.captures or ptr in torch_state.graph_pool_blocks:
+        # torch rule: a block freed while a graph is captured, or allocated from a graph's
+        # private pool (in a capture, or in a CUDA graph tree's warm-up), goes back to that pool.
+        # Only a later capture or warm-up into the pool allocates from it, and torch starts each
+        # with torch.cuda.synchronize(); the pool's memory leaves it only through cudaFree, which
+        # waits for the device. Not a free: the bytes stay the graphs' (their replays' writes
+        # are checked as graph launches).
+        torch_state.graph_pool_blocks.discard(ptr)
         return
     alloc = rec.allocation_at(ptr)
     if alloc is not None and alloc.pool == "torch":

@@ -5,6 +5,7 @@ recording names each one, and names it again when it does torch work unseen. On 
 tensors stand in for CUDA tensors (test_torch_ops.CpuStandsInForCuda)."""
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 
@@ -28,19 +29,23 @@ class Worker:
     """A thread started before the recording: it waits (blocked in C, as a polling thread
     between polls), then runs `job` once in Python, then waits again until told to finish."""
 
-    def __init__(self, job, name="poller"):
+    def __init__(self, job, name="poller", inside=None):
         self.job, self.result = job, {}
-        self.go, self.done = threading.Event(), threading.Event()
+        self.inside = inside  # a context the thread is in while it waits and runs `job`
+        self.ready, self.go, self.done = threading.Event(), threading.Event(), threading.Event()
         self.again, self.finish = threading.Event(), threading.Event()
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.thread.start()
+        assert self.ready.wait(10), "the worker thread did not start"
 
     def _run(self):
-        self.go.wait()
-        try:
-            self.result["value"] = self.job()
-        except BaseException as exc:  # shown by the test, not lost in the thread
-            self.result["error"] = exc
+        with self.inside if self.inside is not None else contextlib.nullcontext():
+            self.ready.set()
+            self.go.wait()
+            try:
+                self.result["value"] = self.job()
+            except BaseException as exc:  # shown by the test, not lost in the thread
+                self.result["error"] = exc
         self.done.set()
         self.again.wait()
         self.result["modes after stop"] = torch._C._len_torch_dispatch_stack()  # a Python call first
@@ -162,15 +167,9 @@ def test_a_thread_inside_its_own_dispatch_mode_is_left_alone_and_named(recording
             return func(*args, **(kwargs or {}))
 
     def job():
-        with Own():
-            torch.ones(4).mul_(2)
+        torch.ones(4).mul_(2)
         return torch._C._len_torch_dispatch_stack()
-    own = Own()
-
-    def inside_own():
-        with own:
-            return job()
-    worker = Worker(inside_own)
+    worker = Worker(job, inside=Own())  # inside its own mode before the recording starts, waiting
     start()
     assert worker.run_job() == 1  # its own mode only: ours was not put over it
     assert launches(rec) == []
@@ -188,15 +187,19 @@ def test_the_programs_profile_function_is_chained_and_given_back(recording):
     def profile(frame, event, arg):
         if threading.current_thread().name == "profiled":
             events.append(event)
-    threading.setprofile(profile)  # the program's, for every thread it starts (and this one)
+    def mine(frame, event, arg):
+        pass
+    threading.setprofile(profile)  # the program's, for every thread it starts
+    sys.setprofile(mine)  # and one for this thread alone
     try:
         worker = Worker(lambda: sys.getprofile(), name="profiled")
         start()
-        assert sys.getprofile() is profile  # the recording thread's, untouched
+        assert sys.getprofile() is mine  # the recording thread's, untouched
         events.clear()
         assert worker.run_job() is profile  # the worker has the program's function again
         assert "call" in events  # and it profiles the worker's job
         stop()
     finally:
+        sys.setprofile(None)
         threading.setprofile(None)
     worker.after_stop()

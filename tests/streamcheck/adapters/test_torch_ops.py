@@ -4,12 +4,14 @@ checked without a GPU: schema writes, fresh outputs, views as byte ranges, host 
 `.item()`, the caching allocator's blocks and record_stream."""
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from streamcheck import recorder as R  # noqa: E402
-from streamcheck.adapters import torch_ops, torch_runtime  # noqa: E402
+from streamcheck.adapters import torch_graphs, torch_ops, torch_runtime  # noqa: E402
 from streamcheck.adapters.cuda_device import CudaGpu  # noqa: E402
 from streamcheck.core import trace as T  # noqa: E402
 
@@ -205,6 +207,42 @@ def test_a_block_freed_while_a_graph_is_captured_stays_the_graphs(run, monkeypat
     assert [op for op in rec.trace.ops if type(op) is T.Free] == [] and rec.allocation_of(x) is alloc
     torch_runtime._deallocated(ptr)  # outside a capture: back to the stream's pool
     assert len([op for op in rec.trace.ops if type(op) is T.Free]) == 1
+
+
+def test_a_block_a_graph_tree_warm_up_allocated_goes_back_to_the_trees_pool_and_is_no_free(run):
+    """CUDA graph trees warm a function up with its allocations going to their private pool
+    (cudagraph_trees._use_cuda_memory_pool_manager, wrapped by torch_graphs): a warm-up output read
+    on a side stream and dropped later, outside any capture, is not freed (the pool's next user
+    starts with a device synchronize); an ordinary block read the same way is a FREE race."""
+    rec, _, on = run
+    entered = []
+
+    @contextlib.contextmanager
+    def trees_pool_manager(device, mem_pool, stream):  # torch's: synchronize, allocate to the pool
+        entered.append((device, mem_pool))
+        yield
+
+    def read_on_b_then_drop(in_pool: bool):
+        manager = torch_graphs._pool_manager(trees_pool_manager)(0, (0, 7), None) if in_pool \
+            else contextlib.nullcontext()
+        with manager:
+            x = torch.zeros(1024)
+            ptr = x.untyped_storage().data_ptr()
+            torch_runtime._allocated(ptr)  # the allocator's callback, on stream A
+            with on(A):
+                x.fill_(1)
+        torch_runtime._event_recorded(0xE1, A)  # side.wait_stream(A)
+        torch_runtime._event_waited(0xE1, B)
+        with on(B):
+            x.sum()  # read on a side stream, no record_stream
+        torch_runtime._deallocated(ptr)
+        return [op for op in rec.trace.ops if type(op) is T.Free]
+
+    assert read_on_b_then_drop(in_pool=True) == [] and rec.races == []
+    assert entered == [(0, (0, 7))]
+    assert torch_runtime.state(rec).graph_pool_blocks == set()  # handed back with the block
+    (free,) = read_on_b_then_drop(in_pool=False)
+    assert free.pool == "torch" and [r.kind for r in rec.races] == ["FREE"]
 
 
 def test_record_stream_defers_the_reuse_past_the_side_streams_work(run):
