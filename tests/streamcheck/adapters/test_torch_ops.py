@@ -222,11 +222,14 @@ def test_a_block_a_graph_tree_warm_up_allocated_goes_back_to_the_trees_pool_and_
         entered.append((device, mem_pool))
         yield
 
+    kept = []  # the CPU tensors stay alive: a second one never gets the first one's address
+
     def read_on_b_then_drop(in_pool: bool):
         manager = torch_graphs._pool_manager(trees_pool_manager)(0, (0, 7), None) if in_pool \
             else contextlib.nullcontext()
         with manager:
             x = torch.zeros(1024)
+            kept.append(x)
             ptr = x.untyped_storage().data_ptr()
             torch_runtime._allocated(ptr)  # the allocator's callback, on stream A
             with on(A):
