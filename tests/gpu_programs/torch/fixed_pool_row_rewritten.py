@@ -24,11 +24,14 @@ ROWS = 2  # rows in the input pool, reused round-robin
 forward = torch.cuda.Stream()  # s1: the model's forward stream
 pool = torch.zeros(ROWS, N, device="cuda")  # persistent input rows
 outs = torch.zeros(STEPS, N, device="cuda")
+# Each step's input value as a 0-d CUDA tensor: compiled, a Python float here is a guarded
+# constant (a recompile per step, and each first launch's autotune synchronizes the device).
+values = [torch.full((), float(s), device="cuda") for s in range(1, STEPS + 1)]
 torch.cuda.synchronize()
 for step in range(1, STEPS + 1):
     row = pool[step % ROWS]
     torch.cuda.current_stream().wait_stream(forward)  # THE FIX: earlier forwards have read the row
-    fill(row, float(step))  # the scheduler writes the batch's inputs on the default stream
+    fill(row, values[step - 1])  # the scheduler writes the batch's inputs on the default stream
     forward.wait_stream(torch.cuda.current_stream())  # the forward waits for its inputs
     with torch.cuda.stream(forward):
         scale(row, 2.0, outs[step - 1])  # the forward reads the row on s1
