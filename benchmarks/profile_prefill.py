@@ -31,64 +31,6 @@ def _bench_norm_proj():
     return module
 
 
-def fused_rms_matmul(torch):
-    """The experiment of item 7's second half: the 1/RMS row scale in the GEMM's epilogue. One
-    Triton kernel computes out = diag(1/rms(x)) · (x · W*ᵀ): the sum of squares of each row of x
-    is accumulated from the x tiles the matmul loads anyway, and applied to the fp32 accumulator
-    before the store (FlashNorm's deferred normalization without a second kernel or stream).
-    None without Triton."""
-    try:
-        import triton
-        import triton.language as tl
-    except ImportError:
-        return None
-
-    configs = [triton.Config({"BM": bm, "BN": bn, "BK": bk, "GROUP_M": 8}, num_stages=stages, num_warps=warps)
-               for bm, bn, bk, stages, warps in ((128, 128, 64, 4, 8), (128, 256, 64, 3, 8), (64, 128, 64, 4, 4),
-                                                 (64, 256, 64, 4, 8), (16, 128, 128, 4, 4))]
-
-    @triton.autotune(configs=configs, key=["M", "N", "K"])
-    @triton.jit
-    def rms_matmul(x_ptr, w_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om, eps,
-                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
-        pid = tl.program_id(0)
-        tiles_m, tiles_n = tl.cdiv(M, BM), tl.cdiv(N, BN)
-        in_group = GROUP_M * tiles_n  # grouped order: neighbouring programs share W* tiles in L2
-        first_m = (pid // in_group) * GROUP_M
-        group_m = min(tiles_m - first_m, GROUP_M)
-        pid_m = first_m + (pid % in_group) % group_m
-        pid_n = (pid % in_group) // group_m
-        rm = pid_m * BM + tl.arange(0, BM)
-        rn = pid_n * BN + tl.arange(0, BN)
-        rk = tl.arange(0, BK)
-        in_m, in_n = rm < M, rn < N
-        x_tile = x_ptr + rm[:, None] * stride_xm + rk[None, :]
-        w_tile = w_ptr + rn[None, :] * stride_wn + rk[:, None]  # a [BK, BN] tile of W*ᵀ
-        acc = tl.zeros((BM, BN), dtype=tl.float32)
-        squares = tl.zeros((BM,), dtype=tl.float32)
-        for _ in range(0, K, BK):  # K % BK == 0 (checked by the caller)
-            a = tl.load(x_tile, mask=in_m[:, None], other=0.0)
-            b = tl.load(w_tile, mask=in_n[None, :], other=0.0)
-            acc = tl.dot(a, b, acc)
-            af = a.to(tl.float32)
-            squares += tl.sum(af * af, axis=1)
-            x_tile += BK
-            w_tile += BK
-        scale = tl.rsqrt(squares / K + eps)
-        out = (acc * scale[:, None]).to(out_ptr.dtype.element_ty)
-        tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], out, mask=in_m[:, None] & in_n[None, :])
-
-    def run(x, w):
-        m, k = x.shape
-        n = w.shape[0]
-        assert k % 128 == 0 and x.is_contiguous() and w.is_contiguous()
-        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-        grid = lambda meta: (triton.cdiv(m, meta["BM"]) * triton.cdiv(n, meta["BN"]),)  # noqa: E731
-        rms_matmul[grid](x, w, out, m, n, k, x.stride(0), w.stride(0), out.stride(0), EPS)
-        return out
-    return run
-
-
 def kernels_of(torch, fn) -> list:
     """(kernel name, device µs) for each kernel one call of `fn` launches."""
     from torch.profiler import ProfilerActivity, profile
@@ -105,7 +47,7 @@ def kernels_of(torch, fn) -> list:
     return found
 
 
-def profile_rows(torch, bench, fused, m: int, d: int, n: int, repeats: int) -> dict:
+def profile_rows(torch, bench, m: int, d: int, n: int, repeats: int) -> dict:
     import torch.nn.functional as F
 
     from flashnorm_kernels.fold import layout_for
@@ -146,32 +88,22 @@ def profile_rows(torch, bench, fused, m: int, d: int, n: int, repeats: int) -> d
         "attached": lambda: attached.outputs(x[:])[0],
         "attached _prescaled direct": lambda: attached._prescaled(x)[0],
     }
-    if fused is not None:
-        paths["triton rms·matmul (epilogue)"] = lambda: fused(x, w_attached)
     with torch.no_grad():
         steps, replays = 20, 20
         graphs = {}
-        failed = {}
-        for name, fn in list(paths.items()):
+        for name, fn in paths.items():
             before = attached.forget_previous_step if name == "attached" else None
-            try:
-                graphs[name] = bench.capture(torch, fn, steps, before_capture=before, after_capture=before)
-            except Exception as exc:  # the experiment only: its failure is a result, not the end of the run
-                if not name.startswith("triton"):
-                    raise
-                failed[name] = f"{type(exc).__name__}: {exc}"[:2000]
-                del paths[name]
-                torch.cuda.synchronize()
+            graphs[name] = bench.capture(torch, fn, steps, before_capture=before, after_capture=before)
         times = {order: bench.interleaved_medians(torch, graphs, steps, replays, repeats, shuffle=order == "shuffled")
                  for order in ("fixed", "shuffled")}
         kernels = {name: kernels_of(torch, fn) for name, fn in paths.items()}
     reference = paths["folded(attached W*)"]().float()
     errors = {name: float((fn().float() - reference).abs().max() / reference.abs().max())
-              for name, fn in paths.items() if name.startswith(("triton", "attached"))}
+              for name, fn in paths.items() if name.startswith("attached")}
     stats = {name: {"mean": float(t.float().mean()), "std": float(t.float().std()),
                     "zero_frac": float((t == 0).float().mean())}
              for name, t in (("w", w), ("w_folded", w_folded), ("attached W*", w_attached))}
-    return {"M": m, "d": d, "n": n, "us": times, "kernels": kernels, "weight_stats": stats, "errors": errors, "failed": failed,
+    return {"M": m, "d": d, "n": n, "us": times, "kernels": kernels, "weight_stats": stats, "errors": errors,
             "addresses": {"w": w.data_ptr() % 4096, "w_folded": w_folded.data_ptr() % 4096,
                           "attached W*": w_attached.data_ptr() % 4096}}
 
@@ -187,8 +119,7 @@ def main(argv=None) -> int:
         print("profile_prefill: needs an NVIDIA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
         return 2
     bench = _bench_norm_proj()
-    fused = fused_rms_matmul(torch)
-    rows = [profile_rows(torch, bench, fused, int(m), 4096, 12288, args.repeats) for m in args.rows.split(",")]
+    rows = [profile_rows(torch, bench, int(m), 4096, 12288, args.repeats) for m in args.rows.split(",")]
     for row in rows:
         print(f"\nM={row['M']} d={row['d']} n={row['n']} (µs per call, median of {args.repeats})")
         fixed, shuffled = row["us"]["fixed"], row["us"]["shuffled"]
@@ -200,8 +131,6 @@ def main(argv=None) -> int:
             print(f"  kernels of {name}: " + "; ".join(f"{k} {t}" for k, t in ks))
         print(f"  weights: {row['weight_stats']}  address mod 4096: {row['addresses']}")
         print(f"  max relative error vs folded(attached W*): {row['errors']}")
-        for name, why in row["failed"].items():
-            print(f"  {name} failed: {why}")
     out_dir = os.environ.get("OUT")
     if out_dir:
         with open(os.path.join(out_dir, "profile_prefill.json"), "w", encoding="utf-8") as f:
