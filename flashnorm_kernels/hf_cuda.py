@@ -25,9 +25,11 @@ output itself, not a copy). Activations cross to CuPy as views of the same bytes
 
 Prefill. A step of M >= `prefill_rows` rows (default PREFILL_ROWS = 256) does not take the
 dual-stream path: the post-scale pass over the n-wide output costs more than the overlap saves.
-On the H200 (bf16, d = 4096, n = 12288; docs/benchmarks.md) the dual-stream path wins up to
-M = 128 (33.0 vs 35.6 µs for the pre-scaled path) and loses from M = 256 on (47.3 vs 45.3; 668
-vs 615 µs at 4096 rows). It runs the pre-scaled
+On the H200 (bf16, d = 4096, n = 12288; docs/benchmarks.md, paths sampled in shuffled order) the
+dual-stream path wins up to M = 256 (46.4 vs 49.4 µs for the pre-scaled kernels), ties at 512
+and loses from 1024 on (180.8 vs 165.6; 671 vs 631 µs at 4096 rows). The default switches at 256,
+not 512, because the dual-stream buffers Y and r hold prefill_rows - 1 rows per group (512 doubles
+them); pass prefill_rows=512 to trade that memory for about 10 % at M = 256-511. It runs the pre-scaled
 path on torch's current stream, F.rms_norm(x, None, eps) then F.linear with W* (the `folded`
 baseline of benchmarks/bench_norm_proj.py). Every step, prefill or decode, takes at most
 `max_tokens` rows (batch × tokens of that step), else a ValueError names max_tokens.
@@ -67,7 +69,7 @@ from .fold import FlashNormError, norm_gain
 from .groups import RoutedProjection, StepPerInput
 from .plan import EDGES, SyncPlan
 
-PREFILL_ROWS = 256  # rows from which a step takes the pre-scaled single-stream path (the H200's crossover)
+PREFILL_ROWS = 256  # rows from which a step takes the pre-scaled single-stream path (module docstring: why 256)
 KERNEL_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 _FOLD_ROWS = 8192  # rows folded at a time: bounds the fp64 temporary of a vocab × hidden lm_head
 
