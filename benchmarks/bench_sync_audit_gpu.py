@@ -4,7 +4,7 @@ reruns under delays, the outputs compared), then its script span timed with CUDA
 recorded and with those syncs skipped (median of --repeats each, both under recording), per
 step. Prints a markdown table for docs/benchmarks.md. Needs a GPU and torch (CuPy for its row).
 
-    python benchmarks/bench_sync_audit_gpu.py [--steps 16] [--repeats 5]
+    python benchmarks/bench_sync_audit_gpu.py [--steps 16] [--repeats 5] [--programs a.py,b.py]
 """
 from __future__ import annotations
 
@@ -42,12 +42,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=16, help="the programs' STEPS (the decode loop's tokens)")
     parser.add_argument("--repeats", type=int, default=5, help="timed reruns each, as recorded and edited")
+    names = [name for name, _, _ in PROGRAMS]
+    parser.add_argument("--programs", default=",".join(names), help=f"comma-separated, of {', '.join(names)}")
     args = parser.parse_args()
+    chosen = [n for n in args.programs.split(",") if n]
+    unknown = [n for n in chosen if n not in names]
+    if unknown or not chosen:
+        parser.error(f"--programs: {', '.join(unknown) or '(none)'}: choose from {', '.join(names)}")
     print(f"steps={args.steps} repeats={args.repeats}; script span under recording, CUDA events, median\n")
     print("| program | steps | syncs needed / total | skipped | proof | µs/step as recorded | µs/step edited "
           "| saved per step |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for name, library, per in PROGRAMS:
+    for name, library, per in (p for p in PROGRAMS if p[0] in chosen):
         if importlib.util.find_spec(library) is None:
             print(f"| {name} | | | | {library} not installed | | | |")
             continue
