@@ -135,7 +135,7 @@ def interleaved_medians(torch, graphs: dict, steps: int, replays: int, repeats: 
     """Median per path, sampling the paths round-robin so that clock and power drift
     (a long bf16 GEMM heats the chip) falls on every path alike, in a new seeded order each
     round: in a fixed order a path's place in the round biased its time (profile_prefill.py
-    measured the last paths 3-4 µs slower at M = 256 with the same kernels)."""
+    measured a path sampled late in the round up to 6 µs slower at M = 256 with the same kernels)."""
     samples = {name: [] for name in graphs}
     order, rng = list(graphs), random.Random(seed)
     for _ in range(repeats):

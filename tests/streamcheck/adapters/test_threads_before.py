@@ -27,7 +27,8 @@ needs_312 = pytest.mark.skipif(not threads.REACHES_RUNNING_THREADS,
 
 class Worker:
     """A thread started before the recording: it waits (blocked in C, as a polling thread
-    between polls), then runs `job` once in Python, then waits again until told to finish."""
+    between polls; inside `inside`, a context, if given), then runs `job` once in Python, then
+    waits again until told to finish."""
 
     def __init__(self, job, name="poller", inside=None):
         self.job, self.result = job, {}
