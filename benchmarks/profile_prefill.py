@@ -10,6 +10,10 @@ variant below changes one of them; all are timed as bench_norm_proj times them (
 CUDA graph, replays between CUDA events, medians sampled round-robin), in the same order every
 round (as bench_norm_proj sampled them before) and in a new seeded order each round, and the
 kernels each path issues are listed from torch.profiler, with their device times.
+
+What it found on the H200 (docs/benchmarks.md, 2026-12-02): the kernels were the same, and the gap
+came from the fixed order. Shuffled, every variant read within a few per cent of the others, so
+bench_norm_proj now shuffles.
 """
 from __future__ import annotations
 
@@ -113,13 +117,19 @@ def main(argv=None) -> int:
     parser.add_argument("--rows", default="256,512", help="comma-separated M (d=4096, n=12288)")
     parser.add_argument("--repeats", type=int, default=9)
     args = parser.parse_args(argv)
+    try:
+        rows_wanted = [int(m) for m in args.rows.split(",")]
+    except ValueError:
+        parser.error(f"--rows: comma-separated positive integers (M), got {args.rows!r}")
+    if not rows_wanted or min(rows_wanted) < 1:
+        parser.error(f"--rows: comma-separated positive integers (M), got {args.rows!r}")
     import torch
 
     if not torch.cuda.is_available():
         print("profile_prefill: needs an NVIDIA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
         return 2
     bench = _bench_norm_proj()
-    rows = [profile_rows(torch, bench, int(m), 4096, 12288, args.repeats) for m in args.rows.split(",")]
+    rows = [profile_rows(torch, bench, m, 4096, 12288, args.repeats) for m in rows_wanted]
     for row in rows:
         print(f"\nM={row['M']} d={row['d']} n={row['n']} (µs per call, median of {args.repeats})")
         fixed, shuffled = row["us"]["fixed"], row["us"]["shuffled"]
