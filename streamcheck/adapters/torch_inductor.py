@@ -52,20 +52,21 @@ def plan_of(autotuner):
     function). A user's @triton.jit kernel called from compiled code: triton_launch's analysis
     of its source, with Inductor's mutated_arg_names written too."""
     jit = autotuner.fn
-    stated = set(getattr(autotuner, "mutated_arg_names", None) or ())
-    stated |= set(getattr(autotuner, "reset_to_zero_arg_names", None) or ())
     user_kernel = getattr(autotuner, "custom_kernel", False) and getattr(jit, "fn", None) is not None
     base = triton_launch.plan_of(jit) if user_kernel else None  # the same object while source and declarations stay
     found = _PLANS.get(autotuner)
-    if found is None or found[0] is not base:
-        if base is not None:
-            plan = base.with_writes(stated)
-        else:
-            params = tuple(getattr(jit, "arg_names", None) or ())
-            plan = triton_launch.Plan.by_names(getattr(jit, "__name__", None) or "triton kernel", params,
-                                                {p for p in params if p in stated or p.startswith(_GENERATED_WRITES)})
-        found = _PLANS[autotuner] = (base, plan)
-    return found[1]
+    if found is not None and found[0] is base:  # every launch after the first: no work
+        return found[1]
+    stated = set(getattr(autotuner, "mutated_arg_names", None) or ())
+    stated |= set(getattr(autotuner, "reset_to_zero_arg_names", None) or ())
+    if base is not None:
+        plan = base.with_writes(stated)
+    else:
+        params = tuple(getattr(jit, "arg_names", None) or ())
+        plan = triton_launch.Plan.by_names(getattr(jit, "__name__", None) or "triton kernel", params,
+                                            {p for p in params if p in stated or p.startswith(_GENERATED_WRITES)})
+    _PLANS[autotuner] = (base, plan)
+    return plan
 
 
 def _register(rec, tensors) -> None:
