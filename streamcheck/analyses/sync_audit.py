@@ -682,8 +682,8 @@ def _provenance(ops, syncs):
         for index in sync.indexes:
             occurrence[index] = sync.key
     implied = {sync.key: "no-op" for sync in syncs}  # True / False once an occurrence orders something
-    via: dict = {}
-    origin: dict = {}  # (ordered owner, source owner) -> key of the sync that ordered it last
+    via: dict = {}  # key -> keys of the syncs that had ordered what it waits for, the latest first
+    origin: dict = {}  # (ordered owner, source owner) -> (trace index, key) of the sync that ordered it last
     checker = Checker()
     for index, op in enumerate(ops):
         key = occurrence.get(index)
@@ -695,18 +695,20 @@ def _provenance(ops, syncs):
                 if raised:
                     implied[key] = False
                     for c in raised:
-                        origin[(ordered, c)] = key
+                        origin[(ordered, c)] = (index, key)
                     checker.feed(op)
                     continue
                 if implied[key] == "no-op":
                     implied[key] = True
                 if key not in via:
+                    # A device synchronize waits for every stream: each may have been ordered by
+                    # another sync (the host read of one stream, the query of another), so all are named.
                     host = checker.thread_owner(op.thread)
-                    for c in ([source] if source is not None else list(needed)):
-                        found = origin.get((ordered, c)) or origin.get((host, c))
-                        if found is not None and found != key:
-                            via[key] = found
-                            break
+                    found = {origin.get((ordered, c)) or origin.get((host, c))
+                             for c in ([source] if source is not None else list(needed))}
+                    others = sorted((f for f in found if f is not None and f[1] != key), reverse=True)
+                    if others:
+                        via[key] = tuple(dict.fromkeys(k for _, k in others))
         checker.feed(op)
     return implied, via
 
@@ -718,9 +720,11 @@ def _why_redundant(sync: Sync, implied: dict, via: dict, numbers: dict) -> str:
     if state == "no-op":
         return "it orders nothing: the event it waits on was never recorded when it ran (CUDA: a no-op)"
     if state:
-        other = numbers.get(via.get(sync.key))
-        if other is not None:
-            return f"implied: what it waits for was already ordered by #{other[0]} ({other[1].what}, {other[1].site})"
+        others = [numbers[k] for k in via.get(sync.key, ()) if k in numbers]
+        if others:
+            named = [f"#{number} ({other.what}, {other.site})" for number, other in others]
+            return ("implied: what it waits for was already ordered by " +
+                    (named[0] if len(named) == 1 else ", ".join(named[:-1]) + " and " + named[-1]))
         return "implied: what it waits for was already ordered (by stream order or the host's issue order)"
     return None
 

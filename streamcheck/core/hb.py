@@ -909,6 +909,17 @@ class Checker:
                 f"{number - 1} (launched at {site_path(before)}) left there while `{first[_OP].name}` may still use "
                 "it (clone an output that must outlive the next replay, or order the replay after its user)")
 
+    @staticmethod
+    def _shared_by_graphs(first: tuple, replay: Optional[tuple]) -> str:
+        """Two graphs' replays on the same bytes: graphs captured into one memory pool (torch's
+        `torch.cuda.graph(pool=...)`), where a later capture is handed bytes an earlier graph
+        uses; sharing is safe only for replays in capture order, one after the other."""
+        earlier = first[_REPLAY]
+        if replay is None or earlier is None or earlier[0] == replay[0]:
+            return ""
+        return (f"; CUDA graphs {earlier[0]} and {replay[0]} both use these bytes (graphs that share one memory pool "
+                "may replay only one after the other, in capture order): order the second replay after the first")
+
     def _report(self, buf: _Buffer, first: tuple, start: int, stop: int, write: bool,
                 owner: int, op: Op, free: bool, replay: Optional[tuple] = None) -> None:
         if free:
@@ -938,7 +949,7 @@ class Checker:
         first_access = self._access_of(first[_OWNER], first[_OP], first[_WRITE], first[_FREE], first[_REPLAY])
         second = self._access_of(owner, op, write, free, replay)
         edge, hint = self._explain(first, first_access, owner, second, kind, op, buf)
-        hint += self._overwritten(first, kind, replay)
+        hint += self._overwritten(first, kind, replay) + self._shared_by_graphs(first, replay)
         self._counts[key] = 1
         self._folds[key] = ({(first[_OWNER], owner): None}, {buf.name: None})
         self._races[key] = Race(kind, buf.name, buf.site, max(start, first[_START]),

@@ -177,6 +177,27 @@ def test_a_wait_implied_through_a_third_stream_is_redundant_and_names_the_wait_t
     assert_minimal_set_holds(d, result)
 
 
+def test_a_device_synchronize_implied_by_two_host_syncs_names_both_the_latest_first():
+    """A device synchronize waits for every stream; here the setup's synchronize ordered A and
+    the step's host read ordered B, so the reason names both, the host read first (not just the
+    first stream it looked at)."""
+    d = Device("sim")
+    a, b = d.stream("A"), d.stream("B")
+    x, y = d.alloc(4, name="x"), d.alloc(4, name="y")
+    d.launch(fill, (x,), stream=a, writes=[x], name="setup")
+    d.synchronize()  # #1: the host reads x next
+    assert d.host_read(x).tolist() == [1, 1, 1, 1]
+    d.launch(fill, (y,), stream=b, writes=[y], name="step")
+    assert d.get(y, stream=b).tolist() == [1, 1, 1, 1]  # #2: the host read syncs B
+    d.synchronize()  # #3: A and B are both ordered already
+    result = audit(d.trace)
+    assert [f.verdict for f in result.findings] == [Verdict.HOST_NEEDED, Verdict.HOST_NEEDED, Verdict.REDUNDANT]
+    reason = result.findings[2].reason
+    assert reason.startswith("implied: what it waits for was already ordered by #2 (the host synchronizes stream B")
+    assert " and #1 (the host synchronizes " in reason, reason
+    assert result.removed == (3,)
+
+
 # --- what the host itself needs; queries ---------------------------------------------------
 
 @pytest.mark.parametrize("how", ["get", "synchronize then host_read"])
