@@ -28,6 +28,8 @@ dispatcher, and tensor subclasses whose __torch_dispatch__ runs before ours.
 """
 from __future__ import annotations
 
+import os
+
 from .. import recorder as R
 from ..core import trace as T
 from ..core.trace import CopyKind
@@ -262,6 +264,7 @@ def make_mode(rec, torch, ops=None):
     from torch.utils._python_dispatch import TorchDispatchMode
 
     ops = ops or Ops(rec, torch)
+    skip_torch_wrappers(torch)
 
     class RecordingMode(TorchDispatchMode):
         @classmethod
@@ -279,6 +282,16 @@ def make_mode(rec, torch, ops=None):
             return ops.call(func, args, kwargs)
 
     return RecordingMode()
+
+
+def skip_torch_wrappers(torch) -> None:
+    """torch wraps every dispatch mode's __torch_dispatch__ in torch._disable_dynamo
+    (TorchDispatchMode.__init_subclass__): torch/_compile.py's `inner` calls torch._dynamo.disable's
+    `_fn` (eval_frame.py, which wraps each torch.compile'd function too). Those frames only forward
+    a call: a report names the user's line, not `through torch/_dynamo/eval_frame.py`."""
+    root = os.path.dirname(torch.__file__)
+    T.skip_wrapper_frames(os.path.join(root, "_compile.py"), "inner")
+    T.skip_wrapper_frames(os.path.join(root, "_dynamo", "eval_frame.py"), "_fn")
 
 
 def install(rec, patcher) -> None:

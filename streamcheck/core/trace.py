@@ -229,6 +229,20 @@ MACHINERY, LIBRARY, USER = 0, 1, 2  # what a frame's file is to a resolver
 # Packages whose frames are libraries wherever they are installed (found once imported).
 LIBRARY_PACKAGES = ("torch", "cupy", "cupyx", "cupy_backends", "triton", "transformers")
 _installed: Optional[tuple] = None
+# Decorator wrappers of a library, by file and function name: their frames only forward a call,
+# so they are skipped like streamcheck's own (torch wraps every dispatch mode's
+# __torch_dispatch__ in torch._disable_dynamo, whose frames would read as the user's library call).
+_WRAPPERS: dict = {}  # co_filename -> frozenset of function names
+
+
+def skip_wrapper_frames(filename: str, *names: str) -> None:
+    """Frames of functions `names` in `filename` (a library's forwarding wrappers) are not call sites."""
+    _WRAPPERS[filename] = _WRAPPERS.get(filename, frozenset()) | frozenset(names)
+
+
+def _forwards(code) -> bool:
+    names = _WRAPPERS.get(code.co_filename)
+    return names is not None and code.co_name in names
 
 
 def _installed_dirs() -> tuple:
@@ -306,6 +320,8 @@ class SiteResolver:
             kind = kinds.get(code.co_filename)
             if kind is None:
                 kind = self.kind_of(code.co_filename)
+            if kind == LIBRARY and _WRAPPERS and _forwards(code):
+                kind = MACHINERY
             if kind:
                 keep(id(code))
                 keep(frame.f_lasti)
@@ -322,6 +338,9 @@ class SiteResolver:
                 kind = kinds.get(code.co_filename)
                 if kind is None:
                     kind = self.kind_of(code.co_filename)
+                if kind == LIBRARY and _WRAPPERS and _forwards(code):  # e.g. torch.compile's: its caller is the user's
+                    frame = frame.f_back
+                    continue
                 if kind != USER:
                     break
                 keep(id(code))
@@ -340,7 +359,7 @@ class SiteResolver:
         frame = sys._getframe(2)
         frames = []
         while frame is not None and len(frames) < count:
-            if self._kinds.get(frame.f_code.co_filename) != MACHINERY:
+            if self._kinds.get(frame.f_code.co_filename) != MACHINERY and not _forwards(frame.f_code):
                 frames.append((frame.f_code, frame.f_lasti))
             frame = frame.f_back
         return CallSite.captured(tuple(frames), user)

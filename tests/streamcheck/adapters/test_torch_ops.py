@@ -307,3 +307,18 @@ def test_empty_cache_is_noted_as_a_device_wide_wait_never_an_edge(run):
     assert [r.kind for r in rec.races] == ["RAW"]
     assert torch.cuda.empty_cache is torch.cuda.memory.empty_cache and not hasattr(torch.cuda.empty_cache,
                                                                                       "__wrapped__")
+
+
+def test_a_recorded_operator_names_the_users_line_not_the_wrapper_torch_puts_around_the_mode(run):
+    """torch wraps a dispatch mode's __torch_dispatch__ in torch._disable_dynamo: its frames sit
+    between the user's line and the recording, and must not read as the library call the user made
+    (`through torch/_dynamo/eval_frame.py`); a library the user called is still named."""
+    rec, _, on = run
+    x = torch.zeros(8)
+    with on(A):
+        x.add_(1)
+        torch.nn.functional.relu(x, inplace=True)  # through torch/nn/functional.py
+    add, relu = launches(rec)
+    assert add.site.file == __file__ and add.site.innermost is None, add.site.place
+    assert "eval_frame" not in add.site.place and "_compile" not in add.site.place
+    assert relu.site.innermost is not None and relu.site.innermost.file.endswith("functional.py"), relu.site.place
