@@ -72,11 +72,18 @@ def plan_probe(checker, trace, race, latest: bool = False):
                 "inside the capture would change the graph")
     at = [index.get(id(op)) for op in witness]
     # A captured access ran when its graph was launched: the launch that raced is the last one
-    # before the other access (first), or the first one after it (second).
-    if graphs[0] is not None:
+    # before the other access (first), or the first one after it (second). Nodes of two graphs
+    # (graphs sharing one pool): the second graph's first launch after one of the first's (its
+    # last, with `latest`), and the first graph's last launch before it.
+    if graphs[0] is not None and graphs[1] is not None:
+        firsts = _launches(trace, graphs[0])
+        seconds = [i for i in _launches(trace, graphs[1]) if firsts and i > firsts[0]]
+        at[1] = (seconds[-1] if latest else seconds[0]) if seconds else None
+        at[0] = max(i for i in firsts if i < at[1]) if seconds else None
+    elif graphs[0] is not None:
         before = [i for i in _launches(trace, graphs[0]) if at[1] is None or i < at[1]]
         at[0] = before[-1] if before else None
-    if graphs[1] is not None:
+    elif graphs[1] is not None:
         after = [i for i in _launches(trace, graphs[1]) if at[0] is None or i > at[0]]
         at[1] = after[0] if after else None
     if None in at:

@@ -326,3 +326,22 @@ def test_two_nodes_of_one_graph_cannot_be_inverted_by_a_delay_before_its_launch(
     (race,) = rec.races
     assert "both accesses are nodes of one CUDA graph" in plan_probe(rec.checker, rec.trace, race)
     del graph
+
+
+@pytest.mark.parametrize("latest", [False, True])
+def test_nodes_of_two_graphs_sharing_bytes_are_targeted_at_the_two_launches_that_raced(latest):
+    """Graphs sharing one pool: both accesses are captured nodes, of two graphs. The rerun delays
+    the first graph's launch right before the second graph's launch that raced with it."""
+    from streamcheck.core.trace import GraphLaunch
+    from streamcheck.device import Device
+    from tests.streamcheck.backends.test_capture_sim import STEPS, _graphs_sharing_bytes_replayed_on_two_streams
+
+    dev = Device("sim")
+    _graphs_sharing_bytes_replayed_on_two_streams(dev, fixed=False)
+    race = next(r for r in dev.races if r.kind == "WAW")
+    first, second = plan_probe(dev.checker, dev.trace, race, latest=latest)
+    launches = [op for op in dev.trace.ops if type(op) is GraphLaunch]
+    side, compute = launches[0].stream, launches[1].stream
+    assert (first.name, first.stream, second.name, second.stream) == ("GraphLaunch", side, "GraphLaunch", compute)
+    assert (first.site, second.site) == (launches[0].site, launches[1].site)
+    assert first.occurrence == second.occurrence == (STEPS - 1 if latest else 0)
