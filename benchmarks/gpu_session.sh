@@ -1,7 +1,20 @@
 #!/usr/bin/env bash
-# One GPU session: every `gpu` test and the GPU benchmarks, logs under $OUT (or ./gpu-out).
+# A GPU session in parts that each fit one device command (600 s at most), logs under $OUT (or ./gpu-out).
 # Run from the repository root on a machine with an NVIDIA GPU, CuPy and torch installed.
+#
+#   bash benchmarks/gpu_session.sh tests [K/N]    the `gpu` tests (part K of N: tests/device_session.py's
+#                                                --shard); each failure goes to $OUT/failures.txt as it happens
+#   bash benchmarks/gpu_session.sh benchmarks     the GPU benchmarks (WITH_NORM_PROJ=1 adds bench_norm_proj)
+#
+# The whole `gpu` suite took about 10 minutes on the H200 with 8-14 xdist workers (2026-12-02), so it runs as
+# `tests 1/2` and `tests 2/2`.
 set -uo pipefail
+what=${1:-}
+shard=${2:-}
+case $what in
+  tests|benchmarks) ;;
+  *) echo "usage: bash benchmarks/gpu_session.sh tests [K/N] | benchmarks" >&2; exit 2 ;;
+esac
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -14,7 +27,11 @@ step() {  # step NAME LIMIT_S COMMAND...: run with a time limit, log to $OUT/NAM
   timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
   echo "=== $name: exit $?"; tail -n 25 "$OUT/$name.log"
 }
-step pytest_gpu 200 python3 -m pytest -m gpu -q -p no:cacheprovider -o addopts="" tests/
+if [ "$what" = tests ]; then
+  step "pytest_gpu${shard:+_${shard%/*}}" 540 python3 -m pytest -m gpu -n 8 -v -p no:cacheprovider -o addopts="" \
+    -p tests.device_session ${shard:+--shard "$shard"} --failures-log "$OUT/failures.txt" tests/
+  exit 0
+fi
 if [ "${WITH_NORM_PROJ:-0}" = 1 ]; then
   step bench_norm_proj 100 python3 benchmarks/bench_norm_proj.py --repeats 15
 fi
