@@ -92,13 +92,15 @@ class Finding:
     prevents: tuple = ()  # the races removing it alone makes
     replacement: tuple = ()  # Replacements (device-side suffices)
     host_bytes: tuple = ()  # what the host touches (host needed)
+    gain: str = ""  # a replaced host synchronize: how far the host gets ahead before it blocks again
 
     def to_dict(self, root: Optional[str] = None) -> dict:
         return {"number": self.number, "kind": self.sync.kind, "site": site_path(self.sync.site, root),
                 "what": self.sync.what, "count": self.sync.count, "host_blocking": self.sync.host_blocking,
                 "captured": self.sync.captured, "verdict": self.verdict.value, "reason": self.reason,
                 "prevents": [r.to_dict(root) for r in self.prevents],
-                "replacement": [r.describe() for r in self.replacement], "host_bytes": list(self.host_bytes)}
+                "replacement": [r.describe() for r in self.replacement], "host_bytes": list(self.host_bytes),
+                "gain": self.gain}
 
 
 @dataclass(frozen=True)
@@ -168,6 +170,8 @@ class Audit:
                     lines.append(f"      replace with: {rep.describe()}")
                 for what in f.host_bytes:
                     lines.append(f"      the host {what}")
+                if f.gain:
+                    lines.append(f"      gain: {f.gain}")
             lines.append("")
             lines.append(f"  minimal sufficient set: {self.summary()}")
             if self.keep:
@@ -595,6 +599,7 @@ def audit(trace) -> Audit:
         if _clean(edit(ops, remove=trial_remove, swap=trial_swap), base):
             removed, swapped = trial_remove, trial_swap
     keep = tuple(f.number for f in findings if f.sync.key not in removed and f.sync.key not in swapped)
+    findings = _with_gains(ops, findings, keep, swapped)
     implicit: dict = {}
     for op in ops:
         if type(op) is T.ImplicitSync:
@@ -602,6 +607,49 @@ def audit(trace) -> Audit:
     return Audit(tuple(findings), keep, tuple(f.number for f in findings if f.sync.key in swapped),
                  tuple(f.number for f in findings if f.sync.key in removed), tuple(base.races),
                  tuple(implicit.items()), checks, (tuple(removed), tuple(swapped.items())))
+
+
+HOST_WORK = (T.Launch, T.Copy, T.GraphLaunch)  # what the host issues that the GPU can run meanwhile
+SMALL_LEAD = 2  # a replacement issues an event record and a wait: two calls for the host's lead
+
+
+def _with_gains(ops, findings: list, keep: tuple, swapped: dict) -> list:
+    """Each host synchronize the minimal set replaces, with how far the host then gets ahead: the
+    work it issues on its thread before a host synchronize the set keeps blocks it again (one pass,
+    from the end). A lead of a call or two buys little, as the replacement itself adds two calls."""
+    kept = {f.sync.key: f.number for f in findings if f.number in keep and f.sync.host_blocking}
+    blocker = {i: kept[f.sync.key] for f in findings if f.sync.key in kept for i in f.sync.indexes}
+    wanted = {i: f.number for f in findings if f.sync.key in swapped for i in f.sync.indexes}
+    if not wanted:
+        return findings
+    ahead: dict = {}  # thread -> [work issued since this point, the finding number that blocks next]
+    leads: dict = {}  # finding number -> [(work, blocker) per occurrence]
+    for index in range(len(ops) - 1, -1, -1):
+        op = ops[index]
+        state = ahead.setdefault(op.thread, [0, None])
+        if index in wanted:
+            leads.setdefault(wanted[index], []).append(tuple(state))
+        if index in blocker:
+            state[0], state[1] = 0, blocker[index]
+        elif type(op) in HOST_WORK:
+            state[0] += 1
+    return [replace(f, gain=_gain_line(leads[f.number])) if f.number in leads else f for f in findings]
+
+
+def _gain_line(leads: list) -> str:
+    blocked = sorted(work for work, number in leads if number is not None)
+    if len(blocked) < len(leads) / 2:  # mostly nothing blocks the host again on this thread
+        return ""
+    work = blocked[len(blocked) // 2]
+    numbers = [number for _, number in leads if number is not None]
+    then = max(set(numbers), key=numbers.count)
+    seen = f" (median of {len(leads)} occurrences)" if len(leads) > 1 else ""
+    text = (f"after it the host issues {work} operation{'s' if work != 1 else ''}{seen} before #{then} blocks it "
+            "again")
+    if work <= SMALL_LEAD:
+        return (text + ", and the device-side wait adds two calls (an event record and a wait): little to gain; "
+                "time it (--prove) before changing it")
+    return text + ": the wait lets the GPU run while the host issues them"
 
 
 def _copied_back(ops, sync: Sync) -> tuple:

@@ -198,6 +198,41 @@ def test_a_device_synchronize_implied_by_two_host_syncs_names_both_the_latest_fi
     assert result.removed == (3,)
 
 
+def host_sync_then_work_then_read(work: int, steps: int = 3):
+    """Each step: A produces x; the host synchronizes A (a device-side wait would do); B copies x
+    to y, then `work` more kernels on B; the host reads y (it must block there)."""
+    d = Device("sim")
+    a, b = d.stream("A"), d.stream("B")
+    x, y, z = d.alloc(4, name="x"), d.alloc(4, name="y"), d.alloc(4, name="z")
+    for _ in range(steps):
+        d.launch(fill, (x,), stream=a, writes=[x], name="producer")
+        a.synchronize()
+        d.launch(copy, (x, y), stream=b, reads=[x], writes=[y], name="consumer")
+        for _ in range(work):
+            d.launch(fill, (z,), stream=b, writes=[z], name="more")
+        assert d.get(y, stream=b).tolist() == [1, 1, 1, 1]
+    return d
+
+
+@pytest.mark.parametrize("work, little", [(0, True), (6, False)])
+def test_a_replaced_host_synchronize_says_how_far_the_host_gets_before_it_blocks_again(work, little):
+    result = audit(host_sync_then_work_then_read(work).trace)
+    replaced, read = result.findings
+    assert (replaced.verdict, read.verdict) == (Verdict.DEVICE_SIDE, Verdict.HOST_NEEDED)
+    assert result.replaced == (1,) and result.keep == (2,)
+    issued = f"{work + 1} operation{'s' if work else ''}"  # the consumer and the extra kernels
+    assert replaced.gain.startswith(f"after it the host issues {issued} (median of 3 occurrences) "
+                                    "before #2 blocks it again"), replaced.gain
+    assert ("little to gain" in replaced.gain) is little
+    assert f"      gain: {replaced.gain}" in result.format(width=10_000)
+    assert result.to_dict()["findings"][0]["gain"] == replaced.gain and read.gain == ""
+
+
+def test_a_replaced_host_synchronize_the_host_never_blocks_after_has_no_gain_line():
+    result = audit(host_sync_before_consumer(device_side=False).trace)
+    assert only(result).verdict is Verdict.DEVICE_SIDE and only(result).gain == ""
+
+
 # --- what the host itself needs; queries ---------------------------------------------------
 
 @pytest.mark.parametrize("how", ["get", "synchronize then host_read"])
