@@ -35,10 +35,13 @@ def pytest_addoption(parser):
     group.addoption("--failures-log", default=None, help="append each failure to this file as it happens")
 
 
+SHARD = pytest.StashKey[tuple]()
+
+
 def pytest_configure(config):
     text = config.getoption("--shard")
     if text is not None:
-        _shard(text)  # a bad value is a usage error before anything runs
+        config.stash[SHARD] = _shard(text)  # a bad value is a usage error before anything runs
     path = config.getoption("--failures-log")
     if path and not hasattr(config, "workerinput"):  # xdist: the controller writes, its workers do not
         config.pluginmanager.register(FailuresLog(path), "device-session-failures-log")
@@ -55,10 +58,9 @@ class FailuresLog:
 
 
 def pytest_collection_modifyitems(config, items):
-    text = config.getoption("--shard")
-    if text is None:
+    if SHARD not in config.stash:
         return
-    k, n = _shard(text)
+    k, n = config.stash[SHARD]
     keep, drop = [], []
     for item in items:
         (keep if zlib.crc32(item.nodeid.encode()) % n == k - 1 else drop).append(item)

@@ -637,13 +637,13 @@ def _with_gains(ops, findings: list, keep: tuple, swapped: dict) -> list:
 
 
 def _gain_line(leads: list) -> str:
-    blocked = sorted(work for work, number in leads if number is not None)
-    if len(blocked) < len(leads) / 2:  # mostly nothing blocks the host again on this thread
+    blocked = [(work, number) for work, number in leads if number is not None]
+    if len(blocked) * 2 < len(leads):  # mostly nothing blocks the host again on this thread
         return ""
-    work = blocked[len(blocked) // 2]
-    numbers = [number for _, number in leads if number is not None]
+    work = sorted(w for w, _ in blocked)[len(blocked) // 2]
+    numbers = [number for _, number in blocked]
     then = max(set(numbers), key=numbers.count)
-    seen = f" (median of {len(leads)} occurrences)" if len(leads) > 1 else ""
+    seen = f" (median of {len(blocked)} occurrences)" if len(blocked) > 1 else ""
     text = (f"after it the host issues {work} operation{'s' if work != 1 else ''}{seen} before #{then} blocks it "
             "again")
     if work <= SMALL_LEAD:

@@ -334,10 +334,10 @@ def test_nodes_of_two_graphs_sharing_bytes_are_targeted_at_the_two_launches_that
     the first graph's launch right before the second graph's launch that raced with it."""
     from streamcheck.core.trace import GraphLaunch
     from streamcheck.device import Device
-    from tests.streamcheck.backends.test_capture_sim import STEPS, _graphs_sharing_bytes_replayed_on_two_streams
+    from tests.streamcheck.backends.test_capture_sim import STEPS, graphs_sharing_bytes_replayed_on_two_streams
 
     dev = Device("sim")
-    _graphs_sharing_bytes_replayed_on_two_streams(dev, fixed=False)
+    graphs_sharing_bytes_replayed_on_two_streams(dev, fixed=False)
     race = next(r for r in dev.races if r.kind == "WAW")
     first, second = plan_probe(dev.checker, dev.trace, race, latest=latest)
     launches = [op for op in dev.trace.ops if type(op) is GraphLaunch]

@@ -507,7 +507,7 @@ def test_the_replay_ordered_after_the_read_is_clean_and_each_copy_is_its_own_ste
     assert dev.races == []
 
 
-def _graphs_sharing_bytes_replayed_on_two_streams(dev, fixed: bool):
+def graphs_sharing_bytes_replayed_on_two_streams(dev, fixed: bool):
     """Two graphs captured into one memory pool, as torch's `torch.cuda.graph(pool=...)` shares
     it: graph B's output `shared` is where graph A keeps its temporary. A replays on a side
     stream, B on the compute stream; only the fixed program orders B after A (capture order).
@@ -547,7 +547,7 @@ def _graphs_sharing_bytes_replayed_on_two_streams(dev, fixed: bool):
 
 def test_two_graphs_sharing_bytes_replayed_unordered_race_and_strike_and_the_report_names_both():
     dev = Device("sim")
-    _graphs_sharing_bytes_replayed_on_two_streams(dev, fixed=False)
+    graphs_sharing_bytes_replayed_on_two_streams(dev, fixed=False)
     waw = [r for r in dev.races if r.kind == "WAW" and r.buffer == "shared"]
     assert waw, dev.report()
     race = waw[0]
@@ -556,16 +556,16 @@ def test_two_graphs_sharing_bytes_replayed_unordered_race_and_strike_and_the_rep
     assert race.second.replay.startswith("replay 1 of CUDA graph ")
     assert race.first.replay.split(" (")[0] != race.second.replay.split(" (")[0]  # two graphs
     assert "share one memory pool" in race.hint and "capture order" in race.hint
-    wrong = [seed for seed in SEEDS if _graphs_sharing_bytes_replayed_on_two_streams(
+    wrong = [seed for seed in SEEDS if graphs_sharing_bytes_replayed_on_two_streams(
         Device("sim", policy="random", seed=seed, check=False), fixed=False) != [1.0, 2.0, 3.0]]
     assert wrong, "A's temporary never overwrote B's output under 200 seeds"
 
 
 def test_two_graphs_sharing_bytes_replayed_in_capture_order_are_clean_under_every_seed():
     dev = Device("sim")
-    assert _graphs_sharing_bytes_replayed_on_two_streams(dev, fixed=True) == [1.0, 2.0, 3.0]
+    assert graphs_sharing_bytes_replayed_on_two_streams(dev, fixed=True) == [1.0, 2.0, 3.0]
     assert dev.races == []
     for seed in SEEDS:
-        got = _graphs_sharing_bytes_replayed_on_two_streams(Device("sim", policy="random", seed=seed, check=False),
+        got = graphs_sharing_bytes_replayed_on_two_streams(Device("sim", policy="random", seed=seed, check=False),
                                                            fixed=True)
         assert got == [1.0, 2.0, 3.0], seed
