@@ -222,7 +222,7 @@ def test_a_block_a_graph_tree_warm_up_allocated_goes_back_to_the_trees_pool_and_
         entered.append((device, mem_pool))
         yield
 
-    kept = []  # the CPU tensors stay alive: a second one never gets the first one's address
+    kept = []  # the CPU tensors (inputs and the sums' outputs) stay alive: no later tensor gets their address
 
     def read_on_b_then_drop(in_pool: bool):
         manager = torch_graphs._pool_manager(trees_pool_manager)(0, (0, 7), None) if in_pool \
@@ -237,7 +237,7 @@ def test_a_block_a_graph_tree_warm_up_allocated_goes_back_to_the_trees_pool_and_
         torch_runtime._event_recorded(0xE1, A)  # side.wait_stream(A)
         torch_runtime._event_waited(0xE1, B)
         with on(B):
-            x.sum()  # read on a side stream, no record_stream
+            kept.append(x.sum())  # read on a side stream, no record_stream
         torch_runtime._deallocated(ptr)
         return [op for op in rec.trace.ops if type(op) is T.Free]
 
