@@ -550,6 +550,7 @@ def _capture(groups, stream, step):
     for group in groups:
         group.forget_previous_step()  # the previous step's war event was recorded outside the capture
     graph = torch.cuda.CUDAGraph()
+    restore_generator = _generator_restorer(stream.device)
     with torch.cuda.stream(stream):
         graph.capture_begin()
         try:
@@ -558,7 +559,7 @@ def _capture(groups, stream, step):
             try:
                 graph.capture_end()
             except Exception:  # the step's own error is the one to see
-                pass
+                restore_generator()
             raise
         finally:
             for group in groups:
@@ -566,8 +567,23 @@ def _capture(groups, stream, step):
         try:
             graph.capture_end()
         except Exception as exc:
+            restore_generator()
             raise GraphCaptureError(_refusal(groups, exc)) from exc
     return graph
+
+
+def _generator_restorer(device):
+    """A function that puts back the device's default CUDA generator as it was before a capture.
+    capture_begin puts the generator in capture mode and only a successful capture_end takes it
+    out (pytorch/pytorch#171263): after a refused capture, every later random op on the device
+    would raise "Offset increment outside graph capture". A clone of the state taken before the
+    capture has the seed and offset that eager code continues from."""
+    generator = torch.cuda.default_generators[device.index if device.index is not None
+                                              else torch.cuda.current_device()]
+    if not hasattr(generator, "graphsafe_get_state"):  # torch < 2.5: nothing to put back
+        return lambda: None
+    saved = generator.graphsafe_get_state().clone_state()
+    return lambda: generator.graphsafe_set_state(saved)
 
 
 def _refusal(groups, exc) -> str:

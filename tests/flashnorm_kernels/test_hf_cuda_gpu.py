@@ -226,9 +226,17 @@ def test_graph_decode_replays_to_the_eager_tokens(model, reference, batch):
 
 
 def test_talks_plan_is_refused_at_capture_naming_the_missing_join(model, reference):
+    torch.cuda.manual_seed(7)
+    torch.randn(8, device="cuda")
+    expected_draw = torch.randn(8, device="cuda")  # the draw after the refusal continues the sequence
+    torch.cuda.manual_seed(7)
+    torch.randn(8, device="cuda")
     with attach(model, "cuda", SyncPlan.implicit_join(), max_tokens=P):
         with pytest.raises(GraphCaptureError) as info:
             decode_with_graph(model, PROMPT_IDS, 8)
+    # The refused capture left the random generator as it was (pytorch/pytorch#171263 leaves it in
+    # capture mode, and every later draw raised "Offset increment outside graph capture").
+    assert torch.equal(torch.randn(8, device="cuda"), expected_draw)
     message = str(info.value)
     assert "stream A (the matmul) is never joined back into the capturing stream: missing join_mm" in message
     assert "cudaErrorStreamCaptureUnjoined" in message and "SyncPlan.correct()" in message
