@@ -580,7 +580,7 @@ def _generator_restorer(device):
     capture has the seed and offset that eager code continues from."""
     generator = torch.cuda.default_generators[device.index if device.index is not None
                                               else torch.cuda.current_device()]
-    if not hasattr(generator, "graphsafe_get_state"):  # torch < 2.5: nothing to put back
+    if not hasattr(generator, "graphsafe_get_state"):  # an older torch without graph-safe generator states
         return lambda: None
     saved = generator.graphsafe_get_state().clone_state()
     return lambda: generator.graphsafe_set_state(saved)
