@@ -17,6 +17,7 @@ import zlib
 import pytest
 
 TRACEBACK_CHARS = 6000  # per failure: the assertion and the frames around it
+SHARD = pytest.StashKey[tuple]()  # (K, N), parsed once at configure
 
 
 def _shard(text: str) -> tuple:
@@ -33,9 +34,6 @@ def pytest_addoption(parser):
     group = parser.getgroup("device session")
     group.addoption("--shard", default=None, help="run part K of N of the tests (K/N, K from 1)")
     group.addoption("--failures-log", default=None, help="append each failure to this file as it happens")
-
-
-SHARD = pytest.StashKey[tuple]()
 
 
 def pytest_configure(config):

@@ -2,7 +2,6 @@
 failures happen (once per failure, under xdist too), on a small generated suite."""
 from __future__ import annotations
 
-import os
 import re
 
 import pytest

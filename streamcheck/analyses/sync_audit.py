@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import enum
 import json
-from dataclasses import dataclass, field, replace
-from typing import Iterable, Optional
+from dataclasses import dataclass, replace
+from typing import Optional
 
 from ..core import trace as T
 from ..core.hb import Checker, Race, site_path, wrap_lines
