@@ -21,10 +21,28 @@ WORKER_OUTPUT_KEY = "streamcheck_in_use"  # in xdist's workeroutput
 __all__ = ["FIXTURES", "MARKERS", "TIMING_MARKER", "in_use", "uses_streamcheck"]
 
 
+FIXTURES_MODULE = "streamcheck.plugin.fixtures"
+
+
 def uses_streamcheck(item) -> bool:
     """Whether a test asks for one of our fixtures (itself or through its fixtures) or markers."""
-    return (not set(FIXTURES).isdisjoint(getattr(item, "fixturenames", ()))
+    return (any(_resolves_to_ours(item, name) for name in FIXTURES)
             or any(item.get_closest_marker(name) is not None for name in MARKERS))
+
+
+def _resolves_to_ours(item, name: str) -> bool:
+    """Whether `name` is *our* fixture for this test: a project may have a `run_schedules` of its
+    own. pytest tells which definitions a test resolves to only on its private _fixtureinfo (its
+    own plugins read it too); items without one (doctests) ask for no fixture of ours."""
+    info = getattr(item, "_fixtureinfo", None)
+    definitions = list(info.name2fixturedefs.get(name, ())) if info is not None else []
+    while definitions:  # the innermost applies; one that asks for its own name gets the next one out
+        definition = definitions.pop()
+        if getattr(definition.func, "__module__", None) == FIXTURES_MODULE:
+            return True
+        if name not in definition.argnames:
+            return False
+    return False
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -148,3 +148,40 @@ def test_the_names_it_looks_for_are_its_fixtures_and_markers(pytester):
     markers = pytester.runpytest_inprocess("--markers", "-p", "no:hypothesispytest").stdout.str()
     assert {name for name in re.findall(r"^@pytest\.mark\.(\w+)", markers, re.M) if name.startswith("streamcheck")} \
         == set(MARKERS)
+
+
+def test_a_foreign_fixture_named_as_ours_does_not_use_streamcheck(pytester, notes):
+    # A project of its own with a fixture called `run_schedules`: its tests ask for *its* fixture.
+    pytester.makeconftest('''
+import json, os, sys
+import pytest
+
+@pytest.fixture
+def run_schedules():
+    return lambda fn: fn()
+
+def pytest_sessionfinish(session):
+    with open(os.path.join(os.environ["NOTES"], "main"), "w") as fh:
+        json.dump(sorted(m for m in sys.modules if m.startswith("streamcheck.core")), fh)
+''')
+    pytester.makepyfile(test_own="def test_own(run_schedules): assert run_schedules(lambda: 3) == 3")
+    result = pytester.runpytest_subprocess("-p", "no:hypothesispytest")
+    result.assert_outcomes(passed=1)
+    assert not [line for line in result.stdout.lines if line.startswith("streamcheck") or "= streamcheck =" in line]
+    assert not any("streamcheck" in name for name in _cache_files(pytester))
+    assert notes() == {"main": []}
+
+
+def test_our_fixture_under_a_fixture_that_overrides_it_still_uses_streamcheck(pytester):
+    # A conftest fixture of the same name that asks for ours (pytest's override idiom) uses ours.
+    pytester.makeconftest('''
+import pytest
+
+@pytest.fixture
+def streamcheck_seed(streamcheck_seed):
+    return streamcheck_seed
+''')
+    pytester.makepyfile(test_uses="def test_uses(streamcheck_seed): assert isinstance(streamcheck_seed, int)")
+    result = pytester.runpytest_inprocess("-p", "no:hypothesispytest")
+    result.assert_outcomes(passed=1)
+    assert SEED_LINE.search(result.stdout.str())
