@@ -52,6 +52,7 @@ from .trace import (
     EventSync,
     Free,
     GraphLaunch,
+    HandOff,
     HostAccess,
     ImplicitSync,
     Launch,
@@ -62,6 +63,7 @@ from .trace import (
     StreamQuery,
     StreamSync,
     StreamWait,
+    TakeOver,
     ThreadJoin,
     ThreadStart,
     Trace,
@@ -139,6 +141,8 @@ def _site_from_dict(d: dict) -> CallSite:
                     tuple(frame(f) for f in d.get("stack", ())))
 
 
+# Where the hand-offs between host threads that order them are listed, for the fix that names them.
+HAND_OFFS_DOC = "docs/cuda-rules.md, section 2"
 SHOWN_BUFFERS = 4  # a report names this many of the buffers it folds, then counts the rest
 
 
@@ -338,6 +342,7 @@ class Checker:
         self._owners: list = []  # owner -> _Stream or _Thread
         self._threads: dict[int, _Thread] = {}
         self._new_thread(0)
+        self._channels: dict[int, dict] = {}  # host hand-off channel -> the clock handed over through it
         self._devices: dict[int, _Device] = {0: _Device(0)}
         # Set once a second device shows up: launches then check peer access, labels name devices.
         self._multi = False
@@ -346,9 +351,6 @@ class Checker:
         self._races: dict[tuple, Race] = {}  # Race.key -> the first report
         self._counts: dict[tuple, int] = {}
         self._folds: dict[tuple, tuple] = {}  # Race.key -> ({(first owner, second owner): None}, {buffer name: None})
-        # (kind, id(first site), id(second site)) -> (Race.key, both sites: so their ids stay theirs):
-        # a repeat resolves no CallSite.
-        self._keys: dict[tuple, tuple] = {}
         self._witnesses: dict[tuple, tuple] = {}  # Race.key -> (first op, second op) of its first report
         self._latest: dict[tuple, tuple] = {}  # Race.key -> the same, of its last repeat
         self._capture = CaptureTracker()
@@ -359,6 +361,8 @@ class Checker:
         self._dispatch = {
             ThreadStart: self._thread_start,
             ThreadJoin: self._thread_join,
+            HandOff: self._hand_off,
+            TakeOver: self._take_over,
             StreamCreate: self._stream_create,
             EventCreate: self._event_create,
             EventDestroy: self._event_destroy,
@@ -581,6 +585,19 @@ class Checker:
             raise TraceError(f"ThreadJoin at {op.site}: unknown host thread {op.child}; "
                              "record ThreadStart for it first")
         self._host_join(self._threads[op.thread], child.clock)
+
+    def _hand_off(self, op: HandOff) -> None:
+        thread = self._threads[op.thread]
+        channel = self._channels.get(op.channel)
+        if channel is None:
+            channel = self._channels[op.channel] = {}
+        _join(channel, thread.clock)
+        self._host_tick(thread)  # what the thread does next is not handed over
+
+    def _take_over(self, op: TakeOver) -> None:
+        channel = self._channels.get(op.channel)
+        if channel:
+            self._host_join(self._threads[op.thread], channel)
 
     def _stream_create(self, op: StreamCreate) -> None:
         if op.stream in self._streams:
@@ -930,14 +947,9 @@ class Checker:
             kind = "RAW"
         else:
             kind = "WAR"
-        # This runs for every repeat of a race: sites by identity first (resolving a CallSite's
-        # place costs far more), by place (Race.key) once per pair of site objects.
-        a, b = first[_OP].site, op.site
-        ident = (kind, id(a), id(b))
-        known = self._keys.get(ident)
-        if known is None:
-            known = self._keys[ident] = ((kind, a.place, b.place), a, b)
-        key = known[0]
+        # This runs for every repeat of a race: a site keeps its place once built (Race.key), and
+        # nothing is formatted until the first report of a key.
+        key = (kind, first[_OP].site.place, op.site.place)
         count = self._counts.get(key)
         if count is not None:
             self._counts[key] = count + 1
@@ -984,8 +996,9 @@ class Checker:
             return (
                 f"{second.actor} is not ordered after host thread {src.id}'s {producer}: "
                 f"the thread that issued `{second.name}` never synchronized with thread {src.id}",
-                f"join the threads (or hand over with threading.Event) after {producer} and before "
-                f"`{second.name}` ({at})",
+                f"hand over from thread {src.id} after {producer} and before `{second.name}` ({at}): join "
+                f"it, or use threading.Event (set, then wait), queue.Queue (put, then get), a Lock, RLock or "
+                f"Condition, or a Barrier; each of these orders the threads ({HAND_OFFS_DOC})",
             )
         if isinstance(dst, _Thread):  # the later access is the host's
             verb = "freed" if kind == "FREE" else ("wrote" if second.write else "read")

@@ -98,21 +98,36 @@ def site_path(site: "CallSite", root: Optional[str] = None) -> str:
     """`path:line` with the path relative to `root` (default: the settings' root, else the working
     directory) when the file lies under it, else absolute: a basename alone is ambiguous in a
     repository with two files of that name, and a relative path is what editors and CI resolve."""
-    if site.file.startswith("<"):  # <string>, <stdin>, <unknown>: no file to point at
-        return f"{site.file}:{site.line}"
+    file = site.file
+    if file.startswith("<"):  # <string>, <stdin>, <unknown>: no file to point at
+        return f"{file}:{site.line}"
     if root is None:
         root = _site_settings.root
-    root = os.path.abspath(root if root is not None else os.getcwd())
-    path = os.path.abspath(site.file)
+    # Every report names its sites, a race in a loop thousands of times over a handful of files:
+    # the path is resolved once per file (abspath, commonpath and a walk of the file system cost
+    # far more than the lookup). The working directory is in the key: relative names depend on it.
+    key = (file, root, os.getcwd())
+    path = _report_paths.get(key)
+    if path is None:
+        path = _report_paths[key] = _report_path(file, root if root is not None else key[2])
+    return f"{path}:{site.line}"
+
+
+_report_paths: dict = {}  # (file, root, working directory) -> the file as reports name it
+
+
+def _report_path(file: str, root: str) -> str:
+    """The file of site_path: an installed library's by its package path, one under `root`
+    relative to it, else by its package path (_package_path) or absolute."""
+    root = os.path.abspath(root)
+    path = os.path.abspath(file)
     # An installed library's file by its package path (torch/_ops.py), however deep the environment.
     installed = [d for d in _installed_dirs() if path.startswith(d)]
     if installed:
-        path = os.path.relpath(path, max(installed, key=len))
-    elif os.path.commonpath([root, path]) == root:
-        path = os.path.relpath(path, root)
-    else:
-        path = _package_path(path)
-    return f"{path}:{site.line}"
+        return os.path.relpath(path, max(installed, key=len))
+    if os.path.commonpath([root, path]) == root:
+        return os.path.relpath(path, root)
+    return _package_path(path)
 
 
 def _package_path(path: str) -> str:
@@ -147,7 +162,7 @@ class CallSite:
     (code object, instruction offset) pairs and finds files and lines only when first read, so
     recording pays for a walk of the frames, and only a report for their lines."""
 
-    __slots__ = ("_file", "_line", "_function", "_innermost", "_stack", "_frames", "_hash")
+    __slots__ = ("_file", "_line", "_function", "_innermost", "_stack", "_frames", "_hash", "_place")
 
     def __init__(self, file: str, line: int, function: str = "", innermost: Optional["CallSite"] = None,
                  stack: tuple = ()):
@@ -155,6 +170,7 @@ class CallSite:
         self._innermost, self._stack = innermost, tuple(stack)
         self._frames = None
         self._hash = None
+        self._place = None
 
     @classmethod
     def captured(cls, frames: tuple, user: int) -> "CallSite":
@@ -162,6 +178,7 @@ class CallSite:
         site = cls.__new__(cls)
         site._frames = (frames, user)
         site._hash = None
+        site._place = None
         return site
 
     def _resolve(self) -> None:
@@ -186,9 +203,13 @@ class CallSite:
 
     @property
     def place(self) -> tuple:
-        """(file, line, function) of the user's frame, then of the innermost frame if there is one."""
-        inner = self.innermost
-        return (self.file, self.line, self.function) + (() if inner is None else inner.place)
+        """(file, line, function) of the user's frame, then of the innermost frame if there is one.
+        Kept once built: the checker reads it for every occurrence of a race."""
+        place = self._place
+        if place is None:
+            inner = self._resolved()._innermost
+            place = self._place = (self._file, self._line, self._function) + (() if inner is None else inner.place)
+        return place
 
     def __eq__(self, other) -> bool:
         if self is other:
@@ -399,6 +420,32 @@ class ThreadJoin(Op):
     """`thread` joins `child`: everything the child did happens before what follows."""
 
     child: int = 0
+
+
+# Host threads' own hand-offs (threading.Event, queue.Queue, locks, Condition, Barrier): one
+# thread hands its work over through a channel, another takes it over. A channel is a number
+# the recorder picks: one per Event (until it is cleared), per queued item, per lock, per
+# Condition, per barrier generation.
+
+
+@dataclass(frozen=True)
+class HandOff(Op):
+    """`thread` hands over through `channel` (Event.set, a queue put, a lock's release,
+    Condition.notify, arriving at a barrier): everything it did so far happens before a later
+    TakeOver of `channel`. `what` names the call ("Event.set") for people."""
+
+    channel: int = 0
+    what: str = ""
+
+
+@dataclass(frozen=True)
+class TakeOver(Op):
+    """`thread` takes over what every HandOff of `channel` so far handed over (an Event.wait
+    that returned True, the get that returned a put's item, a lock's acquire, a Condition.wait
+    that was woken, passing a barrier). A channel nobody handed off through orders nothing."""
+
+    channel: int = 0
+    what: str = ""
 
 
 @dataclass(frozen=True)

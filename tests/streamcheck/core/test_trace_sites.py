@@ -14,7 +14,7 @@ from streamcheck.core.hb import format_report
 from streamcheck.core.trace import (LIBRARY, MACHINERY, USER, CallSite, SiteResolver, SiteSettings, set_site_settings,
                                     site_path)
 from streamcheck.device import Device
-from streamcheck.device_objects import caller_site
+from streamcheck.device.objects import caller_site
 
 # A wrapper module by one file name in two packages (pkg1/ops.py, pkg2/ops.py), and the user's
 # program that calls them: the situation where a base name alone points nowhere.
@@ -193,3 +193,33 @@ def test_a_package_file_outside_the_root_is_named_by_its_package_path(tmp_path):
     root.mkdir()
     assert site_path(CallSite(str(pkg / "ops.py"), 2), root=str(root)) == "mypkg/sub/ops.py:2"
     assert site_path(CallSite(str(loose), 3), root=str(root)) == f"{loose}:3"  # no package: the absolute path
+
+
+def test_a_site_path_follows_the_working_directory_and_the_root_though_paths_are_resolved_once(tmp_path, monkeypatch):
+    # site_path resolves each file once (reports name the same few files thousands of times):
+    # what it kept must still be keyed by where the path is relative to.
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    site = CallSite(str(tmp_path / "a" / "b" / "prog.py"), 7)
+    previous = set_site_settings(SiteSettings(root=None))  # under pytest the plugin sets the rootdir
+    try:
+        monkeypatch.chdir(tmp_path)
+        assert site_path(site) == "a/b/prog.py:7"
+        monkeypatch.chdir(tmp_path / "a")
+        assert site_path(site) == "b/prog.py:7"
+        assert site_path(site, root=str(tmp_path)) == "a/b/prog.py:7"
+        assert site_path(CallSite("b/prog.py", 8)) == "b/prog.py:8"  # a relative name, from the working directory
+        assert site_path(CallSite("b/prog.py", 8), root=str(tmp_path / "a" / "b")) == "prog.py:8"
+        monkeypatch.chdir(tmp_path)
+        assert site_path(CallSite("b/prog.py", 8), root=str(tmp_path / "a" / "b")) == f"{tmp_path}/b/prog.py:8"
+        set_site_settings(SiteSettings(root=str(tmp_path / "a" / "b")))
+        assert site_path(site) == "prog.py:7"
+    finally:
+        set_site_settings(previous)
+
+
+def test_a_site_keeps_its_place_once_built_and_it_names_both_frames():
+    inner = CallSite("/lib/ops.py", 3, "write")
+    site = CallSite("/proj/prog.py", 9, "program", innermost=inner)
+    assert site.place == ("/proj/prog.py", 9, "program", "/lib/ops.py", 3, "write")
+    assert site.place is site.place
+    assert CallSite("/proj/prog.py", 9, "program").place == ("/proj/prog.py", 9, "program")
