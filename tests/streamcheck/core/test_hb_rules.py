@@ -15,9 +15,9 @@ import pytest
 
 from streamcheck.core.hb import (Checker, Race, TraceError, check, format_report, reports_to_dicts, reports_to_json,
                                 site_path)
-from streamcheck.core.trace import (Alloc, CallSite, Copy, CopyKind, DeviceSync, EventCreate, EventRecord, EventSync,
+from streamcheck.core.trace import (Alloc, CallSite, Copy, CopyKind, DeviceSync, EventCreate, EventRecord, EventSync, HandOff,
                                Free, HostAccess, ImplicitSync, Launch, Range, StreamCreate, StreamKind, StreamSync,
-                               StreamWait, ThreadJoin, ThreadStart, Trace)
+                               StreamWait, TakeOver, ThreadJoin, ThreadStart, Trace)
 
 NBYTES = 64
 
@@ -98,6 +98,12 @@ class Prog:
 
     def thread_join(self, child: int, thread: int = 0) -> CallSite:
         return self._add(ThreadJoin, thread, child=child)
+
+    def hand_off(self, channel: int, thread: int = 0) -> CallSite:
+        return self._add(HandOff, thread, channel=channel, what="Event.set")
+
+    def take_over(self, channel: int, thread: int = 0) -> CallSite:
+        return self._add(TakeOver, thread, channel=channel, what="Event.wait")
 
     def races(self) -> list[Race]:
         return check(Trace(list(self.ops)))
@@ -362,6 +368,38 @@ def stream_of_other_thread(synced_by: int):
     return p
 
 
+def hand_off(how: str):
+    """Thread 1 fills x, then hands over through channel 7; the main thread launches a reader."""
+    p = two_streams()
+    p.thread_start(1, parent=0)
+    p.host(writes=["x"], thread=1, name="worker fills")
+    if how == "take over before the hand-off":
+        p.take_over(7)
+    p.hand_off(7, thread=1)
+    if how == "handed over":
+        p.take_over(7)
+    elif how == "other channel":
+        p.take_over(8)
+    elif how == "through a third thread":
+        p.thread_start(2, parent=0)
+        p.take_over(7, thread=2)
+        p.hand_off(9, thread=2)
+        p.take_over(9)
+    p.launch("A", "consume", reads=["x"])
+    return p
+
+
+def written_after_the_hand_off():
+    # A hand-off covers what the thread did before it, not what it does next.
+    p = two_streams()
+    p.thread_start(1, parent=0)
+    p.hand_off(7, thread=1)
+    p.host(writes=["x"], thread=1, name="worker fills")
+    p.take_over(7)
+    p.launch("A", "consume", reads=["x"])
+    return p
+
+
 def concurrent_reads():
     p = two_streams()
     p.stream("C")
@@ -463,6 +501,13 @@ CASES = [
     pytest.param(lambda: thread_join(True), [], id="thread-joined-safe"),
     pytest.param(lambda: stream_of_other_thread(0), ["RAW"], id="sync-by-other-thread-racy"),
     pytest.param(lambda: stream_of_other_thread(1), [], id="sync-by-same-thread-safe"),
+    # Host threads' hand-offs (threading.Event, queue.Queue, locks, Condition, Barrier).
+    pytest.param(lambda: hand_off("none"), ["RAW"], id="no-hand-off-racy"),
+    pytest.param(lambda: hand_off("handed over"), [], id="hand-off-then-take-over-safe"),
+    pytest.param(lambda: hand_off("take over before the hand-off"), ["RAW"], id="take-over-before-hand-off-racy"),
+    pytest.param(lambda: hand_off("other channel"), ["RAW"], id="take-over-of-other-channel-racy"),
+    pytest.param(lambda: hand_off("through a third thread"), [], id="hand-off-relayed-by-third-thread-safe"),
+    pytest.param(written_after_the_hand_off, ["RAW"], id="write-after-hand-off-racy"),
     # Concurrent reads never race.
     pytest.param(concurrent_reads, [], id="concurrent-reads-safe"),
     # Event chains are transitive: A -> B -> C.
@@ -484,8 +529,10 @@ def test_cuda_rule(build, kinds):
 
 
 # A device synchronize orders the host after all device work, but not after another host
-# thread's own accesses: that case needs a join, tested above.
-DEVICE_SYNC_FIXES = [c for c in CASES if c.values[1] and c.id != "thread-not-joined-racy"]
+# thread's own accesses: those cases need a join or a hand-off, tested above.
+HOST_THREAD_RACES = ("thread-not-joined-racy", "no-hand-off-racy", "take-over-before-hand-off-racy",
+                     "take-over-of-other-channel-racy", "write-after-hand-off-racy")
+DEVICE_SYNC_FIXES = [c for c in CASES if c.values[1] and c.id not in HOST_THREAD_RACES]
 
 
 @pytest.mark.parametrize("build", [c.values[0] for c in DEVICE_SYNC_FIXES], ids=[c.id for c in DEVICE_SYNC_FIXES])
@@ -632,6 +679,13 @@ def test_race_with_other_host_thread_names_the_thread():
     [race] = thread_join(False).races()
     assert race.first.actor == "host thread 1" and race.first.name == "worker fills"
     assert "never synchronized with thread 1" in race.missing_edge
+
+
+def test_race_with_other_host_thread_names_the_hand_offs_that_order_threads():
+    [race] = hand_off("none").races()
+    for primitive in ("join it", "threading.Event", "queue.Queue", "Lock", "Condition", "Barrier"):
+        assert primitive in race.hint
+    assert "hand over from thread 1 after `worker fills`" in race.hint
 
 
 def test_repeated_race_is_one_report_with_a_count():
