@@ -9,12 +9,13 @@ strike when it holds stream A (seed 0 does).
 """
 from __future__ import annotations
 
+import json
 import sys
-
+from contextlib import redirect_stdout
 
 import numpy as np
 
-from . import report_width
+from . import STDOUT, output_problem, report_width
 
 
 def implicit_join_demo(policy: str = "delay", wait_for_matmul: bool = False, seed: int = 0):
@@ -51,6 +52,18 @@ def implicit_join_demo(policy: str = "delay", wait_for_matmul: bool = False, see
 
 
 def run(args) -> int:
+    problem = output_problem("--json", args.json, "demo.json")
+    if problem:
+        print(f"streamcheck demo: {problem}", file=sys.stderr)
+        return 2
+    if args.json == STDOUT:  # `--json -`: stdout holds the JSON alone, the text goes to stderr
+        json_out = sys.stdout
+        with redirect_stdout(sys.stderr):
+            return _demo(args, json_out)
+    return _demo(args)
+
+
+def _demo(args, json_out=None) -> int:
     dev, value = implicit_join_demo(seed=args.seed)
     fixed_dev, fixed = implicit_join_demo(wait_for_matmul=True, seed=args.seed)
     print("implicit join (post-scale waits for the RMS stream only), schedule:", dev.schedule)
@@ -62,6 +75,25 @@ def run(args) -> int:
     print()
     fixed_report = fixed_dev.report(width=report_width(sys.stdout))
     print(f"with the matmul joined too: out = {fixed[0, :4]} ...; {fixed_report}")
+    if args.json:
+        from ..atomic_files import write_text
+        from ..core.hb import reports_to_dicts
+
+        # The keys as repro's --json names them: what ran, whether it struck, each run's reports.
+        report = {"demo": "implicit-join", "seed": args.seed, "schedule": str(dev.schedule), "struck": struck,
+                  "out": value[0].tolist(), "expected": fixed[0].tolist(),
+                  "implicit_join": {"races": reports_to_dicts(dev.races)},
+                  "fixed": {"races": reports_to_dicts(fixed_dev.races)}}
+        text = json.dumps(report, indent=2) + "\n"
+        if json_out is not None:
+            json_out.write(text)
+        else:
+            try:
+                write_text(args.json, text)  # whole or absent (atomic_files)
+            except OSError as exc:
+                print(f"streamcheck demo: could not write {args.json}: {exc.strerror or exc}", file=sys.stderr)
+                return 2
+            print(f"JSON report: {args.json}")
     return 0
 
 
@@ -71,4 +103,7 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0,
                    help="seed of the sim's delay schedule: it picks which streams are held back (default 0, "
                         "which holds stream A, so the stale read strikes); the schedule line shows it for replay")
+    p.add_argument("--json", metavar="FILE",
+                   help="also write the outcome as JSON to FILE (- for stdout, the text then on stderr): the "
+                        "schedule, the values, both runs' race reports")
     p.set_defaults(func=run)

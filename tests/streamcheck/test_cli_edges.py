@@ -136,3 +136,29 @@ def test_output_into_a_closed_pipe_ends_quietly():
         os.close(write)
     assert proc.stderr == ""  # no BrokenPipeError traceback, no "Exception ignored" at exit
     assert proc.returncode == 141  # 128 + SIGPIPE, as a shell reports for `cat`
+
+
+def test_demo_writes_its_reports_as_json_as_the_other_commands_do(capsys, tmp_path):
+    # The README says --json works in every command.
+    out = tmp_path / "demo.json"
+    assert cli.main(["demo", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    written = json.loads(out.read_text())
+    assert written["struck"] is True and written["seed"] == 0
+    assert written["out"][:4] == [0.0, 0.0, 0.0, 0.0] and written["expected"][0] > 0
+    [race] = written["implicit_join"]["races"]
+    assert (race["kind"], race["buffer"]) == ("RAW", "Y") and f"RAW race on `{race['buffer']}`" in text
+    assert written["fixed"]["races"] == []
+    # `--json -`: the JSON alone on stdout, the text on stderr.
+    assert cli.main(["demo", "--json", "-"]) == 0
+    streams = capsys.readouterr()
+    [on_stdout] = json.loads(streams.out)["implicit_join"]["races"]
+    assert [on_stdout[key] for key in ("kind", "buffer", "missing_edge")] == \
+        [race[key] for key in ("kind", "buffer", "missing_edge")]
+    assert "RAW race on `Y`" in streams.err
+
+
+def test_demo_refuses_a_json_file_it_cannot_write(capsys, tmp_path):
+    assert cli.main(["demo", "--json", str(tmp_path / "missing" / "demo.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("streamcheck demo: --json ") and "does not exist" in err and "Traceback" not in err
