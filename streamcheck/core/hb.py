@@ -35,7 +35,7 @@ from __future__ import annotations
 import json
 import textwrap
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import Callable, Optional
 
 from .capture import CaptureError, CaptureTracker, CapturedNode
 from .trace import (
@@ -358,6 +358,9 @@ class Checker:
         self._graph_buffers: dict = {}  # active graph id -> buffer id -> _Buffer holding its accesses
         self._in_graph: Optional[int] = None  # set while checking a captured node, for the report
         self.capture_errors: list[CaptureError] = []
+        # Called with (first op, second op, Race.key) at every race occurrence, repeats included:
+        # the sync audit attributes each to the synchronizations issued between the two.
+        self.on_race: Optional[Callable[[Op, Op, tuple], None]] = None
         self._dispatch = {
             ThreadStart: self._thread_start,
             ThreadJoin: self._thread_join,
@@ -950,6 +953,8 @@ class Checker:
         # This runs for every repeat of a race: a site keeps its place once built (Race.key), and
         # nothing is formatted until the first report of a key.
         key = (kind, first[_OP].site.place, op.site.place)
+        if self.on_race is not None:
+            self.on_race(first[_OP], op, key)
         count = self._counts.get(key)
         if count is not None:
             self._counts[key] = count + 1
