@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from .options import path_option
+from .options import option_value, path_option
 
 SHARED_DB_SUFFIX = "-with-streamcheck-example-db"
 
@@ -114,6 +114,10 @@ def pytest_configure(config: pytest.Config) -> None:
     if os.path.exists(path) and not os.path.isdir(path):
         raise pytest.UsageError(f"streamcheck: --streamcheck-example-db={path!r} is a file; name a directory "
                                 "(it is created if missing)")
+    if not os.path.isdir(os.path.dirname(path)):  # as --streamcheck-trace-dir: a typo must not create a tree
+        value, source = option_value(config, "streamcheck_example_db")
+        raise pytest.UsageError(f"streamcheck: {source}={value!r}: the directory {os.path.dirname(path)} does not "
+                                "exist; create it or choose another place")
     from hypothesis import settings
 
     from .. import strategies

@@ -54,16 +54,17 @@ def _read_base_seed(config) -> int:
     if workerinput is not None and WORKER_KEY in workerinput:
         return int(workerinput[WORKER_KEY])  # xdist worker: the controller's seed
     value, source = option_value(config, "streamcheck_seed")
-    accepted = f"an integer in [0, {SEED_MOD}) or `last`"
+    integer = f"an integer in [0, {SEED_MOD})"
+    accepted = f"{integer} or `last`"
     if value == "":
         return random.SystemRandom().randrange(SEED_MOD)
     if value == "last":
         cache = getattr(config, "cache", None)
         last = cache.get(CACHE_KEY, None) if cache is not None else None
-        if not isinstance(last, int):
+        if not isinstance(last, int):  # `last` again would fail again: an integer is the way
             raise pytest.UsageError(f"streamcheck: {source}=last, but no previous seed is stored in pytest's cache "
                                     "(first run here, cache cleared, or -p no:cacheprovider); "
-                                    f"run once without it or pass {accepted}")
+                                    f"run once without it or pass {integer}")
         return last
     try:
         seed = int(value)
