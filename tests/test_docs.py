@@ -155,3 +155,26 @@ def test_readme_race_report_is_what_the_quickstart_repro_prints():
     report = result.stdout.split("race report (the missing wait):\n", 1)[1]
     # The whole section, up to the fixed run's line: a line the README leaves out is a difference too.
     assert report.split("\n\n2. ", 1)[0] == sample, report
+
+
+DEVICE_API = ROOT / "docs" / "device-api.md"
+
+
+@pytest.mark.parametrize("example", blocks(DEVICE_API, "python"))
+def test_device_api_guide_examples_run_and_check_what_they_say(example, example_dir):
+    # Each block is a program of its own, saved as example.py; its asserts are what the guide says.
+    exec(compile(example, "example.py", "exec"), {"__name__": "example"})
+
+
+def test_device_api_guide_race_without_the_wait_is_what_its_comment_says(example_dir):
+    first = blocks(DEVICE_API, "python")[0]
+    wait = "b.wait_event(a.record())                        # without this line: a RAW race on `x`\n"
+    assert wait in first
+    namespace = {"__name__": "example"}
+    with pytest.raises(AssertionError):  # the guide's `assert dev.races == []` no longer holds
+        exec(compile(first.replace(wait, ""), "example.py", "exec"), namespace)
+    assert [(race.kind, race.buffer) for race in namespace["dev"].races] == [("RAW", "x")]
+
+
+def test_readme_leads_to_the_device_api_guide():
+    assert "(docs/device-api.md)" in (ROOT / "README.md").read_text()
