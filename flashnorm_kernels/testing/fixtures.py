@@ -185,6 +185,9 @@ def fixture_dir(name: str, root: Optional[Union[str, os.PathLike]] = None) -> Pa
     """
     base = Path(root) if root is not None else fixtures_root()
     path = base / name
+    if base.is_file():  # a typo'd root, not a missing model: retraining into it would fail too
+        raise FileNotFoundError(f"fixtures root {base} is a file, not a directory; give the directory that holds "
+                                f"the fixture models ({name}/)")
     if not path.is_dir():
         raise FileNotFoundError(
             f"fixture model {name!r} not found at {path}; {_train_hint(name, path)}"
