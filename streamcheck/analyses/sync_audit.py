@@ -1,25 +1,36 @@
-"""The sync audit: every synchronization of a recorded run, what each one is for, and a minimal
-sufficient set of them.
+"""The sync audit: every synchronization of a recorded run, what each of its occurrences is for,
+and a minimal sufficient set of occurrences.
 
 A synchronization is named by what the user wrote: its kind, its call site, and the streams and
 events it names (by name, so the same line in a decode loop is one synchronization seen once
-per step). Removing one removes every occurrence, as deleting the line would; the audit re-checks
-the recorded trace with it removed (core.hb's checker, nothing else):
+per step). Each occurrence gets its own verdict, since a line in a loop is often needed at some
+steps only (the host reads after the last one); a site reads as its most demanding occurrence,
+and the report groups its occurrences the way a user changes code ("needed at the last of 3
+occurrences: synchronize once after the loop"). Verdicts come from re-checking the recorded trace
+without the synchronization (core.hb's checker, nothing else):
 
-- necessary: removing it alone makes a race (named) or a capture CUDA refuses;
-- redundant: removing it alone makes none, either because earlier edges already ordered what it
-  waits for (implied, named) or because nothing after it touches the bytes it orders;
+- necessary: removing it makes a race (named) or a capture CUDA refuses;
+- redundant: removing it makes none, either because earlier edges already ordered what it
+  waits for (implied, named) or because a later one gives the same order first (covered), or
+  because nothing after it touches the bytes it orders;
 - device-side suffices: a host synchronize whose races, once removed, are all between streams:
-  an event recorded on the producer's stream and a wait on the consumer's replaces it, so the
-  host keeps issuing;
+  an event recorded on the producer's stream and a wait on the consumer's replaces it (checked
+  with the replacement in the trace), so the host keeps issuing;
 - host needed: the host itself reads, writes or frees bytes the device touched;
 - timing-dependent: a query that returned done. It ordered because it happened to say done
   (the program's branch or loop depended on timing), so it is never offered for removal.
 
-The minimal set is built greedily and re-checked as a whole, since two syncs each redundant alone
-may be needed together. Removing edges can only unorder access pairs, never order them, so a
-sync that was necessary alone stays necessary once others are gone: the greedy pass tries only
-the others, and every sync it keeps is needed given the rest (no one can be dropped).
+Per occurrence, incrementally: one re-check without every occurrence of a site reports each race
+occurrence with its two accesses (Checker.on_race), and a pair with exactly one of the site's
+occurrences issued between its accesses needs that occurrence (happens-before edges run forward
+in issue order, so only syncs issued between two accesses can order them). The occurrences no
+pair pins are re-checked together, and one at a time only where two of them share every pair.
+
+The minimal set is built greedily over occurrences and re-checked as a whole, since two syncs
+each redundant alone may be needed together: host-blocking occurrences go first (what costs is
+blocking the host), then the count. Removing edges can only unorder access pairs, never order
+them, so an occurrence necessary alone stays necessary once others are gone, and every one the
+set keeps is needed given the rest.
 
 The audit speaks for the recorded run: these inputs, this control flow, this thread
 interleaving. Implicit synchronizations CUDA does not promise (core.trace.ImplicitSync: pool
@@ -27,6 +38,7 @@ growth, lazy loading, pageable copies) are listed, never relied on.
 """
 from __future__ import annotations
 
+import bisect
 import enum
 import json
 from dataclasses import dataclass, replace
@@ -48,9 +60,14 @@ class Verdict(str, enum.Enum):
     TIMING = "timing-dependent"
 
 
+# A site reads as its most demanding occurrence.
+DEMAND = {Verdict.REDUNDANT: 0, Verdict.DEVICE_SIDE: 1, Verdict.TIMING: 2, Verdict.NECESSARY: 3,
+          Verdict.HOST_NEEDED: 4}
+
+
 @dataclass(frozen=True)
 class Sync:
-    """One synchronization as the user wrote it, folded over its occurrences."""
+    """One synchronization as the user wrote it, with its occurrences."""
 
     key: tuple
     kind: str  # wait_event, stream synchronize, event synchronize, device synchronize, host read, query, legacy join
@@ -75,29 +92,88 @@ class Replacement:
     wait_on: str
     before: str
     event: str = ""
+    each: bool = False  # the program creates a new `event` at each occurrence: wait on that occurrence's
 
     def describe(self) -> str:
         if self.event:
-            return f"make {self.wait_on} wait on event `{self.event}` (stream.wait_event) before {self.before}"
+            which = " (the one that occurrence synchronizes: a new one each time)" if self.each else ""
+            return f"make {self.wait_on} wait on event `{self.event}`{which} (stream.wait_event) before {self.before}"
         return (f"record an event on {self.record_on} after {self.after} and make {self.wait_on} wait on it "
                 f"(stream.wait_event) before {self.before}")
+
+
+LISTED = 8  # occurrence numbers a phrase lists before "..."
+
+
+def _nth(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def occurrences_phrase(ordinals, count: int) -> str:
+    """Where `ordinals` (1-based, ascending) fall among a site's `count` occurrences, in the
+    words a user changes code by: "at every occurrence", "at the last of 3 occurrences",
+    "at occurrences 2, 4, 6 (every 2nd)"."""
+    ordinals = tuple(ordinals)
+    if len(ordinals) == count:
+        return "at every occurrence"
+    if not ordinals:
+        return "at no occurrence"
+    if ordinals == (count,):
+        return f"at the last of {count} occurrences"
+    if ordinals == (1,):
+        return f"at the first of {count} occurrences"
+    if len(ordinals) == 1:
+        return f"at occurrence {ordinals[0]} of {count}"
+    listed = ", ".join(map(str, ordinals[:LISTED])) + (", ..." if len(ordinals) > LISTED else "")
+    steps = {b - a for a, b in zip(ordinals, ordinals[1:])}
+    if len(steps) == 1 and min(steps) > 1:
+        return f"at occurrences {listed} (every {_nth(min(steps))})"
+    return f"at occurrences {listed} of {count}"
 
 
 @dataclass(frozen=True)
 class Finding:
     number: int
     sync: Sync
-    verdict: Verdict
-    reason: str
-    prevents: tuple = ()  # the races removing it alone makes
+    verdict: Verdict  # the most demanding of its occurrences'
+    reason: str  # why, for the occurrences with that verdict
+    prevents: tuple = ()  # the races removing its needed occurrences makes
     replacement: tuple = ()  # Replacements (device-side suffices)
     host_bytes: tuple = ()  # what the host touches (host needed)
     gain: str = ""  # a replaced host synchronize: how far the host gets ahead before it blocks again
+    at: tuple = ()  # each occurrence's own verdict, in order
+    others: str = ""  # why the occurrences that are redundant alone are (when the site is needed at some)
+    kept: tuple = ()  # occurrences (1-based) the minimal set keeps as they are
+    replaced_at: tuple = ()  # ... turns into device-side waits
+    removed_at: tuple = ()  # ... drops
+
+    @property
+    def needed_at(self) -> tuple:
+        """The occurrences that are not redundant alone."""
+        return tuple(n for n, verdict in enumerate(self.at, 1) if verdict is not Verdict.REDUNDANT)
+
+    @property
+    def where(self) -> str:
+        """Where a site needed at some occurrences only is needed, with the change that follows;
+        "" where every occurrence has the site's verdict (it reads as a site seen once)."""
+        needed = self.needed_at
+        if self.verdict is Verdict.REDUNDANT or len(needed) == self.sync.count:
+            return ""
+        text = occurrences_phrase(needed, self.sync.count)
+        verb = "synchronize" if self.sync.host_blocking else "wait"
+        if needed == (self.sync.count,):
+            text += f": {verb} once after the loop"
+        elif needed == (1,):
+            text += f": {verb} once, at the first step"
+        return text
 
     def to_dict(self, root: Optional[str] = None) -> dict:
         return {"number": self.number, "kind": self.sync.kind, "site": site_path(self.sync.site, root),
                 "what": self.sync.what, "count": self.sync.count, "host_blocking": self.sync.host_blocking,
                 "captured": self.sync.captured, "verdict": self.verdict.value, "reason": self.reason,
+                "where": self.where, "occurrences": [v.value for v in self.at], "others": self.others,
+                "kept": list(self.kept), "replaced": list(self.replaced_at), "removed": list(self.removed_at),
                 "prevents": [r.to_dict(root) for r in self.prevents],
                 "replacement": [r.describe() for r in self.replacement], "host_bytes": list(self.host_bytes),
                 "gain": self.gain}
@@ -106,41 +182,78 @@ class Finding:
 @dataclass(frozen=True)
 class Audit:
     findings: tuple
-    keep: tuple  # numbers of the minimal set's syncs kept as they are
-    replaced: tuple  # numbers of host syncs the minimal set turns into device-side waits
-    removed: tuple  # numbers of syncs the minimal set drops
     races: tuple = ()  # the recorded run's own races: they come first
     implicit: tuple = ()  # ImplicitSync reasons with counts: (reason, count)
     checks: int = 0  # how many times the trace was re-checked
-    plan: tuple = ((), ())  # the minimal set as edits: (keys removed, (key, _Swap) pairs)
+    swaps: tuple = ()  # (key, _Swap): the device-side waits of each site the minimal set replaces somewhere
 
-    def apply(self, ops, drop=()) -> list:
-        """`ops` as the minimal set edits them (removed syncs gone, replaced host syncs swapped for
-        their device-side waits); `drop`: finding numbers removed on top, to check each is needed."""
-        remove = set(self.plan[0]) | {self.findings[n - 1].sync.key for n in drop}
-        swap = {key: plan for key, plan in self.plan[1] if key not in remove}
-        return edit(ops, remove=remove, swap=swap)
+    @property
+    def keep(self) -> tuple:
+        """Numbers of the syncs the minimal set keeps as they are (at one occurrence or more)."""
+        return tuple(f.number for f in self.findings if f.kept)
 
-    def edits(self, only=None) -> SyncEdits:
-        """The minimal set as a rerun applies it; `only`: a finding number, that sync alone removed."""
-        if only is not None:
-            return SyncEdits({self.findings[only - 1].sync.key})
-        return SyncEdits(self.plan[0], dict(self.plan[1]))
+    @property
+    def replaced(self) -> tuple:
+        """Numbers of the host syncs it turns into device-side waits (at one occurrence or more)."""
+        return tuple(f.number for f in self.findings if f.replaced_at)
+
+    @property
+    def removed(self) -> tuple:
+        """Numbers of the syncs it drops (at one occurrence or more)."""
+        return tuple(f.number for f in self.findings if f.removed_at)
 
     @property
     def needed(self) -> int:
-        return len(self.keep) + len(self.replaced)
+        """Occurrences the minimal set keeps or replaces."""
+        return sum(len(f.kept) + len(f.replaced_at) for f in self.findings)
+
+    @property
+    def total(self) -> int:
+        """Occurrences of every synchronization."""
+        return sum(f.sync.count for f in self.findings)
+
+    def edited_occurrences(self) -> dict:
+        """trace index -> finding, for every occurrence the minimal set drops or replaces."""
+        return {f.sync.indexes[n - 1]: f for f in self.findings for n in f.removed_at + f.replaced_at}
+
+    def apply(self, ops, drop=()) -> list:
+        """`ops` as the minimal set edits them (removed occurrences gone, replaced ones swapped for
+        their device-side waits); `drop`: finding numbers removed on top (every occurrence), to
+        check each is needed."""
+        swaps = dict(self.swaps)
+        gone = {self.findings[n - 1].sync.key for n in drop}
+        removed = {f.sync.indexes[n - 1] for f in self.findings for n in f.removed_at}
+        swap_at = {f.sync.indexes[n - 1]: swaps[f.sync.key] for f in self.findings if f.number not in drop
+                   for n in f.replaced_at}
+        return edit(ops, remove=gone, drop=removed, swap_at=swap_at)
+
+    def edits(self, only=None) -> SyncEdits:
+        """The minimal set as a rerun applies it; `only`: a finding number, that sync's needed
+        occurrences alone skipped (every occurrence, for one needed as a whole)."""
+        if only is not None:
+            finding = self.findings[only - 1]
+            return SyncEdits({finding.sync.key: finding.needed_at or None}, counts={finding.sync.key: finding.sync.count})
+        swaps = dict(self.swaps)
+        remove = {f.sync.key: f.removed_at for f in self.findings if f.removed_at}
+        swap = {f.sync.key: (swaps[f.sync.key], f.replaced_at) for f in self.findings if f.replaced_at}
+        counts = {f.sync.key: f.sync.count for f in self.findings if f.removed_at or f.replaced_at}
+        return SyncEdits(remove, swap, counts)
 
     def summary(self) -> str:
-        total = len(self.findings)
+        total = self.total
         if not total:
             return "no synchronization in this run"
         text = f"{self.needed} of {total} synchronization{'s are' if total != 1 else ' is'} needed"
-        if self.replaced:
-            n = len(self.replaced)
-            text += f" ({n} as {'a device-side wait' if n == 1 else 'device-side waits'} instead of a host synchronize)"
+        sites = len(self.findings)
+        if sites != total:  # a site seen more than once: say how many lines of code they are
+            at = sum(1 for f in self.findings if f.kept or f.replaced_at)
+            text += f", at {at} of {sites} site{'s' if sites != 1 else ''}"
+        replaced = sum(len(f.replaced_at) for f in self.findings)
+        if replaced:
+            text += (f" ({replaced} as {'a device-side wait' if replaced == 1 else 'device-side waits'} instead of "
+                     f"{'a host synchronize' if replaced == 1 else 'host synchronizes'})")
         if self.removed:
-            text += f"; removable: {', '.join(f'#{n}' for n in self.removed)}"
+            text += f"; removable: {', '.join(_numbered(f, f.removed_at) for f in self.findings if f.removed_at)}"
         return text
 
     def format(self, width: Optional[int] = None) -> str:
@@ -154,14 +267,22 @@ class Audit:
         else:
             rows = [("#", "verdict", "kind", "site", "seen", "what")]
             for f in self.findings:
-                rows.append((str(f.number), f.verdict.value, f.sync.kind, str(f.sync.site), f"{f.sync.count}x",
+                rows.append((str(f.number), _verdict_cell(f), f.sync.kind, str(f.sync.site), f"{f.sync.count}x",
                              f.sync.what))
             widths = [max(len(row[i]) for row in rows) for i in range(5)]
             for row in rows:
                 lines.append("  " + "  ".join(cell.ljust(w) for cell, w in zip(row[:5], widths)) + "  " + row[5])
             lines.append("")
             for f in self.findings:
-                lines.append(f"  #{f.number} {f.verdict.value}: {f.reason}")
+                alone = " alone" if f.verdict is Verdict.REDUNDANT and f.kept else ""
+                if f.where:
+                    lines.append(f"  #{f.number} {f.verdict.value} {f.where}; {f.reason}")
+                else:
+                    lines.append(f"  #{f.number} {f.verdict.value}{alone}: {f.reason}")
+                if f.others:
+                    rest = f.sync.count - len(f.needed_at)
+                    lines.append(f"      the other {rest} occurrence{'s are' if rest != 1 else ' is'} redundant: "
+                                 f"{f.others}")
                 for race in f.prevents[:3]:
                     lines.append(f"      prevents {_race_line(race)}")
                 if len(f.prevents) > 3:
@@ -174,19 +295,57 @@ class Audit:
                     lines.append(f"      gain: {f.gain}")
             lines.append("")
             lines.append(f"  minimal sufficient set: {self.summary()}")
-            if self.keep:
-                lines.append(f"    keep: {', '.join(f'#{n}' for n in self.keep)}")
-            if self.replaced:
-                lines.append(f"    replace by device-side waits: {', '.join(f'#{n}' for n in self.replaced)}")
+            kept = [_numbered(f, f.kept) for f in self.findings if f.kept]
+            if kept:
+                lines.append(f"    keep: {', '.join(kept)}")
+            replaced = [_numbered(f, f.replaced_at) for f in self.findings if f.replaced_at]
+            if replaced:
+                lines.append(f"    replace by device-side waits: {', '.join(replaced)}")
+            for f in self.findings:
+                if f.kept and f.sync.host_blocking:
+                    lines.append(f"    {_numbered(f, f.kept)} stays a host synchronize: {_why_host_stays(f)}")
         for reason, count in self.implicit:
             lines.append(f"  implicit (CUDA promises no ordering, not counted): {reason} ({count}x)")
         return wrap_lines("\n".join(lines), width)
 
     def to_dict(self, root: Optional[str] = None) -> dict:
-        return {"summary": self.summary(), "needed": self.needed, "total": len(self.findings),
-                "keep": list(self.keep), "replaced": list(self.replaced), "removed": list(self.removed),
-                "races_first": len(self.races), "findings": [f.to_dict(root) for f in self.findings],
+        return {"summary": self.summary(), "needed": self.needed, "total": self.total,
+                "sites": len(self.findings), "keep": list(self.keep), "replaced": list(self.replaced),
+                "removed": list(self.removed), "races_first": len(self.races),
+                "findings": [f.to_dict(root) for f in self.findings],
                 "implicit": [{"reason": r, "count": c} for r, c in self.implicit]}
+
+
+def _numbered(finding: Finding, ordinals: tuple) -> str:
+    """`#n`, with where when it is not every occurrence: "#2 (at the last of 3 occurrences)"."""
+    if len(ordinals) == finding.sync.count:
+        return f"#{finding.number}"
+    return f"#{finding.number} ({occurrences_phrase(ordinals, finding.sync.count)})"
+
+
+def _verdict_cell(finding: Finding) -> str:
+    if finding.verdict is Verdict.REDUNDANT and finding.kept:
+        # Redundant alone, but the set keeps it: with the others it drops, it is what orders (a double
+        # wait's first wait), so the table must not call it removable.
+        return "kept by the set"
+    needed = len(finding.needed_at)
+    if finding.verdict is Verdict.REDUNDANT or needed == finding.sync.count:
+        return finding.verdict.value
+    return f"{finding.verdict.value} ({needed} of {finding.sync.count})"
+
+
+def _why_host_stays(finding: Finding) -> str:
+    """Why the minimal set keeps a host synchronize blocking the host: what the host reads there."""
+    if finding.host_bytes:
+        return f"the host {finding.host_bytes[0]}"
+    if finding.verdict is Verdict.HOST_NEEDED:
+        return finding.reason
+    if finding.verdict is Verdict.TIMING:
+        return "a query that returned done: the program's loop or branch on it depends on timing"
+    if finding.verdict is Verdict.NECESSARY:
+        return "its device-side replacement, checked in the trace, does not order every race it prevents"
+    return ("redundant alone, but needed once the removable ones are gone; a device-side wait does not replace it "
+            "(the host itself relies on the order)")
 
 
 def _race_line(race: Race) -> str:
@@ -327,39 +486,50 @@ def find_syncs(ops) -> list:
 
 # --- editing and re-checking the trace -----------------------------------------------------
 
+# In a replacement's wait, for an event synchronize: the event that occurrence synchronizes. A
+# loop that creates its event each step synchronizes a new one each time; waiting on the first
+# step's event would order nothing after it.
+SYNCED_EVENT = "synchronized"
+
+
 @dataclass(frozen=True)
 class _Swap:
     """What replaces one host synchronize's occurrences: events to record, waits to issue."""
 
     records: tuple  # stream ids to record a fresh event on (one event per stream)
-    waits: tuple  # (stream id to wait, source stream id or None, existing event id or None)
+    waits: tuple  # (stream id to wait, source stream id or None, existing event id, SYNCED_EVENT or None)
 
 
-def edit(ops, remove=frozenset(), swap=None) -> list:
+def edit(ops, remove=frozenset(), swap=None, drop=frozenset(), swap_at=None) -> list:
     """The trace without the syncs whose keys are in `remove` (every occurrence; a legacy join:
-    its stream made non-blocking), and with each host sync in `swap` (key -> _Swap) replaced by
+    its stream made non-blocking) or whose trace indexes are in `drop` (those occurrences), and
+    with each host sync in `swap` (key -> _Swap) or `swap_at` (trace index -> _Swap) replaced by
     device-side waits at the same point of the host's issue order."""
     swap = swap or {}
+    swap_at = swap_at or {}
     names = _Names()
     out = []
     next_event = 1 + max((op.event for op in ops if type(op) is T.EventCreate), default=0)
     fresh: dict = {}  # source stream id -> fresh event id
     creates = {op.stream: op for op in ops if type(op) is T.StreamCreate}
     hoisted: set = set()  # streams a replacement uses before the trace created them (recorded lazily)
-    for op in ops:
+    by_key = bool(remove or swap)
+    for index, op in enumerate(ops):
         kind = type(op)
         if kind is T.StreamCreate and op.stream in hoisted:
             continue
         names.see(op)
-        if kind is T.StreamCreate and remove and StreamKind.parse(op.kind).joins_legacy:
-            if legacy_join_key(op) in remove:
+        if kind is T.StreamCreate and (index in drop or (remove and legacy_join_key(op) in remove)):
+            if StreamKind.parse(op.kind).joins_legacy:
                 out.append(replace(op, kind=StreamKind.NON_BLOCKING))
                 continue
         if kind in SYNC_OPS:
-            key = sync_key(op, names)
+            if index in drop:
+                continue
+            key = sync_key(op, names) if by_key else None
             if key is not None and key in remove:
                 continue
-            plan = swap.get(key) if key is not None else None
+            plan = swap_at.get(index) or (swap.get(key) if key is not None else None)
             if plan is not None:
                 for stream in set(plan.records) | {w[0] for w in plan.waits}:
                     if stream not in names.streams and stream in creates:
@@ -374,6 +544,8 @@ def edit(ops, remove=frozenset(), swap=None) -> list:
                         out.append(T.EventCreate(op.thread, op.site, event=event, name=f"audit replacement {event}"))
                     out.append(T.EventRecord(op.thread, op.site, event=event, stream=stream))
                 for stream, source, event in plan.waits:
+                    if event == SYNCED_EVENT:
+                        event = op.event
                     out.append(T.StreamWait(op.thread, op.site, stream=stream,
                                             event=event if event is not None else fresh[source]))
                 continue
@@ -384,47 +556,97 @@ def edit(ops, remove=frozenset(), swap=None) -> list:
 _SKIP = _Swap((), ())  # a replacement by nothing: the sync is skipped
 
 
-class SyncEdits:
-    """What a proof rerun changes as the program issues its calls (Device.edit_syncs): the syncs
-    whose audit keys are in `remove` are skipped, those in `swap` (key -> the audit's
-    replacement) become device-side waits. `met`: the keys the rerun issued, to tell whether it
-    took the recorded run's path (a program that is not deterministic is claimed nothing of)."""
+def _occurrence_sets(items) -> dict:
+    """key -> frozenset of occurrences (1-based), or None for every one, from a mapping of that
+    shape or an iterable of keys (every occurrence)."""
+    if isinstance(items, dict):
+        return {key: (frozenset(at) if at is not None else None) for key, at in items.items()}
+    return {key: None for key in items}
 
-    def __init__(self, remove=(), swap=None):
-        self.remove = frozenset(remove)
-        self.swap = dict(swap or {})
-        self.met: set = set()
+
+class SyncEdits:
+    """What a proof rerun changes as the program issues its calls (Device.edit_syncs, the
+    recorder's Recorder.skipped): `remove` (keys, or key -> occurrences, 1-based) are skipped,
+    `swap` (key -> the audit's _Swap, or key -> (_Swap, occurrences)) become device-side waits.
+    Occurrences are counted per key as the program issues them (`issued`). `met`: the keys the
+    rerun issued, and `same_path`: whether it issued each as often as the recorded run did
+    (`counts`), to tell whether it took the recorded run's path (a program that is not
+    deterministic is claimed nothing of)."""
+
+    def __init__(self, remove=(), swap=None, counts=None):
+        self.remove = _occurrence_sets(remove)
+        self.swap = {key: (plan if isinstance(plan, tuple) and len(plan) == 2 and isinstance(plan[0], _Swap)
+                           else (plan, None)) for key, plan in (swap or {}).items()}
+        self.swap = {key: (plan, frozenset(at) if at is not None else None) for key, (plan, at) in self.swap.items()}
+        self.counts = dict(counts or {})
+        self.issued: dict = {}  # key -> occurrences issued so far
         self.unskipped: set = set()  # keys a recorder could not skip (a library reported the call after it ran)
         self.names = _Names()
+        self._decided = None  # the key decide() counted last, until its op is recorded (see recorded_anyway)
 
     @property
     def every_edit_met(self) -> bool:
-        """Whether the rerun issued every sync it was to skip or swap (it took the recorded path)."""
-        return (self.remove | set(self.swap)) <= self.met
+        """Whether the rerun issued every sync it was to skip or swap as often as the recorded run
+        did (it took the recorded path)."""
+        edited = set(self.remove) | set(self.swap)
+        if self.counts:
+            return all(self.issued.get(key, 0) == self.counts.get(key, 0) for key in edited)
+        return edited <= self.met
+
+    @property
+    def met(self) -> set:
+        return set(self.issued)
+
+    def same_path(self, counts: dict) -> bool:
+        """Whether the rerun issued exactly the syncs of `counts` (key -> the recorded run's
+        occurrences), as often; a legacy join of a stream the recorded run gave no work is no sync."""
+        issued = {key: n for key, n in self.issued.items() if key in counts or key[0] != "legacy join"}
+        return issued == counts
+
+    def _edited(self, key, occurrence: int) -> Optional[_Swap]:
+        if key in self.remove:
+            at = self.remove[key]
+            if at is None or occurrence in at:
+                return _SKIP
+        found = self.swap.get(key)
+        if found is not None and (found[1] is None or occurrence in found[1]):
+            return found[0]
+        return None
 
     def to_json(self) -> str:
         """For a rerun in another process (`streamcheck run --skip-syncs`)."""
-        return json.dumps({"remove": [list(k) for k in sorted(self.remove, key=str)],
-                           "swap": [[list(k), list(p.records), [list(w) for w in p.waits]]
-                                    for k, p in self.swap.items()]})
+        def at(found):
+            return sorted(found) if found is not None else None
+        return json.dumps({"remove": [[list(k), at(a)] for k, a in sorted(self.remove.items(), key=str)],
+                           "swap": [[list(k), list(p.records), [list(w) for w in p.waits], at(a)]
+                                    for k, (p, a) in self.swap.items()],
+                           "counts": [[list(k), n] for k, n in self.counts.items()]})
 
     @classmethod
     def from_json(cls, text: str) -> "SyncEdits":
         try:
             data = json.loads(text)
-            remove = {tuple(k) for k in data["remove"]}
-            swap = {tuple(k): _Swap(tuple(records), tuple(tuple(w) for w in waits))
-                    for k, records, waits in data["swap"]}
+            remove = {tuple(k): at for k, at in data["remove"]}
+            swap = {tuple(k): (_Swap(tuple(records), tuple(tuple(w) for w in waits)), at)
+                    for k, records, waits, at in data["swap"]}
+            counts = {tuple(k): int(n) for k, n in data.get("counts", [])}
+            edits = cls(remove, swap, counts)
         except (ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"--skip-syncs: not a sync-audit edit list ({exc}); it is written by "
                              "`streamcheck run --audit-syncs --prove`, not by hand") from None
-        return cls(remove, swap)
+        return edits
 
     def recorded_anyway(self, op) -> None:
-        """A sync the program issued that the recorder saw only after it ran: if it was to be
-        skipped or replaced, the rerun did not do what the proof says."""
+        """A sync the program issued that the recorder saw only after it ran: if that occurrence
+        was to be skipped or replaced, the rerun did not do what the proof says. The call a
+        decide() just counted (torch's callback reporting it after the entry point let it run,
+        or a replacement the recorder could not issue) is not counted again."""
         key = sync_key(op, self.names)
-        if key is not None and (key in self.remove or key in self.swap):
+        if key is None or (key not in self.remove and key not in self.swap):
+            return  # not one to edit (a replacement the recorder issued itself, among others)
+        if key != self._decided:
+            self.issued[key] = self.issued.get(key, 0) + 1
+        if self._edited(key, self.issued[key]) is not None:
             self.unskipped.add(key)
 
     def start(self, ops) -> None:
@@ -432,22 +654,24 @@ class SyncEdits:
             self.names.see(op)
 
     def see(self, op) -> None:
+        self._decided = None
         self.names.see(op)
 
     def decide(self, op) -> Optional[_Swap]:
         key = sync_key(op, self.names)
         if key is None:
             return None
-        self.met.add(key)
-        return _SKIP if key in self.remove else self.swap.get(key)
+        occurrence = self.issued[key] = self.issued.get(key, 0) + 1
+        self._decided = key
+        return self._edited(key, occurrence)
 
     def stream_create(self, op):
         """`op` itself, or made non-blocking when its implicit legacy join is removed."""
         if not StreamKind.parse(op.kind).joins_legacy:
             return op
         key = legacy_join_key(op)
-        self.met.add(key)
-        return replace(op, kind=StreamKind.NON_BLOCKING) if key in self.remove else op
+        self.issued[key] = self.issued.get(key, 0) + 1
+        return replace(op, kind=StreamKind.NON_BLOCKING) if self._edited(key, 1) is _SKIP else op
 
 
 class _Base:
@@ -459,6 +683,7 @@ class _Base:
         self.keys = {race.key for race in self.races}
         self.errors = {str(error) for error in checker.capture_errors}
         self.findings = self.keys | self.errors
+        self.position = {id(op): index for index, op in enumerate(ops)}  # an access's place in the recorded trace
 
 
 def _findings(ops) -> set:
@@ -467,9 +692,10 @@ def _findings(ops) -> set:
     return {race.key for race in checker.races} | {str(error) for error in checker.capture_errors}
 
 
-def _feed(ops, stop=None) -> Checker:
+def _feed(ops, stop=None, on_race=None) -> Checker:
     """A checker fed `ops`; with `stop`, feeding ends as soon as stop(checker) is true."""
     checker = Checker()
+    checker.on_race = on_race
     feed = checker.feed
     if stop is None:
         for op in ops:
@@ -480,6 +706,30 @@ def _feed(ops, stop=None) -> Checker:
         if stop(checker):
             break
     return checker
+
+
+@dataclass(frozen=True)
+class _Pair:
+    """One new race occurrence of an edited trace: its accesses' places in the recorded trace
+    (None: not an operation of it, such as a graph's captured node) and the operations."""
+
+    first: Optional[int]
+    second: Optional[int]
+    key: tuple
+    host: bool  # the host is one of the two
+
+
+def _pairs_of(ops, base: _Base, stop=None) -> tuple:
+    """(checker, new race occurrences as _Pairs) of a trace."""
+    pairs = []
+    position = base.position
+
+    def seen(first, second, key):
+        if key not in base.keys:
+            pairs.append(_Pair(position.get(id(first)), position.get(id(second)), key,
+                               _actor(first) is None or _actor(second) is None))
+    checker = _feed(ops, stop=stop, on_race=seen)
+    return checker, pairs
 
 
 def _new(checker: Checker, base: _Base) -> tuple:
@@ -504,6 +754,59 @@ def _actor(op) -> Optional[int]:
     return getattr(op, "stream", None)
 
 
+# --- which occurrences are needed ------------------------------------------------------------
+
+def _pinned(pairs, positions: list, ordinals: list) -> tuple:
+    """Attribute race pairs to removed occurrences (trace `positions`, ascending, of `ordinals`):
+    only syncs issued between two accesses can order them, so a pair with exactly one removed
+    occurrence between its accesses needs that one. Returns ({ordinal: [pairs]}, pairs that fall
+    between several or cannot be placed)."""
+    pinned: dict = {}
+    shared = []
+    for pair in pairs:
+        if pair.first is None or pair.second is None:
+            shared.append(pair)
+            continue
+        lo = bisect.bisect_right(positions, pair.first)
+        hi = bisect.bisect_left(positions, pair.second)
+        if hi - lo == 1:
+            pinned.setdefault(ordinals[lo], []).append(pair)
+        elif hi - lo > 1:
+            shared.append(pair)
+    return pinned, shared
+
+
+def _needed_occurrences(ops, base: _Base, sync: Sync, pairs, adds_order: set) -> tuple:
+    """{ordinal: [pairs]} of the occurrences of `sync` that make a race removed alone, from the
+    pairs of the trace without all of them; and how many re-checks it took. Occurrences that
+    added no order are redundant alone without a check; the rest no pair pins are re-checked
+    together, and one at a time only where they share every pair (each may cover the other)."""
+    indexes = sync.indexes
+    every = list(range(1, sync.count + 1))
+    needed, _ = _pinned(pairs, list(indexes), every)
+    unresolved = sorted(adds_order - set(needed))
+    checks = 0
+    while unresolved:
+        positions = [indexes[n - 1] for n in unresolved]
+        _, found = _pairs_of(edit(ops, drop=set(positions)), base)
+        checks += 1
+        if not found:
+            break  # removed together they make no race: each is redundant alone
+        pinned, shared = _pinned(found, positions, unresolved)
+        if pinned:
+            needed.update(pinned)
+            unresolved = [n for n in unresolved if n not in pinned]
+            continue
+        for n in unresolved:  # every pair falls between several of them: one at a time
+            stop = None if sync.host_blocking else (lambda c, k=len(base.keys): c.distinct_races > k)
+            _, alone = _pairs_of(edit(ops, drop={indexes[n - 1]}), base, stop=stop)
+            checks += 1
+            if alone:
+                needed[n] = alone
+        break
+    return needed, checks
+
+
 # --- the audit -------------------------------------------------------------------------------
 
 def audit(trace) -> Audit:
@@ -512,31 +815,32 @@ def audit(trace) -> Audit:
     base = _Base(ops)
     checks = 1
     syncs = find_syncs(ops)
-    implied, via = _provenance(ops, syncs)
+    implied, via, adds_order = _provenance(ops, syncs)
     checks += 1
     numbers = {sync.key: (number, sync) for number, sync in enumerate(syncs, 1)}
     findings = []
     swaps: dict = {}
     alone_clean: dict = {}  # key -> the races and capture errors of the run without that sync (cached)
     for number, sync in enumerate(syncs, 1):
+        every = (lambda verdict, n=sync.count: (verdict,) * n)
         if sync.kind == "query":
             findings.append(Finding(number, sync, Verdict.TIMING,
                                     "it ordered the host only because it returned done; a loop or branch on "
-                                    "query() depends on timing, so it is never offered for removal"))
+                                    "query() depends on timing, so it is never offered for removal",
+                                    at=every(Verdict.TIMING)))
             continue
-        if sync.kind != "legacy join" and implied[sync.key] in (True, "no-op"):
+        if sync.kind != "legacy join" and not adds_order[sync.key]:
             # It changed no clock at any occurrence, so the trace without it checks the same.
-            findings.append(Finding(number, sync, Verdict.REDUNDANT, _why_redundant(sync, implied, via, numbers)))
+            findings.append(Finding(number, sync, Verdict.REDUNDANT, _why_redundant(sync, implied, via, numbers),
+                                    at=every(Verdict.REDUNDANT)))
             continue
-        # A wait's verdict needs one new race: stop at the first (more distinct races than the
-        # run's own means a new one). A host sync's needs them all: its replacement covers each.
-        stop = None if sync.host_blocking else (lambda c, n=len(base.keys): c.distinct_races > n)
-        checker = _feed(edit(ops, remove={sync.key}), stop=stop)
+        checker, pairs = _pairs_of(edit(ops, drop=set(sync.indexes)), base)
         checks += 1
         races, errors = _new(checker, base)
         if errors:
             findings.append(Finding(number, sync, Verdict.NECESSARY,
-                                    f"without it CUDA refuses the capture: {errors[0]}", tuple(races)))
+                                    f"without it CUDA refuses the capture: {errors[0]}", tuple(races),
+                                    at=every(Verdict.NECESSARY)))
             continue
         if not races and sync.kind == "host read":
             # The host consumes what the read copied back into host memory, which the model does
@@ -544,82 +848,183 @@ def audit(trace) -> Audit:
             copied = _copied_back(ops, sync)
             findings.append(Finding(number, sync, Verdict.HOST_NEEDED,
                                     f"the host reads what `{sync.key[-1]}` copied back; only this synchronize makes "
-                                    "the device-to-host copy complete", host_bytes=copied))
+                                    "the device-to-host copy complete", host_bytes=copied,
+                                    at=every(Verdict.HOST_NEEDED)))
             continue
         if not races:
-            reason = _why_redundant(sync, implied, via, numbers)
-            if reason is None:  # it does order something: find the sync that gives the same order later
+            if sync.kind == "legacy join":
+                reason = _why_redundant(sync, implied, via, numbers)
+            else:  # it does order something: find the sync that gives the same order later
                 reason, tried = _covered_by(ops, base, sync, syncs, numbers, alone_clean)
                 checks += tried
-            findings.append(Finding(number, sync, Verdict.REDUNDANT, reason))
+            findings.append(Finding(number, sync, Verdict.REDUNDANT, reason, at=every(Verdict.REDUNDANT)))
             continue
+        needed, tried = _needed_occurrences(ops, base, sync, pairs, adds_order[sync.key])
+        checks += tried
+        if not needed:  # redundant one at a time, needed together: the site is covered by itself
+            findings.append(Finding(number, sync, Verdict.REDUNDANT,
+                                    "covered: each occurrence is ordered again by another occurrence of it before "
+                                    "anything relies on it (removing them all makes a race)",
+                                    at=every(Verdict.REDUNDANT)))
+            continue
+        by_key = {race.key: race for race in races}
+        pinned_keys = list(dict.fromkeys(p.key for found in needed.values() for p in found))
+        prevents = tuple(by_key[key] for key in pinned_keys if key in by_key)
+        others = _why_others(ops, syncs, sync, needed, adds_order[sync.key])
         if not sync.host_blocking:
+            at = tuple(Verdict.NECESSARY if n in needed else Verdict.REDUNDANT for n in range(1, sync.count + 1))
             findings.append(Finding(number, sync, Verdict.NECESSARY,
-                                    "removing it alone makes a race (the first one found)", tuple(races)))
+                                    f"removing it alone makes {_count(prevents, 'race')}", prevents, at=at,
+                                    others=others))
             continue
-        host = [race for race in races if _host_side(checker, race)]
-        if host:
-            findings.append(Finding(number, sync, Verdict.HOST_NEEDED,
-                                    "the host itself touches bytes the device works on, so it must block",
-                                    tuple(races), host_bytes=tuple(_host_bytes(race) for race in host)))
-            continue
-        plan, replacements = _swap_for(checker, sync, races, ops)
-        checks += 1
-        if plan is not None and _clean(edit(ops, swap={sync.key: plan}), base):
-            swaps[sync.key] = plan
-            findings.append(Finding(number, sync, Verdict.DEVICE_SIDE,
-                                    "only streams need this ordering (the host touches none of the bytes): "
-                                    "a device-side wait orders them and the host keeps issuing",
-                                    tuple(races), replacement=tuple(replacements)))
+        host_at = {n for n, found in needed.items() if any(p.host for p in found)}
+        device_at = sorted(set(needed) - host_at)
+        host_races = [by_key[p.key] for n in sorted(host_at) for p in needed[n] if p.host and p.key in by_key]
+        host_bytes = tuple(dict.fromkeys(_host_bytes(race) for race in host_races))
+        replacements = ()
+        device_verdict = Verdict.NECESSARY
+        if device_at:
+            device_pairs = [p for n in device_at for p in needed[n]]
+            plan, replacements = _swap_for(ops, sync, device_pairs, by_key)
+            checks += 1
+            # Offered only once the trace with the replacement in it checks clean.
+            if plan is not None and _clean(edit(ops, swap_at={sync.indexes[n - 1]: plan for n in device_at}), base):
+                swaps[sync.key] = plan
+                device_verdict = Verdict.DEVICE_SIDE
+            else:
+                replacements = ()
+        at = tuple(Verdict.HOST_NEEDED if n in host_at else device_verdict if n in needed else Verdict.REDUNDANT
+                   for n in range(1, sync.count + 1))
+        verdict = max(set(at), key=DEMAND.get)
+        if verdict is Verdict.HOST_NEEDED:
+            reason = "the host itself touches bytes the device works on, so it must block"
+        elif verdict is Verdict.DEVICE_SIDE:
+            reason = ("only streams need this ordering (the host touches none of the bytes): a device-side wait "
+                      "orders them and the host keeps issuing")
         else:
-            findings.append(Finding(number, sync, Verdict.NECESSARY,
-                                    f"removing it alone makes {_count(races, 'race')}", tuple(races)))
-    removed, swapped = set(), {}
-    # Greedy, checked as a whole (each redundant alone may not be together). Latest first: of a
-    # double wait, or a wait implied by an earlier one, the later one goes; then the swaps.
-    # Host-blocking ones before device-side waits: a host synchronize costs the host its lead.
-    order = [f for f in reversed(findings) if f.verdict is Verdict.REDUNDANT and f.sync.host_blocking]
-    order += [f for f in reversed(findings) if f.verdict is Verdict.REDUNDANT and not f.sync.host_blocking]
-    order += [f for f in findings if f.verdict is Verdict.DEVICE_SIDE]
-    everything = ({f.sync.key for f in order if f.verdict is Verdict.REDUNDANT},
-                  {f.sync.key: swaps[f.sync.key] for f in order if f.verdict is Verdict.DEVICE_SIDE})
-    checks += 1
-    if len(order) > 1 and _clean(edit(ops, remove=everything[0], swap=everything[1]), base):
-        removed, swapped = everything  # the common case: all of them at once, one check
-        order = []
-    for finding in order:
-        key = finding.sync.key
-        if finding.verdict is Verdict.REDUNDANT:
-            trial_remove, trial_swap = removed | {key}, swapped
-        elif finding.verdict is Verdict.DEVICE_SIDE:
-            trial_remove, trial_swap = removed, {**swapped, key: swaps[key]}
-        else:
-            continue
-        checks += 1
-        if _clean(edit(ops, remove=trial_remove, swap=trial_swap), base):
-            removed, swapped = trial_remove, trial_swap
-    keep = tuple(f.number for f in findings if f.sync.key not in removed and f.sync.key not in swapped)
-    findings = _with_gains(ops, findings, keep, swapped)
+            reason = (f"removing it alone makes {_count(prevents, 'race')} between streams, and its device-side "
+                      "replacement, checked in the trace, does not order every one")
+        if host_at and device_at:
+            reason += (f"; {occurrences_phrase(device_at, sync.count)} only streams need it: "
+                       + ("a device-side wait suffices there" if device_verdict is Verdict.DEVICE_SIDE
+                          else "its device-side replacement does not order every race there"))
+        findings.append(Finding(number, sync, verdict, reason, prevents, replacement=tuple(replacements),
+                                host_bytes=host_bytes, at=at, others=others))
+    findings, tried = _minimal_set(ops, base, findings, swaps)
+    checks += tried
+    findings = _with_gains(ops, findings)
     implicit: dict = {}
     for op in ops:
         if type(op) is T.ImplicitSync:
             implicit[op.reason] = implicit.get(op.reason, 0) + 1
-    return Audit(tuple(findings), keep, tuple(f.number for f in findings if f.sync.key in swapped),
-                 tuple(f.number for f in findings if f.sync.key in removed), tuple(base.races),
-                 tuple(implicit.items()), checks, (tuple(removed), tuple(swapped.items())))
+    return Audit(tuple(findings), tuple(base.races), tuple(implicit.items()), checks,
+                 tuple((f.sync.key, swaps[f.sync.key]) for f in findings if f.replaced_at))
+
+
+def _why_others(ops, syncs, sync: Sync, needed: dict, adds_order: set) -> str:
+    """Why the occurrences of a needed site that are redundant alone are, grouped by cause."""
+    rest = [n for n in range(1, sync.count + 1) if n not in needed]
+    if not rest:
+        return ""
+    last_sync = max(s.indexes[-1] for s in syncs)
+    groups: dict = {}
+    for n in rest:
+        if n not in adds_order:
+            cause = "implied: what it waits for was already ordered when it ran"
+        elif any(m > n for m in needed):
+            cause = "covered: a later occurrence of it that is needed gives the same order before anything relies on it"
+        elif sync.indexes[n - 1] == last_sync:
+            cause = "nothing after it relies on what it orders"
+        else:
+            cause = "what it orders is ordered again by the synchronizations after it before anything relies on it"
+        groups.setdefault(cause, []).append(n)
+    if len(groups) == 1:
+        return next(iter(groups))
+    return "; ".join(f"{occurrences_phrase(at, sync.count)}, {cause}" for cause, at in groups.items())
+
+
+def _minimal_set(ops, base: _Base, findings: list, swaps: dict) -> tuple:
+    """The findings with the occurrences the minimal set keeps, replaces and removes; and the
+    re-checks it took. Greedy over groups of occurrences, each step checked as a whole:
+    host-blocking occurrences first (a redundant one dropped, then a device-side one replaced),
+    then device-side waits, latest first (of a double wait the second goes). A group that
+    races is halved, the later half tried first."""
+    removed: set = set()  # trace indexes
+    swapped: dict = {}  # trace index -> _Swap
+    groups = []  # (finding, "remove" or "swap", ordinals latest first)
+    for host in (True, False):
+        for f in reversed(findings):
+            if f.sync.host_blocking is host:
+                redundant = [n for n, v in enumerate(f.at, 1) if v is Verdict.REDUNDANT]
+                if redundant:
+                    groups.append((f, "remove", redundant[::-1]))
+        if host:
+            for f in findings:
+                device = [n for n, v in enumerate(f.at, 1) if v is Verdict.DEVICE_SIDE]
+                if device:
+                    groups.append((f, "swap", device[::-1]))
+    checks = 0
+
+    def trial(group_items) -> tuple:
+        trial_removed, trial_swapped = set(removed), dict(swapped)
+        for f, action, ordinals in group_items:
+            for n in ordinals:
+                index = f.sync.indexes[n - 1]
+                if action == "remove":
+                    trial_removed.add(index)
+                else:
+                    trial_swapped[index] = swaps[f.sync.key]
+        return trial_removed, trial_swapped
+
+    def clean(state) -> bool:
+        nonlocal checks
+        checks += 1
+        return _clean(edit(ops, drop=state[0], swap_at=state[1]), base)
+
+    if len(groups) > 1 or any(len(g[2]) > 1 for g in groups):
+        state = trial(groups)
+        if clean(state):  # the common case: all of them at once, one check
+            removed, swapped = state
+            groups = []
+    pending = list(groups)
+    while pending:
+        f, action, ordinals = pending.pop(0)
+        state = trial([(f, action, ordinals)])
+        if clean(state):
+            removed, swapped = state
+        elif len(ordinals) > 1:
+            half = (len(ordinals) + 1) // 2
+            pending[:0] = [(f, action, ordinals[:half]), (f, action, ordinals[half:])]
+    out = []
+    for f in findings:
+        at = range(1, f.sync.count + 1)
+        gone = tuple(n for n in at if f.sync.indexes[n - 1] in removed)
+        replaced = tuple(n for n in at if f.sync.indexes[n - 1] in swapped)
+        kept = tuple(n for n in at if n not in gone and n not in replaced)
+        out.append(replace(f, kept=kept, replaced_at=replaced, removed_at=gone))
+    # A host synchronize kept though redundant alone: say what the host reads there, from the set
+    # without it.
+    for i, f in enumerate(out):
+        if f.sync.host_blocking and any(f.at[n - 1] is Verdict.REDUNDANT for n in f.kept) and not f.host_bytes:
+            without = removed | {f.sync.indexes[n - 1] for n in f.kept}
+            checker, pairs = _pairs_of(edit(ops, drop=without, swap_at=swapped), base)
+            checks += 1
+            host = [race for race in checker.races if race.key not in base.keys
+                    and any(p.host and p.key == race.key for p in pairs)]
+            out[i] = replace(f, host_bytes=tuple(dict.fromkeys(_host_bytes(race) for race in host)))
+    return out, checks
 
 
 HOST_WORK = (T.Launch, T.Copy, T.GraphLaunch)  # what the host issues that the GPU can run meanwhile
 SMALL_LEAD = 2  # a replacement issues an event record and a wait: two calls for the host's lead
 
 
-def _with_gains(ops, findings: list, keep: tuple, swapped: dict) -> list:
+def _with_gains(ops, findings: list) -> list:
     """Each host synchronize the minimal set replaces, with how far the host then gets ahead: the
     work it issues on its thread before a host synchronize the set keeps blocks it again (one pass,
     from the end). A lead of a call or two buys little, as the replacement itself adds two calls."""
-    kept = {f.sync.key: f.number for f in findings if f.number in keep and f.sync.host_blocking}
-    blocker = {i: kept[f.sync.key] for f in findings if f.sync.key in kept for i in f.sync.indexes}
-    wanted = {i: f.number for f in findings if f.sync.key in swapped for i in f.sync.indexes}
+    blocker = {f.sync.indexes[n - 1]: f.number for f in findings if f.sync.host_blocking for n in f.kept}
+    wanted = {f.sync.indexes[n - 1]: f.number for f in findings for n in f.replaced_at}
     if not wanted:
         return findings
     ahead: dict = {}  # thread -> [work issued since this point, the finding number that blocks next]
@@ -672,13 +1077,12 @@ def _copied_back(ops, sync: Sync) -> tuple:
                  for (_, start, stop), name in list(copies.items())[:3])
 
 
+
+
+
+
 def _count(items, word: str) -> str:
     return f"{len(items)} {word}{'s' if len(items) != 1 else ''}"
-
-
-def _host_side(checker: Checker, race: Race) -> bool:
-    witness = checker.witness(race)
-    return witness is None or _actor(witness[0]) is None or _actor(witness[1]) is None
 
 
 def _host_bytes(race: Race) -> str:
@@ -691,24 +1095,26 @@ def _host_bytes(race: Race) -> str:
             f"{first.site} before `{second.name}` on {second.actor} ({second.site}) may use them")
 
 
-def _swap_for(checker: Checker, sync: Sync, races, ops):
-    """The device-side waits that replace host sync `sync`: each race's consumer stream waits
-    for its producer, through an event recorded where the host synchronized."""
+def _swap_for(ops, sync: Sync, pairs, races: dict):
+    """The device-side waits that replace host sync `sync` where `pairs` (its new race
+    occurrences once removed) are all between streams: each consumer stream waits for its
+    producer, through an event recorded where the host synchronized (for an event synchronize:
+    on the event that occurrence synchronizes)."""
     op = ops[sync.indexes[0]]
     names = _Names()
     for each in ops:
         names.see(each)
     records, waits, replacements = [], [], []
-    for race in races:
-        witness = checker.witness(race)
-        if witness is None:
+    for pair in pairs:
+        race = races.get(pair.key)
+        if race is None or pair.first is None or pair.second is None:
             return None, ()
-        source, target = _actor(witness[0]), _actor(witness[1])
+        source, target = _actor(ops[pair.first]), _actor(ops[pair.second])
         kind = type(op)
         if kind is T.EventSync:
-            wait = (target, None, op.event)
+            wait = (target, None, SYNCED_EVENT)
             rep = Replacement("", "", race.second.actor, f"`{race.second.name}` ({race.second.site})",
-                              event=names.event(op.event))
+                              event=names.event(op.event), each=_recreated(ops, sync))
         else:
             record = op.stream if kind is T.StreamSync else source
             if record not in records:
@@ -722,32 +1128,42 @@ def _swap_for(checker: Checker, sync: Sync, races, ops):
     return _Swap(tuple(records), tuple(waits)), replacements
 
 
+def _recreated(ops, sync: Sync) -> bool:
+    """Whether the occurrences of a sync name different events (a loop that creates its event
+    each step): a replacement must wait on each occurrence's own."""
+    return len({ops[i].event for i in sync.indexes if hasattr(ops[i], "event")}) > 1
+
+
 def _provenance(ops, syncs):
-    """One pass over the whole trace: which syncs add no order at any occurrence (what they wait
-    for was already ordered), and, where one does, which sync had ordered it ("implied by")."""
+    """One pass over the whole trace: which occurrences of each sync add order (what they wait
+    for was not ordered yet), and, for a sync whose occurrences add none, which sync had ordered
+    it ("implied by"). Returns (implied, via, adds_order): implied[key] is "no-op" while no
+    occurrence ordered anything at all (a never-recorded event), else True; adds_order[key]:
+    the occurrences (1-based) that raised a clock."""
     occurrence = {}
     for sync in syncs:
-        for index in sync.indexes:
-            occurrence[index] = sync.key
-    implied = {sync.key: "no-op" for sync in syncs}  # True / False once an occurrence orders something
+        for ordinal, index in enumerate(sync.indexes, 1):
+            occurrence[index] = (sync.key, ordinal)
+    implied = {sync.key: "no-op" for sync in syncs}
+    adds_order = {sync.key: ({1} if sync.kind == "legacy join" else set()) for sync in syncs}
     via: dict = {}  # key -> keys of the syncs that had ordered what it waits for, the latest first
     origin: dict = {}  # (ordered owner, source owner) -> (trace index, key) of the sync that ordered it last
     checker = Checker()
     for index, op in enumerate(ops):
-        key = occurrence.get(index)
-        if key is not None and key[0] != "legacy join":
+        found_at = occurrence.get(index)
+        if found_at is not None and found_at[0][0] != "legacy join":
+            key, ordinal = found_at
             clocks = checker.sync_clocks(op)
             if clocks is not None:
+                implied[key] = True
                 needed, have, ordered, source = clocks
                 raised = [c for c, tick in needed.items() if tick > have.get(c, 0)]
                 if raised:
-                    implied[key] = False
+                    adds_order[key].add(ordinal)
                     for c in raised:
                         origin[(ordered, c)] = (index, key)
                     checker.feed(op)
                     continue
-                if implied[key] == "no-op":
-                    implied[key] = True
                 if key not in via:
                     # A device synchronize waits for every stream: each may have been ordered by
                     # another sync (the host read of one stream, the query of another), so all are named.
@@ -758,7 +1174,7 @@ def _provenance(ops, syncs):
                     if others:
                         via[key] = tuple(dict.fromkeys(k for _, k in others))
         checker.feed(op)
-    return implied, via
+    return implied, via, adds_order
 
 
 def _why_redundant(sync: Sync, implied: dict, via: dict, numbers: dict) -> str:
@@ -767,14 +1183,14 @@ def _why_redundant(sync: Sync, implied: dict, via: dict, numbers: dict) -> str:
     state = implied.get(sync.key)
     if state == "no-op":
         return "it orders nothing: the event it waits on was never recorded when it ran (CUDA: a no-op)"
-    if state:
+    if state is True:
         others = [numbers[k] for k in via.get(sync.key, ()) if k in numbers]
         if others:
             named = [f"#{number} ({other.what}, {other.site})" for number, other in others]
             return ("implied: what it waits for was already ordered by " +
                     (named[0] if len(named) == 1 else ", ".join(named[:-1]) + " and " + named[-1]))
         return "implied: what it waits for was already ordered (by stream order or the host's issue order)"
-    return None
+    return "implied: what it waits for was already ordered"
 
 
 COVER_CANDIDATES = 3  # later syncs tried as the one that gives the same order (a check each)
@@ -783,7 +1199,8 @@ COVER_CANDIDATES = 3  # later syncs tried as the one that gives the same order (
 def _covered_by(ops, base: _Base, sync: Sync, syncs, numbers: dict, alone_clean: dict) -> tuple:
     """Why a sync that adds order is still redundant alone: a later sync gives that order before
     anything relies on it (removing both makes a race; those ordering the same actor are tried
-    first), or nothing after it touches the bytes it orders. Returns (reason, checks made)."""
+    first), nothing of another actor touches the bytes it orders, or the later syncs together
+    give its order. Returns (reason, checks made)."""
     first = sync.indexes[0]
     actor = _ordered_actor(ops[first])
     later = [s for s in syncs if s is not sync and s.kind != "legacy join" and s.indexes[-1] > first]
@@ -803,9 +1220,15 @@ def _covered_by(ops, base: _Base, sync: Sync, syncs, numbers: dict, alone_clean:
             return (f"covered: #{number} ({other.what}, {other.site}) gives the same order before anything "
                     "relies on it (removing both makes a race)"), tried
     if not _shares_bytes(ops, sync):
-        return "it orders no shared bytes: nothing after it touches bytes anything before it used", tried
-    return ("the other synchronizations order what it orders before anything relies on it (no single one of "
-            "them alone)"), tried
+        return ("it orders no shared bytes: no bytes accessed before it are accessed after it by another stream "
+                "or host thread, one side a write"), tried
+    keys = {s.key for s in later}
+    tried += 2
+    if not _findings(edit(ops, remove=keys | {sync.key})) - _findings(edit(ops, remove=keys)) - base.findings:
+        return ("what it orders is ordered anyway, by stream order and the host's issue order: removing it with "
+                "every later synchronization makes no race they do not make alone"), tried
+    return (f"covered by the later synchronizations together: removing it with all {len(later)} of them makes a "
+            f"race, with any one of the {min(len(later), COVER_CANDIDATES)} tried it does not"), tried
 
 
 def _touches(op):
@@ -821,22 +1244,34 @@ def _touches(op):
     return []
 
 
+def _access_actor(op) -> tuple:
+    """Who performs an access: its stream, or the host thread (a host access, a host free)."""
+    stream = _actor(op)
+    return ("host", op.thread) if stream is None else ("stream", stream)
+
+
 def _shares_bytes(ops, sync: Sync) -> bool:
-    """Whether, at some occurrence, bytes accessed before it are accessed after it, one side a
-    write. Without that, no pair of accesses can depend on it (conservative: True when unsure)."""
-    before: list = []
+    """Whether bytes accessed before some occurrence are accessed after it by another actor, one
+    side a write (a read then a write counts as much as two writes). Without that, no pair of
+    accesses can depend on it: one actor's own accesses are ordered by stream order or program
+    order (conservative: True when unsure)."""
+    before: list = []  # accesses issued before the latest occurrence passed
+    since: list = []  # accesses issued after it
     occurrences = set(sync.indexes)
-    after_first = False
     for index, op in enumerate(ops):
         if index in occurrences:
-            after_first = True
+            before += since
+            since = []
         touched = _touches(op)
         if touched is None:
             return True
+        if not touched:
+            continue
+        who = _access_actor(op)
         for buf, start, stop, write in touched:
-            if after_first and any(b == buf and s < stop and start < e and (w or write) for b, s, e, w in before):
+            if any(b == buf and s < stop and start < e and (w or write) and a != who for b, s, e, w, a in before):
                 return True
-            before.append((buf, start, stop, write))
+            since.append((buf, start, stop, write, who))
     return False
 
 

@@ -391,8 +391,9 @@ def test_format_and_to_dict_say_the_same():
         d.host_read(y)
     result = audit(d.trace)
     data = json.loads(json.dumps(result.to_dict()))
-    assert data["summary"] == result.summary() == "2 of 3 synchronizations are needed; removable: #3"
-    assert (data["needed"], data["total"], data["keep"], data["removed"]) == (2, 3, [1, 2], [3])
+    # Occurrences are counted, with the lines of code beside them.
+    assert data["summary"] == result.summary() == "6 of 9 synchronizations are needed, at 2 of 3 sites; removable: #3"
+    assert (data["needed"], data["total"], data["sites"], data["keep"], data["removed"]) == (6, 9, 3, [1, 2], [3])
     assert [(f["kind"], f["verdict"], f["count"]) for f in data["findings"]] == [
         ("wait_event", "necessary", 3), ("device synchronize", "redundant", 3),
         ("device synchronize", "redundant", 3)]
@@ -401,9 +402,13 @@ def test_format_and_to_dict_say_the_same():
     assert data["findings"][2]["reason"].startswith("implied: what it waits for was already ordered by #2 ")
     text = result.format()
     assert text.splitlines()[0] == "streamcheck sync audit (this run: these inputs, this control flow)"
-    assert "  minimal sufficient set: 2 of 3 synchronizations are needed; removable: #3" in text
+    assert "  minimal sufficient set: 6 of 9 synchronizations are needed, at 2 of 3 sites; removable: #3" in text
     assert "    keep: #1, #2" in text
-    for f in data["findings"]:
+    # #2 is redundant alone, but the set keeps it: the table must not offer it for removal.
+    assert data["findings"][1]["kept"] == [1, 2, 3] and data["findings"][2]["removed"] == [1, 2, 3]
+    assert re.search(r"^  2  kept by the set  ", text, re.M), text
+    assert f"  #2 redundant alone: {data['findings'][1]['reason']}" in text
+    for f in (data["findings"][0], data["findings"][2]):
         assert f"  #{f['number']} {f['verdict']}: {f['reason']}" in text
     assert_covers_hold(list(d.trace), result)
 
