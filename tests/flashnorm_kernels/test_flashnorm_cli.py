@@ -19,6 +19,7 @@ from transformers.utils import logging as transformers_logging  # noqa: E402
 
 from flashnorm_kernels.cli import main  # noqa: E402
 from tests.paths import ROOT  # noqa: E402
+from tests.sigint import sigint_from_a_terminal  # noqa: E402
 
 FIXTURES = ROOT / "flashnorm_kernels" / "models"
 
@@ -182,7 +183,8 @@ def test_ctrl_c_just_after_the_rename_says_dst_is_complete(src, tmp_path, monkey
 
     monkeypatch.setattr(os, "rename", rename_then_ctrl_c)
     dst = tmp_path / "dst"
-    assert main(["flashify", str(src), str(dst)]) == 130
+    with sigint_from_a_terminal():
+        assert main(["flashify", str(src), str(dst)]) == 130
     assert capsys.readouterr().err == f"flashnorm flashify: interrupted after {dst} was written; it is complete.\n"
     assert json.loads((dst / "config.json").read_text())["flashnorm"]  # the folded checkpoint, whole
     assert {"config.json", "model.safetensors", "generation_config.json"} <= set(os.listdir(dst))
@@ -201,7 +203,8 @@ def test_ctrl_c_that_a_lazy_import_turns_into_another_error_is_still_an_interrup
             raise ModuleNotFoundError("Could not import module 'LlamaForCausalLM'") from None
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", interrupted_import)
-    assert main(["flashify", str(src), str(tmp_path / "dst")]) == 130
+    with sigint_from_a_terminal():
+        assert main(["flashify", str(src), str(tmp_path / "dst")]) == 130
     assert capsys.readouterr().err == f"flashnorm flashify: interrupted; {tmp_path / 'dst'} was not written.\n"
     assert sorted(os.listdir(tmp_path)) == ["src"]
 
@@ -216,8 +219,10 @@ def _with_fault(fault: str) -> dict:
 
 def test_ctrl_c_during_the_start_up_imports_gives_one_line(src, tmp_path):
     before = _snapshot(src)
-    done = subprocess.run([sys.executable, "-m", "flashnorm_kernels.cli", "flashify", str(src), str(tmp_path / "dst")],
-                          env=_with_fault("INT import torch"), capture_output=True, text=True, timeout=120)
+    with sigint_from_a_terminal():
+        done = subprocess.run([sys.executable, "-m", "flashnorm_kernels.cli", "flashify", str(src),
+                               str(tmp_path / "dst")], env=_with_fault("INT import torch"), capture_output=True,
+                              text=True, timeout=120)
     assert (done.returncode, done.stderr) == (130, f"flashnorm flashify: interrupted; {tmp_path / 'dst'} was not written.\n")
     assert sorted(os.listdir(tmp_path)) == ["src"]
     assert _snapshot(src) == before
@@ -225,7 +230,8 @@ def test_ctrl_c_during_the_start_up_imports_gives_one_line(src, tmp_path):
 
 def test_ctrl_c_at_interpreter_exit_gives_one_line_not_a_traceback(tmp_path):
     # After every atexit callback (torch's clean-up among them).
-    done = subprocess.run([sys.executable, "-m", "flashnorm_kernels.cli", "--version"], env=_with_fault("INT atexit"),
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    with sigint_from_a_terminal():
+        done = subprocess.run([sys.executable, "-m", "flashnorm_kernels.cli", "--version"],
+                              env=_with_fault("INT atexit"), cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.stdout.startswith("flashnorm ")
     assert (done.returncode, done.stderr) == (130, "flashnorm: interrupted; nothing was written.\n")

@@ -11,13 +11,15 @@ import pytest
 
 from streamcheck.cli import INTERRUPTED_LINE
 from tests.paths import FAULT_INJECTION, ROOT
+from tests.sigint import sigint_from_a_terminal
 
 
 def run_with_fault(fault: str, *argv: str, cwd) -> subprocess.CompletedProcess:
     path = os.pathsep.join(filter(None, [str(FAULT_INJECTION), str(ROOT), os.environ.get("PYTHONPATH")]))
     env = dict(os.environ, PYTHONPATH=path, STREAMCHECK_TEST_FAULT=fault)
-    return subprocess.run([sys.executable, "-m", "streamcheck", *argv], env=env, cwd=cwd, capture_output=True,
-                          text=True, timeout=120)
+    with sigint_from_a_terminal():
+        return subprocess.run([sys.executable, "-m", "streamcheck", *argv], env=env, cwd=cwd, capture_output=True,
+                              text=True, timeout=120)
 
 
 @pytest.mark.parametrize("fault, argv", [

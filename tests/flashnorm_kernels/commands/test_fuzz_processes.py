@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.paths import ROOT
+from tests.sigint import sigint_from_a_terminal
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="follows processes through /proc (Linux)")
 pytest.importorskip("xdist")
@@ -46,9 +47,10 @@ def _descendants(pid: int) -> list:
 def _start_fuzz(tmp_path) -> subprocess.Popen:
     env = dict(os.environ, TMPDIR=str(tmp_path))
     env.pop("PYTEST_XDIST_WORKER", None)
-    return subprocess.Popen([sys.executable, "-m", "streamcheck", "fuzz", "--backend", "sim", "--workers", "2",
-                             "--budget", "60s", "--steps", "2", "--quiet"], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with sigint_from_a_terminal():  # the Ctrl-C test's signal must not find SIGINT ignored
+        return subprocess.Popen([sys.executable, "-m", "streamcheck", "fuzz", "--backend", "sim", "--workers", "2",
+                                 "--budget", "60s", "--steps", "2", "--quiet"], cwd=ROOT, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def _wait_for_workers(fuzz: subprocess.Popen) -> list:
