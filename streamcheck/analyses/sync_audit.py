@@ -216,15 +216,16 @@ class Audit:
         """trace index -> finding, for every occurrence the minimal set drops or replaces."""
         return {f.sync.indexes[n - 1]: f for f in self.findings for n in f.removed_at + f.replaced_at}
 
-    def apply(self, ops, drop=()) -> list:
+    def apply(self, ops, drop=(), drop_at=()) -> list:
         """`ops` as the minimal set edits them (removed occurrences gone, replaced ones swapped for
-        their device-side waits); `drop`: finding numbers removed on top (every occurrence), to
-        check each is needed."""
+        their device-side waits); `drop`: finding numbers removed on top (every occurrence), and
+        `drop_at`: (finding number, occurrence) pairs, to check each is needed."""
         swaps = dict(self.swaps)
         gone = {self.findings[n - 1].sync.key for n in drop}
         removed = {f.sync.indexes[n - 1] for f in self.findings for n in f.removed_at}
+        removed |= {self.findings[number - 1].sync.indexes[n - 1] for number, n in drop_at}
         swap_at = {f.sync.indexes[n - 1]: swaps[f.sync.key] for f in self.findings if f.number not in drop
-                   for n in f.replaced_at}
+                   for n in f.replaced_at if f.sync.indexes[n - 1] not in removed}
         return edit(ops, remove=gone, drop=removed, swap_at=swap_at)
 
     def edits(self, only=None) -> SyncEdits:
