@@ -434,3 +434,121 @@ def test_the_minimal_set_applied_to_the_trace_is_race_free_and_each_kept_sync_ne
     assert check(result.apply(ops)) == [], result.format()
     for number in result.keep + result.replaced:
         assert check(result.apply(ops, drop=(number,))), f"#{number} is not needed\n{result.format()}"
+
+
+# --- reasons name the real cause (issue 31 §2) ---------------------------------------------
+
+def test_a_sync_whose_bytes_only_its_own_stream_touches_again_orders_no_shared_bytes():
+    """One other synchronization, and nothing of another stream or the host reads the bytes: the
+    reason is that it orders no shared bytes, not a cover by "the other synchronizations"."""
+    d = Device("sim")
+    a = d.stream("A")
+    x = d.alloc(4, name="x")
+    d.launch(fill, (x,), stream=a, writes=[x], name="first")
+    a.synchronize()
+    d.launch(fill, (x,), stream=a, writes=[x], name="second")  # stream order orders it anyway
+    d.synchronize()
+    result = audit(d.trace)
+    assert [f.verdict for f in result.findings] == [Verdict.REDUNDANT, Verdict.REDUNDANT], result.format()
+    for finding in result.findings:
+        assert finding.reason.startswith("it orders no shared bytes: "), finding.reason
+    assert result.removed == (1, 2)
+
+
+def test_a_read_after_a_write_is_shared_bytes_and_a_sync_covered_only_by_two_others_together_says_so():
+    """Audit rule: "orders no shared bytes" counts a read after a write (a read-write pair), not
+    only two writes. The host synchronize is redundant alone and with either wait gone; with
+    both gone, B reads `x` unordered: it does order shared bytes."""
+    d = Device("sim")
+    a, b = d.stream("A"), d.stream("B")
+    x, y = d.alloc(4, name="x"), d.alloc(4, name="y")
+    d.launch(fill, (x,), stream=a, writes=[x], name="producer")
+    done = a.record(d.event("done"))
+    a.synchronize()
+    b.wait_event(done)
+    b.wait_event(done)
+    d.launch(copy, (x, y), stream=b, reads=[x], writes=[y], name="consumer")  # reads what A wrote
+    ops = list(d.trace)
+    result = audit(ops)
+    first = result.findings[0]
+    assert first.sync.kind == "stream synchronize" and first.verdict is Verdict.REDUNDANT
+    assert first.reason.startswith("covered by the later synchronizations together: removing it with all 2 of them "
+                                   "makes a race"), first.reason
+    assert check(edit(ops, remove={f.sync.key for f in result.findings}))  # all three gone: the RAW
+
+
+def test_a_double_waits_kept_first_wait_does_not_read_as_redundant_in_the_table():
+    d = double_wait()
+    result = audit(d.trace)
+    kept, = result.keep
+    rows = {line.split()[0]: line for line in result.format(width=10_000).splitlines()[1:4]}
+    assert re.match(rf"^  {kept}  kept by the set  wait_event ", rows[str(kept)]), rows
+    assert f"  #{kept} redundant alone: " in result.format(width=10_000)
+
+
+def test_an_event_recreated_each_step_is_replaced_by_a_wait_on_each_steps_own_event():
+    """A loop that creates its event each step and synchronizes it: the device-side replacement
+    waits on the event of that occurrence (waiting on the first step's would order nothing
+    later), and says so."""
+    d = Device("sim")
+    a, b = d.stream("A"), d.stream("B")
+    y = d.alloc(4, name="y", fill=0)
+    for step in range(3):
+        x = d.alloc(4, name=f"x{step}", fill=0)
+        d.launch(fill, (x,), stream=a, writes=[x], name="producer")
+        produced = d.event("produced")
+        produced.record(a)
+        produced.synchronize()
+        d.launch(copy, (x, y), stream=b, reads=[x], writes=[y], name="consumer")
+    assert not d.races
+    ops = list(d.trace)
+    result = audit(ops)
+    (finding,) = result.findings
+    assert finding.at == (Verdict.DEVICE_SIDE,) * 3, result.format()
+    (replacement,) = finding.replacement
+    assert replacement.describe().startswith("make stream B wait on event `produced` (the one that occurrence "
+                                             "synchronizes: a new one each time)")
+    assert result.replaced == (1,) and check(result.apply(ops)) == []
+
+
+def test_a_wait_needed_at_its_first_occurrence_only_is_not_implied():
+    """Audit rule: "implied" (redundant without a re-check) needs every occurrence of a site to
+    add no order. The wait on an event recorded once adds order at the first step only; later
+    steps' waits are implied, the first is needed."""
+    d = Device("sim")
+    a, b = d.stream("A"), d.stream("B")
+    x, y = d.alloc(4, name="x", fill=0), d.alloc(4, name="y", fill=0)
+    d.launch(fill, (x,), stream=a, writes=[x], name="setup")
+    ready = a.record(d.event("ready"))
+    for _ in range(3):
+        b.wait_event(ready)
+        d.launch(copy, (x, y), stream=b, reads=[x], writes=[y], name="consumer")
+    result = audit(d.trace)
+    (finding,) = result.findings
+    assert finding.verdict is Verdict.NECESSARY, result.format()
+    assert finding.at == (Verdict.NECESSARY, Verdict.REDUNDANT, Verdict.REDUNDANT)
+    assert finding.where == "at the first of 3 occurrences: wait once, at the first step"
+    assert [(r.kind, r.buffer) for r in finding.prevents] == [("RAW", "x")]
+    assert finding.kept == (1,) and finding.removed_at == (2, 3)
+
+
+def test_device_side_is_offered_only_once_the_trace_with_the_replacement_wait_checks_clean():
+    """Audit rule: "device-side suffices" is re-checked with the replacement in the trace. Here
+    B is capturing a graph when the host synchronizes A: the replacement wait would be a graph
+    edge on an event recorded outside the capture, which orders no executed work, so the
+    launched graph's consumer still races with the producer. The host synchronize stays."""
+    d = Device("sim")
+    a, b = d.stream("A"), d.stream("B")
+    x, y = d.alloc(4, name="x", fill=0), d.alloc(4, name="y", fill=0)
+    b.begin_capture(mode="relaxed")
+    d.launch(fill, (x,), stream=a, writes=[x], name="producer")
+    a.synchronize()
+    d.launch(copy, (x, y), stream=b, reads=[x], writes=[y], name="consumer")
+    b.end_capture().launch(b)
+    assert not d.races
+    result = audit(d.trace)
+    finding = only(result)
+    assert finding.verdict is Verdict.NECESSARY and finding.replacement == (), result.format()
+    assert [(r.kind, r.buffer) for r in finding.prevents] == [("RAW", "x")]
+    assert "its device-side replacement, checked in the trace, does not order every one" in finding.reason
+    assert result.keep == (1,) and result.replaced == ()
