@@ -15,9 +15,10 @@ import pytest
 
 from streamcheck.core.hb import (Checker, Race, TraceError, check, format_report, reports_to_dicts, reports_to_json,
                                 site_path)
-from streamcheck.core.trace import (Alloc, CallSite, Copy, CopyKind, DeviceSync, EventCreate, EventRecord, EventSync, HandOff,
-                               Free, HostAccess, ImplicitSync, Launch, Range, StreamCreate, StreamKind, StreamSync,
-                               StreamWait, TakeOver, ThreadJoin, ThreadStart, Trace)
+from streamcheck.core.trace import (Alloc, CallSite, Copy, CopyKind, DeviceSync, EventCreate, EventQuery, EventRecord,
+                               EventSync, HandOff, Free, HostAccess, ImplicitSync, Launch, Range, StreamCreate,
+                               StreamKind, StreamQuery, StreamSync, StreamWait, TakeOver, ThreadJoin, ThreadStart,
+                               Trace)
 
 NBYTES = 64
 
@@ -89,6 +90,12 @@ class Prog:
 
     def device_sync(self) -> CallSite:
         return self._add(DeviceSync)
+
+    def stream_query(self, stream: str, done: bool) -> CallSite:
+        return self._add(StreamQuery, stream=self._id(stream), done=done)
+
+    def event_query(self, event: str, done: bool) -> CallSite:
+        return self._add(EventQuery, event=self._id(event), done=done)
 
     def implicit(self, reason: str) -> CallSite:
         return self._add(ImplicitSync, reason=reason)
@@ -273,6 +280,24 @@ def event_sync_recorded_too_early():
     p.launch("A", "produce", writes=["x"])
     p.event_sync("done")
     p.host(reads=["x"])
+    return p
+
+
+def host_polls(what: str, done: bool, recorded_early: bool = False):
+    # A query that returned done orders the host after the work it asked about (the stream's, or
+    # the event's captured work), as a synchronize does; one that returned not-done orders nothing.
+    p = two_streams()
+    p.event("done")
+    if recorded_early:
+        p.record("done", "A")
+    p.launch("A", "produce", writes=["x"])
+    if not recorded_early:
+        p.record("done", "A")
+    if what == "event":
+        p.event_query("done", done)
+    else:
+        p.stream_query("A", done)
+    p.host(reads=["x"], name="read result")
     return p
 
 
@@ -473,6 +498,11 @@ CASES = [
     pytest.param(lambda: sync_then_issue("event"), [], id="event-sync-orders-later-issue-safe"),
     pytest.param(lambda: sync_then_issue("device"), [], id="device-sync-orders-later-issue-safe"),
     pytest.param(event_sync_recorded_too_early, ["RAW"], id="event-sync-recorded-too-early-racy"),
+    pytest.param(lambda: host_polls("event", True), [], id="event-query-done-safe"),
+    pytest.param(lambda: host_polls("event", False), ["RAW"], id="event-query-not-done-racy"),
+    pytest.param(lambda: host_polls("event", True, recorded_early=True), ["RAW"], id="event-query-recorded-too-early-racy"),
+    pytest.param(lambda: host_polls("stream", True), [], id="stream-query-done-safe"),
+    pytest.param(lambda: host_polls("stream", False), ["RAW"], id="stream-query-not-done-racy"),
     pytest.param(host_write_then_launch, [], id="host-write-then-launch-safe"),
     pytest.param(host_overwrites_while_stream_reads, ["WAR"], id="host-overwrite-during-read-racy"),
     # Async copies are accesses on their stream.
