@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     ap.add_argument("--programs", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args(argv)
-    from streamcheck import backends
+    from streamcheck.device import backends
 
     table = backends._target
     scanning = lambda name: backends._registered().get(name)  # noqa: E731 (the lookup before)

@@ -113,7 +113,7 @@ class DecodeLoop:
 
 def measure(mode: str, args, token_sync: bool) -> tuple:
     """Median µs/step over the repeats, plus (ops recorded per step, races) when instrumented."""
-    import streamcheck.instrument as instrument
+    import streamcheck.record.instrument as instrument
     from streamcheck.core.trace import SiteSettings, set_site_settings
 
     times, ops_per_step, races = [], 0.0, 0
@@ -146,7 +146,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--dim", type=int, default=4096)
     args = ap.parse_args(argv)
-    from streamcheck.backends import gpu_available
+    from streamcheck.device.backends import gpu_available
 
     if not gpu_available():
         print("bench_instrument_overhead: needs an NVIDIA GPU and CuPy", file=sys.stderr)

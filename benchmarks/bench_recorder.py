@@ -1,5 +1,5 @@
 """What each recording-cost idea could buy, measured on the CPU with a stand-in GPU (no CuPy,
-no CUDA): the recorder (streamcheck/recorder.py) driven with the operation mix of one step of
+no CUDA): the recorder (streamcheck/record/recorder.py) driven with the operation mix of one step of
 benchmarks/bench_instrument_overhead.py's decode loop (12 operations: a RawKernel, an event
 record, two waits, cuBLAS `matmul` with out=, the RMS kernel, two records, two waits, the
 post-scale, a host read), library time excluded.
@@ -29,7 +29,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from streamcheck import recorder as R  # noqa: E402
+from streamcheck.record import recorder as R  # noqa: E402
 from streamcheck.core import trace as T  # noqa: E402
 from streamcheck.core.trace import CaptureMode, StreamKind  # noqa: E402
 

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 
-from streamcheck.sync_proof_gpu import time_spans
+from streamcheck.proofs.sync_proof_gpu import time_spans
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROGRAMS_DIR = os.path.join(ROOT, "tests", "gpu_programs")

@@ -89,7 +89,7 @@ def child(mode: str, args) -> None:
 
     compiled = mode.startswith("compiled")
     if "streamcheck" in mode:
-        import streamcheck.instrument as instrument
+        import streamcheck.record.instrument as instrument
         from streamcheck.core.trace import SiteSettings, set_site_settings
 
         if mode == "streamcheck-depth1":

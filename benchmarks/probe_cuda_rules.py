@@ -17,7 +17,7 @@ import time
 
 import cupy
 
-from streamcheck.gpu import SpinDelay
+from streamcheck.record.gpu import SpinDelay
 
 SPIN_US = 20_000
 REPEATS = 5

@@ -113,7 +113,7 @@ def run_generation_cuda(model, prompt_ids, max_new_tokens: int, plan: SyncPlan, 
     session = instrument.start() if check else None
     try:
         if session is None and hold:
-            from streamcheck.gpu import warm_up
+            from streamcheck.record.gpu import warm_up
 
             from .hf_cuda import import_cupy
 

@@ -63,7 +63,7 @@ import torch
 import torch.nn.functional as F
 
 from streamcheck.core.schedule import check_strike_pattern, strikes
-from streamcheck.gpu import MAX_DELAY_US, SpinDelay
+from streamcheck.record.gpu import MAX_DELAY_US, SpinDelay
 
 from .fold import FlashNormError, norm_gain
 from .groups import RoutedProjection, StepPerInput
@@ -127,7 +127,7 @@ def cuda_device(model, devices) -> torch.device:
 
 @dataclass(frozen=True)
 class MatmulHold:
-    """A bounded spin (streamcheck.gpu.SpinDelay) on stream A before the matmul of the
+    """A bounded spin (streamcheck.record.gpu.SpinDelay) on stream A before the matmul of the
     `after`-th step and every `every`-th after it (the one strike rule, core.schedule.strikes)."""
 
     us: float
@@ -194,7 +194,7 @@ class CudaNormProjection(StepPerInput):
 
     # --- controls -------------------------------------------------------------------------
     def hold_matmul(self, us: float, *, after: int = 0, every: int = 1) -> None:
-        """Spin `us` µs (bounded by streamcheck.gpu.MAX_DELAY_US) on stream A before the matmul of
+        """Spin `us` µs (bounded by streamcheck.record.gpu.MAX_DELAY_US) on stream A before the matmul of
         step `after` and every `every`-th step after it, so that a post-scale that does not wait
         for the matmul reads the previous step's Y. `us=0` removes the hold."""
         if isinstance(us, bool) or not isinstance(us, (int, float)) or not 0 <= us <= MAX_DELAY_US:
@@ -348,10 +348,10 @@ def _unseen_work_declarer():
     torch adapter's dispatch mode is off inside a custom operator and nested library calls are
     not recorded), else None. The recorder is looked up, not imported: without a recording
     the operator costs no import."""
-    recorder = sys.modules.get("streamcheck.recorder")
+    recorder = sys.modules.get("streamcheck.record.recorder")
     if recorder is None or recorder.current is None or not recorder.depth():
         return None
-    from streamcheck.instrument import declare_access
+    from streamcheck.record.instrument import declare_access
 
     return declare_access
 

@@ -58,7 +58,7 @@ def _declare_accesses() -> None:
     """Tell streamcheck.instrument() what each kernel reads and writes: their names are made by
     a macro, so it cannot find their signatures and would count every array as written (x
     "written" by the RMS on stream B would race with the matmul reading it on stream A)."""
-    from streamcheck.instrument import declare_kernel
+    from streamcheck.record.instrument import declare_kernel
 
     for dtype, tag in _TAG.items():
         for suffix in ("", f"_v{_VEC[dtype]}"):
@@ -203,6 +203,6 @@ def cupy_stream(ptr: int):
     """A CuPy stream object for the stream with handle `ptr` (torch's current stream, a capture
     stream); 0 is the legacy default stream (CuPy's Stream.null). Cached: one object per handle."""
     import cupy
-    from streamcheck.gpu import external_stream
+    from streamcheck.record.gpu import external_stream
 
     return external_stream(cupy, ptr)

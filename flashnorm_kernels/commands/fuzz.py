@@ -999,7 +999,7 @@ def main(args) -> int:
 
 
 def _main(args, json_stdout=None) -> int:
-    from streamcheck.backends import BackendUnavailable, gpu_available, resolve
+    from streamcheck.device.backends import BackendUnavailable, gpu_available, resolve
 
     budget = examples = None
     if args.examples is not None:

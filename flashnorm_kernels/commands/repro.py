@@ -116,7 +116,7 @@ def _token_progress(model, total: int, first_run: str):
 
 
 def run(args) -> int:
-    from streamcheck.backends import BackendUnavailable, gpu_available, resolve
+    from streamcheck.device.backends import BackendUnavailable, gpu_available, resolve
 
     problem = _usage_problem(args)
     if problem is None:
@@ -231,13 +231,13 @@ def _repro(backend: str, args, json_out=None) -> int:
 
     try:
         if args.timeline:
-            from streamcheck.timeline import render_timeline
+            from streamcheck.pictures.timeline import render_timeline
 
             path = timeline_file(args.timeline)
             render_timeline(buggy.candidate.device, path)  # each output whole or absent (atomic_files)
             print(f"timeline of the implicit-join run: {path}")
         if args.trace:
-            from streamcheck.export import write_chrome_trace
+            from streamcheck.pictures.export import write_chrome_trace
 
             write_chrome_trace(buggy.candidate.device, args.trace)
             print(f"Perfetto trace of the implicit-join run: {args.trace} (open in https://ui.perfetto.dev)")

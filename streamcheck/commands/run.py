@@ -21,7 +21,7 @@ check is incomplete: a race may hide behind it; each error and refused record is
 
 With --confirm, each distinct race (up to --confirm-max) is then confirmed by rerunning the
 script in a fresh process with a bounded delay exactly before the race's first access and CUDA
-timing events around both accesses (streamcheck/confirm_gpu.py, docs/confirm.md); a rerun is
+timing events around both accesses (streamcheck/proofs/confirm_gpu.py, docs/confirm.md); a rerun is
 `streamcheck run --confirm-probe JSON script.py`, the replay line each verdict prints. The exit
 status stays the first run's.
 
@@ -46,7 +46,7 @@ import types
 from dataclasses import replace
 
 from ..atomic_files import write_text
-from ..gpu import MAX_DELAY_US
+from ..record.gpu import MAX_DELAY_US
 from . import STDOUT, output_problem, report_width, timeline_file, timeline_problem
 
 INTERNAL_ERROR = 3  # the recording is incomplete: a refused record can hide a race
@@ -183,13 +183,13 @@ class _ScriptSpan:
     the driver (no adapter records them), the device synchronized at both ends."""
 
     def __init__(self):
-        from ..sync_proof_gpu import SPAN_PREFIX  # what --prove reads back
+        from ..proofs.sync_proof_gpu import SPAN_PREFIX  # what --prove reads back
 
         self.prefix = SPAN_PREFIX
         self.started = False
 
     def begin(self) -> None:
-        from ..adapters.cuda_device import CudaDriver
+        from ..record.adapters.cuda_device import CudaDriver
 
         self.driver = CudaDriver()
         self.driver.synchronize()
@@ -243,8 +243,8 @@ def run(args) -> int:
               file=sys.stderr)
         return 2
 
-    from .. import confirm_gpu
-    from ..gpu import cuda_device_present, gpu_library_installed
+    from ..proofs import confirm_gpu
+    from ..record.gpu import cuda_device_present, gpu_library_installed
 
     if args.confirm_max is not None and not args.confirm:
         print("streamcheck run: --confirm-max limits --confirm; add --confirm (or drop --confirm-max)", file=sys.stderr)
@@ -297,7 +297,7 @@ def run(args) -> int:
               file=sys.stderr)
         return 2
 
-    from .. import instrument
+    from ..record import instrument
     from ..core.trace import set_site_settings, site_settings
 
     sites_before = set_site_settings(replace(site_settings(), libraries=tuple(args.library)))
@@ -386,7 +386,7 @@ def run(args) -> int:
         print(sync_audit.format(width=report_width(sys.stderr)), file=sys.stderr)
     proof = None
     if args.prove and sync_audit is not None:  # before --json, which holds it too
-        from .. import sync_proof_gpu
+        from ..proofs import sync_proof_gpu
 
         print("streamcheck: proving the audit's minimal set: the script rerun with the removable synchronizations "
               "skipped, under delays, then timed", file=sys.stderr)
@@ -415,8 +415,8 @@ def run(args) -> int:
         write_text(args.ops_json, session.trace.to_json())
     if sync_audit is not None and args.trace:
         # The audit is about the whole run: its trace, with the removable synchronizations marked.
-        from ..export import write_chrome_trace
-        from ..timeline_model import build_model
+        from ..pictures.export import write_chrome_trace
+        from ..pictures.timeline_model import build_model
 
         write_chrome_trace(build_model({"trace": session.trace, "races": races}), args.trace, audit=sync_audit)
         print(f"streamcheck: Perfetto trace of the whole run, removable synchronizations marked: {args.trace} "
@@ -441,18 +441,18 @@ def draw_races(session, races, trace: str = None, timeline: str = None) -> None:
         print("streamcheck: no race, so no --trace or --timeline was written (they draw racing pairs)",
               file=sys.stderr)
         return
-    from ..timeline_model import around_races, build_model
+    from ..pictures.timeline_model import around_races, build_model
 
     model = around_races(build_model({"trace": session.trace, "races": races,
                                       "backend": "+".join(sorted(getattr(session, "libraries", ()))) or "gpu"}))
     shown = f"{len(races)} racing pair{'s' if len(races) != 1 else ''} and the operations around them"
     if trace:
-        from ..export import write_chrome_trace
+        from ..pictures.export import write_chrome_trace
 
         write_chrome_trace(model, trace)
         print(f"streamcheck: Perfetto trace of {shown}: {trace} (open in https://ui.perfetto.dev)", file=sys.stderr)
     if timeline:
-        from ..timeline import render_timeline
+        from ..pictures.timeline import render_timeline
 
         path = timeline_file(timeline)
         render_timeline(model, path)

@@ -401,7 +401,7 @@ class Checker:
     def witness(self, race: Race, latest: bool = False) -> Optional[tuple]:
         """The two trace operations (first, second) of the first time `race` was seen (with
         `latest`, of the last time): the occurrence race-directed confirmation reruns
-        (streamcheck.confirm). None if this checker did not report it."""
+        (streamcheck.proofs.confirm). None if this checker did not report it."""
         if latest:
             found = self._latest.get(race.key)
             if found is not None:

@@ -119,12 +119,12 @@ def streamcheck_gpu(request, streamcheck_seed):
     report and the replay line. When the test's policies include `delay`, seed-chosen streams
     get a bounded spin of --streamcheck-delay-us before each launch, so races strike.
     Yields the recording (streamcheck.instrument.Session). Skips without a GPU."""
-    from .. import gpu
+    from ..record import gpu
 
     if not gpu.cuda_device_present():
         pytest.skip("streamcheck_gpu needs an NVIDIA GPU with CuPy or a CUDA build of torch (none found here); "
                     "tests of device-API programs run on the CPU with the streamcheck_device fixture")
-    from .. import instrument
+    from ..record import instrument
 
     config = request.config
     settings = config.stash[SETTINGS_KEY]
@@ -141,7 +141,7 @@ def streamcheck_gpu(request, streamcheck_seed):
         instrument.stop()
     problems = []
     if session.capture_errors:
-        from ..recorder import format_capture_errors
+        from ..record.recorder import format_capture_errors
 
         problems.append(format_capture_errors(session.capture_errors))
     if session.errors:  # a record the checker refused is a hole in the trace, where a race can hide
@@ -266,7 +266,7 @@ def _confirmations(config, fn, races, seed: int, timeout: float) -> str:
     if backend_name(config) != "sim":
         return ("  confirmation (--streamcheck-confirm): not attempted: it runs on the sim backend "
                 "(--streamcheck-backend=sim); confirming on a GPU is not built")
-    from ..confirm import MAX_RACES, confirm_races
+    from ..proofs.confirm import MAX_RACES, confirm_races
     from ..timeout import RunTimedOut, run_with_timeout
 
     reruns = 1 + min(len(races), MAX_RACES)

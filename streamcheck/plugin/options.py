@@ -31,7 +31,7 @@ class Settings:
     check: str
     trace_dir: Optional[str]  # absolute (see _trace_dir)
     replay: Optional[tuple]  # (policy, index): run only that schedule
-    confirm: bool = False  # a failing test's races are confirmed on the sim (streamcheck.confirm)
+    confirm: bool = False  # a failing test's races are confirmed on the sim (streamcheck.proofs.confirm)
     timeout: float = DEFAULT_TIMEOUT  # seconds a run_schedules schedule may take; 0: no limit
     audit_syncs: bool = False  # each test's synchronizations are audited (streamcheck.analyses.sync_audit)
 
@@ -107,7 +107,7 @@ def pytest_configure(config: pytest.Config) -> None:
     """Validate the options; stash them for the other streamcheck plugins."""
     settings = _read_settings(config)
     if settings.backend == "cupy":
-        from ..backends import gpu_available
+        from ..device.backends import gpu_available
 
         if not gpu_available():
             raise pytest.UsageError("streamcheck: --streamcheck-backend=cupy needs an NVIDIA GPU and CuPy "
@@ -273,7 +273,7 @@ def backend_name(config) -> str:
         return settings.backend
     resolved = config.stash.get(BACKEND_KEY, None)
     if resolved is None:
-        from ..backends import resolve  # tries to import cupy: only when `auto` must be resolved
+        from ..device.backends import resolve  # tries to import cupy: only when `auto` must be resolved
 
         resolved = config.stash[BACKEND_KEY] = resolve("auto")
     return resolved

@@ -243,13 +243,13 @@ def _safe_name(nodeid: str) -> str:
 
 
 def _write_perfetto(device, path: str) -> None:
-    from ..export import write_chrome_trace
+    from ..pictures.export import write_chrome_trace
 
     write_chrome_trace(device, path)
 
 
 def _write_png(device, path: str) -> None:
-    from ..timeline import render_timeline  # imports matplotlib: only for a failing test
+    from ..pictures.timeline import render_timeline  # imports matplotlib: only for a failing test
 
     render_timeline(device, path)
 

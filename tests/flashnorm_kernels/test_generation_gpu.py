@@ -6,7 +6,7 @@ from flashnorm_kernels.commands.repro import strike_policy
 from flashnorm_kernels.generation import check_generation, run_generation
 from flashnorm_kernels.plan import SyncPlan
 from flashnorm_kernels.testing.fixtures import PROMPT, decode, encode, expected_continuation, load_fixture_model
-from streamcheck.backends import gpu_available
+from streamcheck.device.backends import gpu_available
 
 pytestmark = [
     pytest.mark.gpu,

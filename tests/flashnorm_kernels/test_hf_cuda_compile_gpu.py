@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from streamcheck.backends import gpu_available
+from streamcheck.device.backends import gpu_available
 
 pytestmark = pytest.mark.gpu
 

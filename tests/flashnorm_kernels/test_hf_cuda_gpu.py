@@ -17,7 +17,7 @@ import json
 import pytest
 import torch
 
-from streamcheck.backends import gpu_available
+from streamcheck.device.backends import gpu_available
 
 pytestmark = pytest.mark.gpu
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from streamcheck.backends import gpu_available
+from streamcheck.device.backends import gpu_available
 
 pytestmark = pytest.mark.gpu
 

@@ -2,7 +2,7 @@
 import cupy
 import torch
 
-from streamcheck.instrument import torch_stream
+from streamcheck.record.instrument import torch_stream
 
 from _common import N, STEPS, buffers, copy, fill, report, value_of
 

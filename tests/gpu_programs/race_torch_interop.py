@@ -5,7 +5,7 @@ misses this; streamcheck maps the tensor's pointer to its driver allocation."""
 import cupy
 import torch
 
-from streamcheck.instrument import torch_stream
+from streamcheck.record.instrument import torch_stream
 
 from _common import N, STEPS, buffers, copy, fill, report, value_of
 

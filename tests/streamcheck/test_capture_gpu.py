@@ -21,11 +21,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from streamcheck import instrument, recorder
-from streamcheck.adapters import cupy_graphs
+from streamcheck.record import instrument, recorder
+from streamcheck.record.adapters import cupy_graphs
 from streamcheck.core import trace as T
-from streamcheck.backends import cupy_backend, gpu_available
-from streamcheck.backends.cupy_backend import (
+from streamcheck.device.backends import cupy_backend, gpu_available
+from streamcheck.device.backends.cupy_backend import (
     GRAPH_LAUNCH_NAME,
     CupyBackend,
     capture_mode_of,

@@ -1,4 +1,4 @@
-"""Race-directed confirmation on the sim (streamcheck/confirm.py): every racy pattern of the rule
+"""Race-directed confirmation on the sim (streamcheck/proofs/confirm.py): every racy pattern of the rule
 tests that the device API can express strikes when its first access is held until the second has
 run, and the report shows the stale value; every safe twin has nothing to confirm.
 
@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from streamcheck.confirm import Confirmation, confirm, confirm_races
+from streamcheck.proofs.confirm import Confirmation, confirm, confirm_races
 from streamcheck.core.schedule import Confirm, ScheduleError, Target
 from streamcheck.device import Device
 from tests.streamcheck.backends.test_sim_rules import decode_steps, legacy_consumer, three_writes

@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from streamcheck.backends import gpu_available
+from streamcheck.device.backends import gpu_available
 from tests.paths import GPU_PROGRAMS, ROOT
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
@@ -87,7 +87,7 @@ def test_a_replay_line_repeats_the_confirmation(tmp_path):
 
 
 # --- the device API on Device("cupy"): the sim's confirmation patterns, timed on the GPU --------
-from streamcheck.confirm_gpu import confirm_device_races  # noqa: E402
+from streamcheck.proofs.confirm_gpu import confirm_device_races  # noqa: E402
 from tests.streamcheck.test_confirm import PAIRS, free_in_use  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""Race confirmation by reruns (streamcheck/confirm_gpu.py) on the CPU: which operations a rerun
+"""Race confirmation by reruns (streamcheck/proofs/confirm_gpu.py) on the CPU: which operations a rerun
 targets, where the probe puts its spin and its events (a fake GPU logs every call in order),
 how a rerun's result becomes a verdict, the retry with a longer delay, and the CLI's refusals.
 The GPU runs of tests/gpu_programs are in test_confirm_gpu.py."""
@@ -8,11 +8,11 @@ import json
 
 import pytest
 
-from streamcheck import confirm_gpu
-from streamcheck import recorder as R
+from streamcheck.proofs import confirm_gpu
+from streamcheck.record import recorder as R
 from streamcheck.cli import main
-from streamcheck.confirm_gpu import Probe, ProbeSpec, confirm_races, judge, plan_probe
-from streamcheck.gpu import MAX_DELAY_US
+from streamcheck.proofs.confirm_gpu import Probe, ProbeSpec, confirm_races, judge, plan_probe
+from streamcheck.record.gpu import MAX_DELAY_US
 from tests.streamcheck.test_recorder import FakeArray, FakeGpu, FakeStream
 
 
@@ -256,7 +256,7 @@ def test_a_bad_confirm_max_is_a_usage_error(tmp_path, capsys):
 
 
 def test_confirm_without_a_gpu_exits_2_and_says_the_reruns_need_one(tmp_path, capsys, monkeypatch):
-    import streamcheck.gpu as gpu
+    import streamcheck.record.gpu as gpu
 
     monkeypatch.setattr(gpu, "cuda_device_present", lambda: False)
     script = tmp_path / "p.py"
@@ -272,7 +272,7 @@ class FakeEvent:
 def _graph_program(rec, second_in_graph=False):
     """A graph on s1 writes x; s2 reads x after the launch without a wait (or, with
     `second_in_graph`, a forked node of the same graph reads it without a join)."""
-    from streamcheck.adapters import cupy_graphs
+    from streamcheck.record.adapters import cupy_graphs
     from streamcheck.core import trace as T
     from tests.streamcheck.test_recorder import FakeGraph
 

@@ -488,7 +488,7 @@ def test_a_built_in_backend_is_found_without_scanning_installed_packages(monkeyp
     distribution's metadata, about 10 ms) is only for names that are not built in."""
     from importlib import metadata
 
-    from streamcheck.backends import backend_class, resolve
+    from streamcheck.device.backends import backend_class, resolve
 
     scans = []
     monkeypatch.setattr(metadata, "entry_points", lambda *args, **kwargs: scans.append(kwargs) or ())

@@ -8,9 +8,9 @@ import pytest
 
 from streamcheck.core import trace as T
 from streamcheck.device import Device
-from streamcheck.export import RACE_PREFIX, to_chrome_trace, write_chrome_trace
+from streamcheck.pictures.export import RACE_PREFIX, to_chrome_trace, write_chrome_trace
 from streamcheck.core.hb import Access, Race, format_report, reports_to_json
-from streamcheck.timeline_model import build_model
+from streamcheck.pictures.timeline_model import build_model
 
 
 # --- a Trace Event validator (the format's rules, and what Perfetto needs to bind flows) ------

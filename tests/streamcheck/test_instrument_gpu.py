@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from streamcheck.backends import gpu_available
+from streamcheck.device.backends import gpu_available
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not gpu_available(), reason="needs an NVIDIA GPU and CuPy (CuPy missing or no "
@@ -106,7 +106,7 @@ def test_an_external_wrapper_of_a_known_stream_is_the_same_stream():
     import cupy
 
     import streamcheck
-    from streamcheck.gpu import external_stream
+    from streamcheck.record.gpu import external_stream
 
     with streamcheck.instrument() as session:
         own = cupy.cuda.Stream(non_blocking=True)

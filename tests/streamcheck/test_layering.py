@@ -132,6 +132,6 @@ def test_no_import_cycles():
 
 def test_imports_inside_functions_count_and_the_cycle_finder_finds_cycles():
     # Session.__init__ imports the CuPy device adapter inside the function, not at the top.
-    assert "streamcheck.adapters.cuda_device" in _imports("streamcheck.instrument")
+    assert "streamcheck.record.adapters.cuda_device" in _imports("streamcheck.record.instrument")
     assert _cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []

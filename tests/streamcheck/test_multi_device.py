@@ -11,8 +11,8 @@ import json
 import numpy as np
 import pytest
 
-from streamcheck.backends import BUILT_IN
-from streamcheck.backends.sim import SimBackend
+from streamcheck.device.backends import BUILT_IN
+from streamcheck.device.backends.sim import SimBackend
 from streamcheck.core.hb import Checker, PeerAccessError, TraceError, check
 from streamcheck.core.trace import (Alloc, CallSite, CopyKind, DeviceSync, EventCreate, EventRecord, HostAccess,
                                     Launch, PeerAccess, Range, StreamCreate, StreamKind, StreamWait, Trace,

@@ -1,4 +1,4 @@
-"""The recorder (streamcheck/recorder.py) and the patching rules (streamcheck/adapters/patching.py)
+"""The recorder (streamcheck/record/recorder.py) and the patching rules (streamcheck/record/adapters/patching.py)
 on the CPU, with a fake GPU library: ids, byte ranges, frees, graph-held memory, per-thread
 default streams, the delay rule, and what a patch may and may not replace."""
 from __future__ import annotations
@@ -11,10 +11,10 @@ import types
 
 import pytest
 
-from streamcheck import recorder as R
+from streamcheck.record import recorder as R
 from streamcheck.core import trace as T
-from streamcheck.adapters import cupy_graphs
-from streamcheck.adapters.patching import Patch, Patcher, transparent_subclass
+from streamcheck.record.adapters import cupy_graphs
+from streamcheck.record.adapters.patching import Patch, Patcher, transparent_subclass
 from streamcheck.core.schedule import seed_delays
 from streamcheck.core.trace import CaptureMode, StreamKind
 
@@ -344,7 +344,7 @@ def test_a_non_blocking_host_read_does_not_synchronize_its_stream(rec):
 
 def test_a_torch_graph_captured_before_the_recording_is_named_when_replayed(rec):
     """Its nodes were never recorded: each such graph is named once, its replay still runs."""
-    from streamcheck.adapters import torch_graphs
+    from streamcheck.record.adapters import torch_graphs
 
     class BeforeGraph:  # a torch.cuda.CUDAGraph captured before the recording: no _streamcheck_graph
         replays = 0

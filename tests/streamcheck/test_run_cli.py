@@ -15,11 +15,11 @@ import pytest
 
 from streamcheck import cli
 from streamcheck.commands import run as run_command
-from streamcheck.timeline_model import RACE_CONTEXT
+from streamcheck.pictures.timeline_model import RACE_CONTEXT
 from tests.streamcheck.test_export import trace_event_errors
-from streamcheck.backends.cupy_backend import MAX_DELAY_US, _Policy
+from streamcheck.device.backends.cupy_backend import MAX_DELAY_US, _Policy
 from streamcheck.core.schedule import Delay
-from streamcheck.kernel_access import kernel_signature, param_names
+from streamcheck.record.kernel_access import kernel_signature, param_names
 from streamcheck.core.schedule import ScheduleError
 from tests.paths import ROOT
 
@@ -97,7 +97,7 @@ def test_missing_script_exits_2_like_python(tmp_path, capsys):
 
 
 def test_script_arguments_are_not_taken_as_options(script, monkeypatch, capsys):
-    monkeypatch.setattr("streamcheck.gpu.cuda_device_present", lambda: False)
+    monkeypatch.setattr("streamcheck.record.gpu.cuda_device_present", lambda: False)
     # `--delay-us` after the script belongs to the script; the run still stops at the GPU check.
     assert cli.main(["run", script, "--delay-us", "-5"]) == 2
     assert "needs an NVIDIA GPU" in capsys.readouterr().err
@@ -106,7 +106,7 @@ def test_script_arguments_are_not_taken_as_options(script, monkeypatch, capsys):
 # --- no GPU -------------------------------------------------------------------------------
 
 def test_no_gpu_exits_2_with_a_clear_message(script, monkeypatch, capsys):
-    monkeypatch.setattr("streamcheck.gpu.cuda_device_present", lambda: False)
+    monkeypatch.setattr("streamcheck.record.gpu.cuda_device_present", lambda: False)
     assert cli.main(["run", "--error-exitcode", "1", script]) == 2
     captured = capsys.readouterr()
     assert "needs an NVIDIA GPU and CuPy" in captured.err
@@ -135,7 +135,7 @@ def test_importing_streamcheck_and_instrument_loads_neither_cupy_nor_torch():
     proc = python(textwrap.dedent("""
         import sys
         import streamcheck
-        import streamcheck.instrument as inst
+        import streamcheck.record.instrument as inst
         from streamcheck import declare_access, declare_kernel
         assert callable(streamcheck.instrument) and streamcheck.instrument is inst
         print('cupy' in sys.modules, 'torch' in sys.modules)
@@ -147,7 +147,7 @@ def test_importing_streamcheck_and_instrument_loads_neither_cupy_nor_torch():
 def test_instrument_without_cupy_fails_only_when_used():
     proc = python(NO_CUPY + textwrap.dedent("""
         import streamcheck
-        from streamcheck.instrument import InstrumentError, active
+        from streamcheck.record.instrument import InstrumentError, active
         streamcheck.declare_access(reads=[], writes=[])  # no session: does nothing
         streamcheck.declare_kernel('k', reads=(0,), writes=(1,))
         assert not active()
@@ -162,10 +162,10 @@ def test_instrument_without_cupy_fails_only_when_used():
 
 
 def test_device_cupy_without_gpu_says_what_to_do(monkeypatch):
-    from streamcheck.backends import BackendUnavailable
+    from streamcheck.device.backends import BackendUnavailable
     from streamcheck.device import Device
 
-    monkeypatch.setattr("streamcheck.backends.gpu_available", lambda: False)
+    monkeypatch.setattr("streamcheck.device.backends.gpu_available", lambda: False)
     with pytest.raises(BackendUnavailable, match="backend='sim'"):
         Device("cupy")
 
@@ -245,7 +245,7 @@ def test_sim_parameters_are_accepted_so_one_test_runs_on_both_backends():
 def test_recording_starts_when_the_program_imports_cupy_so_cupy_sees_its_environment(tmp_path, monkeypatch):
     import importlib
 
-    from streamcheck import instrument
+    from streamcheck.record import instrument
 
     fake = tmp_path / "cupy"
     fake.mkdir()
@@ -297,7 +297,7 @@ def test_the_strike_hint_names_the_race_directed_delay_of_each_first_access():
 # --- outputs, on a GPU faked with test_recorder's FakeGpu ---------------------------------
 
 RACY = """
-import streamcheck.recorder as R
+import streamcheck.record.recorder as R
 from tests.streamcheck.test_recorder import FakeArray, FakeStream
 
 rec = R.current
@@ -317,13 +317,13 @@ for _ in range(60):  # ... and after it
 @pytest.fixture
 def fake_gpu(monkeypatch):
     """`streamcheck run` where a GPU seems present: the recording is a Recorder on FakeGpu, started
-    as the import hook would start it, and the script records through it (streamcheck.recorder.current)."""
-    from streamcheck import instrument
-    from streamcheck import recorder as R
+    as the import hook would start it, and the script records through it (streamcheck.record.recorder.current)."""
+    from streamcheck.record import instrument
+    from streamcheck.record import recorder as R
     from tests.streamcheck.test_recorder import FakeGpu
 
-    monkeypatch.setattr("streamcheck.gpu.cuda_device_present", lambda: True)
-    monkeypatch.setattr("streamcheck.gpu.gpu_library_installed", lambda: True)
+    monkeypatch.setattr("streamcheck.record.gpu.cuda_device_present", lambda: True)
+    monkeypatch.setattr("streamcheck.record.gpu.gpu_library_installed", lambda: True)
 
     class Hook:
         def __init__(self, **options):
@@ -399,7 +399,7 @@ def test_a_refused_record_is_an_internal_error_exit_3_with_the_record(fake_gpu, 
 
 
 def test_skip_without_gpu_exits_0_with_one_line(script, monkeypatch, capsys):
-    monkeypatch.setattr("streamcheck.gpu.cuda_device_present", lambda: False)
+    monkeypatch.setattr("streamcheck.record.gpu.cuda_device_present", lambda: False)
     assert cli.main(["run", "--skip-without-gpu", script]) == 0
     captured = capsys.readouterr()
     assert captured.out == ""  # the script did not run

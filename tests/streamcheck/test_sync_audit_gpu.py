@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from streamcheck.backends import gpu_available
+from streamcheck.device.backends import gpu_available
 from tests.paths import GPU_PROGRAMS, ROOT
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(

@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from streamcheck import recorder as R
+from streamcheck.record import recorder as R
 from streamcheck.analyses.sync_audit import SyncEdits, audit
 from streamcheck.cli import main
 from streamcheck.core import trace as T
 from streamcheck.device import Device
-from streamcheck.sync_proof import prove
+from streamcheck.proofs.sync_proof import prove
 from tests.streamcheck.fake_torch import FAKE_TORCH_DIR, FakeTorch
 from tests.streamcheck.test_recorder import FakeArray, FakeGpu, FakeStream
 
@@ -179,7 +179,7 @@ def test_a_replacement_wait_on_a_stream_first_seen_later_is_still_checked(monkey
 
 
 def test_the_perfetto_trace_marks_the_removable_synchronizations():
-    from streamcheck.export import to_chrome_trace
+    from streamcheck.pictures.export import to_chrome_trace
 
     dev = Device("sim", policy="sequential")
     oversynchronized(dev)
@@ -200,8 +200,8 @@ def test_the_perfetto_trace_marks_the_removable_synchronizations():
 
 def torch_recording(monkeypatch, torch, edits=None):
     """A recording with torch_runtime's patch table applied to `torch` (a FakeTorch)."""
-    from streamcheck.adapters import torch_runtime as TR
-    from streamcheck.adapters.patching import Patcher
+    from streamcheck.record.adapters import torch_runtime as TR
+    from streamcheck.record.adapters.patching import Patcher
 
     gpu = FakeGpu()
     gpu.library_dirs = (FAKE_TORCH_DIR,)  # its frames are torch's: call sites are the program's lines
@@ -222,7 +222,7 @@ def torch_recording(monkeypatch, torch, edits=None):
 def torch_program(rec, torch, cxx=False):
     """A on 0x10 produces x, B on 0x20 copies it into y, A overwrites x, the host reads y (`.item()`).
     `cxx`: the last synchronize is one torch makes inside C++ (no Python entry point)."""
-    from streamcheck.adapters import torch_runtime as TR
+    from streamcheck.record.adapters import torch_runtime as TR
 
     t = torch.module
     a, b = torch.stream(0x10), torch.stream(0x20)
@@ -286,7 +286,7 @@ def test_a_torch_rerun_skips_the_removable_syncs_and_issues_the_replacement(monk
 
 
 def test_a_sync_torch_makes_inside_cxx_is_unskipped_and_the_proof_names_it(monkeypatch):
-    from streamcheck.sync_proof_gpu import unskipped_line
+    from streamcheck.proofs.sync_proof_gpu import unskipped_line
 
     torch = FakeTorch(monkeypatch)
     first, patcher = torch_recording(monkeypatch, torch)

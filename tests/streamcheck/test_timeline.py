@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("matplotlib", reason="render_timeline needs matplotlib (the test extra)")
 
 from streamcheck.device import Device  # noqa: E402
-from streamcheck.timeline import render_timeline  # noqa: E402
+from streamcheck.pictures.timeline import render_timeline  # noqa: E402
 
 
 

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamcheck import export, timeline_model
-from streamcheck.export import to_chrome_trace
-from streamcheck.timeline_model import build_model
+from streamcheck.pictures import export, timeline_model
+from streamcheck.pictures.export import to_chrome_trace
+from streamcheck.pictures.timeline_model import build_model
 from tests.streamcheck.test_export import captured_missing_join, implicit_join, trace_event_errors
 
 MODEL_SOURCE = Path(timeline_model.__file__)
@@ -25,7 +25,8 @@ def test_the_model_imports_only_the_core_and_the_standard_library():
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            names = [("streamcheck." if node.level == 1 else "") + (node.module or "")]
+            package = timeline_model.__name__.split(".")[:-node.level] if node.level else []
+            names = [".".join(package + ([node.module] if node.module else []))]
         else:
             continue
         for name in names:
@@ -79,7 +80,7 @@ def test_the_model_of_any_cut_trace_is_whole_and_exports_valid_json(source):
 @settings(max_examples=40, deadline=None)
 @given(cut_runs(), st.integers(0, 6))
 def test_the_part_around_the_races_is_whole_and_keeps_every_located_pair(source, context):
-    from streamcheck.timeline_model import around_races
+    from streamcheck.pictures.timeline_model import around_races
 
     whole = build_model(source)
     model = around_races(whole, context)
@@ -97,7 +98,7 @@ def test_the_part_around_the_races_is_whole_and_keeps_every_located_pair(source,
 
 def test_around_races_keeps_the_neighbourhood_of_each_access_only():
     from streamcheck.device import Device
-    from streamcheck.timeline_model import around_races
+    from streamcheck.pictures.timeline_model import around_races
 
     dev = Device("sim")
     a, b = dev.stream("A"), dev.stream("B")

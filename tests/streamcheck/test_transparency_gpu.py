@@ -36,7 +36,7 @@ from pathlib import Path
 
 import pytest
 
-from streamcheck.backends import gpu_available
+from streamcheck.device.backends import gpu_available
 from tests.paths import GPU_PROGRAMS, ROOT
 
 pytestmark = [

@@ -1,4 +1,4 @@
-"""The Triton kernel analysis (streamcheck/triton_access.py) on real-looking kernels written as
+"""The Triton kernel analysis (streamcheck/record/triton_access.py) on real-looking kernels written as
 source strings: which parameters are written, which read, which undecided and why. No triton
 needed: the analysis reads the source and never imports it."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from streamcheck.triton_access import Source, analyze
+from streamcheck.record.triton_access import Source, analyze
 
 VECTOR_ADD = '''
 @triton.jit

@@ -212,7 +212,7 @@ def test_fuzz_command_bad_options_exit_2(capsys, args, message):
 
 
 def test_fuzz_command_cupy_without_a_gpu_exits_2(capsys):
-    from streamcheck.backends import gpu_available
+    from streamcheck.device.backends import gpu_available
 
     if gpu_available():
         pytest.skip("a GPU is present: --backend cupy is valid here")

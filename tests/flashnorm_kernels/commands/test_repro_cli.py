@@ -40,7 +40,7 @@ def test_bad_options_exit_2(capsys, argv, message):
 
 
 def test_cupy_without_a_gpu_exits_2_before_any_header_and_suggests_the_sim(capsys, monkeypatch):
-    monkeypatch.setattr("streamcheck.backends.gpu_available", lambda: False)
+    monkeypatch.setattr("streamcheck.device.backends.gpu_available", lambda: False)
     assert main(["repro", "implicit-join", "--backend", "cupy", "--tokens", "4"]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""

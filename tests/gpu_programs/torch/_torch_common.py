@@ -1,5 +1,5 @@
 """Shared by the PyTorch bug programs in this folder: their sizes, the reads that check the
-result, and the result line tests/streamcheck/adapters/test_torch_programs_gpu.py parses.
+result, and the result line tests/streamcheck/record/adapters/test_torch_programs_gpu.py parses.
 
 Each program repeats its pattern for STEPS steps (first launches, allocator growth and lazy
 module loading synchronize implicitly, so a single shot may never strike) on buffers of N
@@ -30,7 +30,7 @@ COMPILE = "STREAMCHECK_PROGRAMS_COMPILE"  # =1: `compiled` functions go through 
 def compiled(fn):
     """A program's kernels, written as a function: `fn` itself, or with COMPILE=1 in the
     environment `torch.compile(fn)` (whole graph, dynamic scalars: one compile for every step's
-    value), so tests/streamcheck/adapters/test_compiled_programs_gpu.py checks the same bug in
+    value), so tests/streamcheck/record/adapters/test_compiled_programs_gpu.py checks the same bug in
     Inductor's kernels."""
     if os.environ.get(COMPILE) != "1":
         return fn

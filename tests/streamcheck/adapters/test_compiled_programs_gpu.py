@@ -11,7 +11,7 @@ and its work is Inductor's Triton kernels, launched from the generated wrapper:
 - under its declared delay the race strikes (the delay is issued before Inductor's launches too);
 - its fixed twin stays clean, under the same delay, with the right values.
 
-    pytest -m gpu tests/streamcheck/adapters/test_compiled_programs_gpu.py
+    pytest -m gpu tests/streamcheck/record/adapters/test_compiled_programs_gpu.py
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ the host like a synchronize, one that returned not-done orders nothing (CuPy's `
 `Stream.query()` / `Event.query()`), and the sync audit reads the recorded run."""
 from __future__ import annotations
 
-from streamcheck.adapters import cupy_streams, torch_runtime
+from streamcheck.record.adapters import cupy_streams, torch_runtime
 from streamcheck.analyses.sync_audit import Verdict, audit
 from streamcheck.core import trace as T
 from tests.streamcheck.test_recorder import FakeArray, FakeStream, rec  # noqa: F401 (rec: the fixture)

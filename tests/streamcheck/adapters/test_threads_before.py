@@ -1,4 +1,4 @@
-"""Threads running before the recording (streamcheck/adapters/threads.py, `add_context`): on
+"""Threads running before the recording (streamcheck/record/adapters/threads.py, `add_context`): on
 Python >= 3.12 they get torch's dispatch mode at their next Python event, so their operators
 are recorded; where they cannot (older Pythons, a thread inside a mode of its own) the
 recording names each one, and names it again when it does torch work unseen. On the CPU: CPU
@@ -13,9 +13,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from streamcheck import recorder as R  # noqa: E402
-from streamcheck.adapters import threads, torch_ops, torch_runtime  # noqa: E402
-from streamcheck.adapters.patching import Patcher  # noqa: E402
+from streamcheck.record import recorder as R  # noqa: E402
+from streamcheck.record.adapters import threads, torch_ops, torch_runtime  # noqa: E402
+from streamcheck.record.adapters.patching import Patcher  # noqa: E402
 from streamcheck.core import trace as T  # noqa: E402
 from tests.streamcheck.adapters.test_torch_ops import CpuStandsInForCuda, stand_in_gpu  # noqa: E402
 

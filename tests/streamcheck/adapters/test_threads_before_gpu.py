@@ -3,7 +3,7 @@ that the main thread's read is not ordered after: on Python >= 3.12 the thread g
 dispatch mode and the race is reported; where it cannot (older Pythons, forced here too) the
 recording names the thread and its unseen work instead of missing it silently.
 
-    pytest -m gpu tests/streamcheck/adapters/test_threads_before_gpu.py
+    pytest -m gpu tests/streamcheck/record/adapters/test_threads_before_gpu.py
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-from streamcheck.adapters import threads
+from streamcheck.record.adapters import threads
 
 
 def _missing() -> str:

@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from streamcheck.adapters import torch_runtime  # noqa: E402
+from streamcheck.record.adapters import torch_runtime  # noqa: E402
 
 from .test_torch_ops import A, B, launches, run  # noqa: E402,F401  (run: the fixture)
 

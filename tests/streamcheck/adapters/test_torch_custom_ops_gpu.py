@@ -5,7 +5,7 @@ operator that declares nothing and returns nothing), then reads it on the defaul
 no wait: a RAW race between the two lines marked `# RACE:`, and the note saying what was assumed. Its `fixed_*.py` twin declares
 the write and waits: clean, no note.
 
-    pytest -m gpu tests/streamcheck/adapters/test_torch_custom_ops_gpu.py
+    pytest -m gpu tests/streamcheck/record/adapters/test_torch_custom_ops_gpu.py
 """
 from __future__ import annotations
 

@@ -1,19 +1,19 @@
-"""torch.compile's kernels (streamcheck/adapters/torch_inductor.py) on the CPU, with a fake
+"""torch.compile's kernels (streamcheck/record/adapters/torch_inductor.py) on the CPU, with a fake
 CachingAutotuner: a launch is recorded on the raw stream Inductor's wrapper passes, with the
 arguments Inductor says it mutates written even where the source only loads from them, no
 notice for those, the first launch noted as an implicit synchronization, benchmark runs passed
 through, and a race between two compiled kernels on two streams. Also Patcher.after_import,
 which patches Inductor's runtime only once the program imports it. The real Inductor runs in
-tests/streamcheck/adapters/test_compiled_programs_gpu.py."""
+tests/streamcheck/record/adapters/test_compiled_programs_gpu.py."""
 from __future__ import annotations
 
 import sys
 
 import pytest
 
-from streamcheck import recorder as R
-from streamcheck.adapters import torch_inductor
-from streamcheck.adapters.patching import Patcher
+from streamcheck.record import recorder as R
+from streamcheck.record.adapters import torch_inductor
+from streamcheck.record.adapters.patching import Patcher
 from streamcheck.core import trace as T
 from tests.streamcheck.adapters.test_triton_launch import STREAM_A, STREAM_B, FakeJIT, GradGpu, Tensor, ops, tl
 

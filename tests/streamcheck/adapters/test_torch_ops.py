@@ -1,4 +1,4 @@
-"""The torch adapter (streamcheck/adapters/torch_ops.py, torch_runtime.py) on the CPU: CPU tensors
+"""The torch adapter (streamcheck/record/adapters/torch_ops.py, torch_runtime.py) on the CPU: CPU tensors
 stand in for CUDA tensors (and a chosen few for pinned host memory), so the operator rules are
 checked without a GPU: schema writes, fresh outputs, views as byte ranges, host copies,
 `.item()`, the caching allocator's blocks and record_stream."""
@@ -10,9 +10,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from streamcheck import recorder as R  # noqa: E402
-from streamcheck.adapters import torch_graphs, torch_ops, torch_runtime  # noqa: E402
-from streamcheck.adapters.cuda_device import CudaGpu  # noqa: E402
+from streamcheck.record import recorder as R  # noqa: E402
+from streamcheck.record.adapters import torch_graphs, torch_ops, torch_runtime  # noqa: E402
+from streamcheck.record.adapters.cuda_device import CudaGpu  # noqa: E402
 from streamcheck.core import trace as T  # noqa: E402
 
 A, B = 0x10, 0x20  # two torch streams (cudaStream_t)
@@ -286,7 +286,7 @@ def test_empty_cache_is_noted_as_a_device_wide_wait_never_an_edge(run):
     """torch.cuda.empty_cache() frees the cached segments with cudaFree, which waits for every
     stream (docs/cuda-rules.md (b)): on the timeline and in the audit's implicit list, not an
     edge, so a race it happens to hide is still reported."""
-    from streamcheck.adapters.patching import Patcher
+    from streamcheck.record.adapters.patching import Patcher
 
     rec, _, on = run
     patcher = Patcher(rec.unpatched)

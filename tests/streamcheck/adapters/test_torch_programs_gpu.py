@@ -29,7 +29,7 @@ show in the output; those are checked by their report alone.
 The header check at the bottom runs on the CPU too: every program's header parses, every racy
 program has exactly one twin with the same delay, and every program compiles.
 
-    pytest -m gpu tests/streamcheck/adapters/test_torch_programs_gpu.py
+    pytest -m gpu tests/streamcheck/record/adapters/test_torch_programs_gpu.py
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ consumer read the previous step's value; a kernel whose pointer arguments the an
 follow is recorded as writing them, with the notice; autotuned kernels are recorded too.
 Written against torch's public stream API, as a user writes it.
 
-    pytest -m gpu tests/streamcheck/adapters/test_triton_gpu.py
+    pytest -m gpu tests/streamcheck/record/adapters/test_triton_gpu.py
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The Triton launch adapter (streamcheck/adapters/triton_launch.py) on the CPU, with a fake
+"""The Triton launch adapter (streamcheck/record/adapters/triton_launch.py) on the CPU, with a fake
 triton module: launches recorded on the stream Triton's driver names, reads and writes from the
 kernel's source as byte ranges, the notice for arguments assumed written, declare_kernel, and
 what passes through unrecorded. The tests at the end use the real triton (skipped without it)
@@ -12,12 +12,12 @@ import types
 
 import pytest
 
-from streamcheck import kernel_access
-from streamcheck import recorder as R
-from streamcheck.adapters import triton_launch
-from streamcheck.adapters.patching import Patcher
+from streamcheck.record import kernel_access
+from streamcheck.record import recorder as R
+from streamcheck.record.adapters import triton_launch
+from streamcheck.record.adapters.patching import Patcher
 from streamcheck.core import trace as T
-from streamcheck.triton_access import analyze
+from streamcheck.record.triton_access import analyze
 from tests.streamcheck.test_recorder import FakeArray, FakeGpu, FakeStream
 
 tl = None  # the kernels below are parsed, never run: `tl` is only a name in them

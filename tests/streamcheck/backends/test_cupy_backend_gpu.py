@@ -6,7 +6,7 @@ delay on the stream named, must really produce wrong values; none of the correct
 twins (ok_*.py) may be reported or go wrong under the same delay. The Device("cupy")
 backend is tested directly with the consumer-reads-stale pattern.
 
-    pytest -m gpu tests/streamcheck/backends/test_cupy_backend_gpu.py
+    pytest -m gpu tests/streamcheck/device/backends/test_cupy_backend_gpu.py
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import sys
 import numpy as np
 import pytest
 
-from streamcheck.backends import gpu_available
+from streamcheck.device.backends import gpu_available
 from tests.paths import GPU_PROGRAMS
 
 pytestmark = [
@@ -208,7 +208,7 @@ def test_instrument_const_pointers_are_reads_and_declare_kernel_overrides():
     try:
         assert run("looks_written") == []
     finally:
-        from streamcheck.kernel_access import forget_declaration
+        from streamcheck.record.kernel_access import forget_declaration
 
         forget_declaration("looks_written")
 
@@ -324,7 +324,7 @@ def test_device_cupy_timing_shows_the_spin():
 
 
 def test_spin_is_calibrated_and_capped():
-    from streamcheck.backends.cupy_backend import MAX_DELAY_US, SpinDelay
+    from streamcheck.device.backends.cupy_backend import MAX_DELAY_US, SpinDelay
 
     spin = SpinDelay.get()
     spin.measure(100)  # first launch out of the way

@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from streamcheck.backends import gpu_available
+from streamcheck.device.backends import gpu_available
 from streamcheck.core.capture import CaptureError
 from streamcheck.device import Device
 

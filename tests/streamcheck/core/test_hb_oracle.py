@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 
 from flashnorm_kernels.commands.fuzz import run_program
 from flashnorm_kernels.testing.strategies import Shape, unsafe_plans
-from streamcheck.confirm import confirm_races
+from streamcheck.proofs.confirm import confirm_races
 from streamcheck.core.hb import check, format_report
 from streamcheck.core.trace import (Alloc, CallSite, DeviceSync, EventCreate, EventRecord, EventSync, HostAccess, Launch,
                                PeerAccess, Range, StreamCreate, StreamKind, StreamSync, StreamWait, Trace)
@@ -408,7 +408,7 @@ def test_oracle_lets_the_consumer_read_the_stale_value():
 # --- race-directed confirmation against the FlashNorm plan oracle ---------------------------
 # flashnorm_kernels.testing.oracle decides by graph reachability which sync plans of the
 # dual-stream decode loop leave two accesses unordered. For each such plan, holding a reported
-# race's first access until its second has run (streamcheck.confirm) must make a value differ
+# race's first access until its second has run (streamcheck.proofs.confirm) must make a value differ
 # from the sequential run: a read, or the bytes both writes left.
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

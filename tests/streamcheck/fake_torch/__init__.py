@@ -7,7 +7,7 @@ import os
 import sys
 import types
 
-from streamcheck.adapters import torch_runtime as TR
+from streamcheck.record.adapters import torch_runtime as TR
 
 FAKE_TORCH_DIR = os.path.dirname(os.path.abspath(__file__))
 

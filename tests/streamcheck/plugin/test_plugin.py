@@ -451,7 +451,7 @@ def test_loaded(streamcheck_seed, run_schedules, request):
     names = {name for name, _ in request.config.pluginmanager.list_name_plugin()}
     assert {f"streamcheck.plugin.{feature}" for feature in ("options", "seeds", "reporting", "fixtures",
                                                             "profiles")} <= names
-    assert not {"cupy", "torch", "hypothesis", "streamcheck.device"} & set(sys.modules)
+    assert not {"cupy", "torch", "hypothesis", "streamcheck.device.api"} & set(sys.modules)
 '''
 
 
@@ -580,17 +580,17 @@ def test_the_policy_ini_takes_a_toml_list_as_the_marker_does(pytester, section):
 REFUSED = '''
 import types
 import pytest
-import streamcheck.gpu
-import streamcheck.instrument
-from streamcheck import recorder
+import streamcheck.record.gpu
+import streamcheck.record.instrument
+from streamcheck.record import recorder
 from streamcheck.core import trace as T
 
 @pytest.fixture(autouse=True)
 def a_recording_without_a_gpu(monkeypatch):
-    monkeypatch.setattr(streamcheck.gpu, "cuda_device_present", lambda: True)
-    monkeypatch.setattr(streamcheck.instrument, "start",
+    monkeypatch.setattr(streamcheck.record.gpu, "cuda_device_present", lambda: True)
+    monkeypatch.setattr(streamcheck.record.instrument, "start",
                         lambda **kw: recorder.Recorder(types.SimpleNamespace(library_dirs=()), **kw))
-    monkeypatch.setattr(streamcheck.instrument, "stop", lambda: None)
+    monkeypatch.setattr(streamcheck.record.instrument, "stop", lambda: None)
 
 def test_refused(streamcheck_gpu):
     streamcheck_gpu.record(T.StreamSync(0, streamcheck_gpu.site(), stream=99))
@@ -642,7 +642,7 @@ def test_compare_reports_the_first_difference():
 
 
 def test_streamcheck_gpu_skips_with_the_reason_without_a_gpu(pytester, monkeypatch):
-    monkeypatch.setattr("streamcheck.gpu.cuda_device_present", lambda: False)
+    monkeypatch.setattr("streamcheck.record.gpu.cuda_device_present", lambda: False)
     pytester.makepyfile("""
         def test_uses_the_gpu(streamcheck_gpu):
             raise AssertionError("must not run without a GPU")

@@ -3,7 +3,7 @@
 the rootdir."""
 from __future__ import annotations
 
-import streamcheck.device  # noqa: F401 (loaded before pytester's module snapshot: numpy loads once per process)
+import streamcheck.device.api  # noqa: F401 (loaded before pytester's module snapshot: numpy loads once per process)
 
 WRAPPER = '''
 def write(dev, stream, x):

@@ -9,7 +9,7 @@ are) sequentially, audits that run (streamcheck.analyses.sync_audit), then:
 - removable on this run: every edited rerun gave the sequential reference's values and no race
   beyond the recorded run's own;
 - each necessary sync skipped alone: its first prevented race confirmed by race-directed
-  confirmation (streamcheck.confirm), which holds the race's first access and reads the values.
+  confirmation (streamcheck.proofs.confirm), which holds the race's first access and reads the values.
 
 A rerun that issued other synchronizations than the recorded run (the program is not
 deterministic between runs) is claimed nothing of. The GPU twin (timing a step with and without
@@ -20,10 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from .analyses.sync_audit import Audit, Verdict, audit
+from ..analyses.sync_audit import Audit, Verdict, audit
 from .confirm import MAX_RACES, Confirmation, confirm
-from .device import Device
-from .plugin.results import compare
+from ..device import Device
+from ..plugin.results import compare
 
 PROOF_SCHEDULES = 8  # edited reruns: delay and random schedules, alternately
 

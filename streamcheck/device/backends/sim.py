@@ -57,10 +57,10 @@ from typing import Optional
 
 import numpy as np
 
-from ..core.capture import CapturedGraph
-from ..core.schedule import HOST, Policy, Replay, Schedule, ScheduleError, make_policy
-from ..core.trace import CallSite, StreamKind
-from ..device_objects import Buffer, DeviceError, KernelError, Region, UndeclaredWriteError
+from ...core.capture import CapturedGraph
+from ...core.schedule import HOST, Policy, Replay, Schedule, ScheduleError, make_policy
+from ...core.trace import CallSite, StreamKind
+from ..objects import Buffer, DeviceError, KernelError, Region, UndeclaredWriteError
 from .protocol import Backend
 
 _DTYPES = {"float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool"}

@@ -14,7 +14,7 @@ import sys
 from typing import Optional
 
 from .. import gpu
-from ..core.trace import CaptureMode, StreamKind
+from ...core.trace import CaptureMode, StreamKind
 
 _SCALARS = (int, float, complex, bool, str, bytes, type(None))  # never arrays; the hot path's first test
 

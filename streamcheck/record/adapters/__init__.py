@@ -3,7 +3,7 @@
 Each module lists its entry points in one table, `patches()` (patching.Patch entries), and
 may have `install(recorder, patcher)` for what is not an attribute (the allocator in use).
 Adding an intercepted entry point is one Patch line, or one small wrap function, in one file.
-The recorder (streamcheck/recorder.py) does the rest.
+The recorder (streamcheck/record/recorder.py) does the rest.
 """
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import threading
 
 from .. import recorder as R
-from ..core import trace as T
+from ...core import trace as T
 from ..gpu import is_suppressed
 from .patching import forwarding
 from .threads import unseen_work

@@ -45,7 +45,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..gpu import (  # noqa: F401 (capture_mode_value: re-exported, its home is gpu.py)
+from ...record.gpu import (  # noqa: F401 (capture_mode_value: re-exported, its home is gpu.py)
     MAX_DELAY_US,
     SpinDelay,
     capture_mode_of,
@@ -54,7 +54,7 @@ from ..gpu import (  # noqa: F401 (capture_mode_value: re-exported, its home is 
     suppressed as _suppressed,
     warm_up as _warm_up,
 )
-from ..core.schedule import (  # noqa: F401 (GRAPH_LAUNCH_NAME: re-exported, its home is schedule.py)
+from ...core.schedule import (  # noqa: F401 (GRAPH_LAUNCH_NAME: re-exported, its home is schedule.py)
     GRAPH_LAUNCH_NAME,
     Schedule,
     ScheduleError,
@@ -64,8 +64,8 @@ from ..core.schedule import (  # noqa: F401 (GRAPH_LAUNCH_NAME: re-exported, its
     seed_delays,
     strikes,
 )
-from ..core.trace import StreamKind
-from ..device_objects import Buffer, DeviceError, KernelError, Region
+from ...core.trace import StreamKind
+from ..objects import Buffer, DeviceError, KernelError, Region
 from .protocol import Backend
 
 POLICIES = ("sequential", "eager", "delay", "random", "pct")
@@ -186,7 +186,7 @@ class CupyBackend(Backend):
         self._graph_names: dict = {}  # graph id -> names of its captured kernels (delay targeting)
         self.probe = None  # confirm_gpu.DeviceProbe: this run confirms one race (confirm_device_races)
         if confirm_probe is not None:
-            from ..confirm_gpu import DeviceProbe, ProbeSpec
+            from ...proofs.confirm_gpu import DeviceProbe, ProbeSpec
 
             try:
                 spec = confirm_probe if isinstance(confirm_probe, ProbeSpec) else ProbeSpec.from_json(confirm_probe)

@@ -1,4 +1,4 @@
-"""What a backend of the device API provides. The front end (streamcheck/device.py) validates
+"""What a backend of the device API provides. The front end (streamcheck/device/api.py) validates
 every call, records it into the trace and feeds the checker; only then does it call the
 backend, which runs the work (on the CPU, on a GPU, ...). Like trio's `Instrument`, this ABC
 serves mostly as documentation: required members are abstract, optional ones have the

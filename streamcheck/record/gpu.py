@@ -1,5 +1,5 @@
-"""GPU plumbing shared by the cupy backend (streamcheck/backends/cupy_backend.py) and the
-CuPy adapters of instrument() (streamcheck/adapters/): the bounded spin delay, CUDA's
+"""GPU plumbing shared by the cupy backend (streamcheck/device/backends/cupy_backend.py) and the
+CuPy adapters of instrument() (streamcheck/record/adapters/): the bounded spin delay, CUDA's
 stream-capture modes, the one warm-up, and the flag that keeps streamcheck's own GPU work
 out of a recording.
 
@@ -15,9 +15,9 @@ from typing import Optional
 
 import numpy as np
 
-from .core.trace import CaptureMode
+from ..core.trace import CaptureMode
 
-SPIN_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuda", "spin_delay.cu")
+SPIN_SOURCE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "cuda", "spin_delay.cu")
 MAX_DELAY_US = 50_000  # the spin kernel's hard cap (STREAMCHECK_SPIN_MAX_NS): nothing can hang
 
 

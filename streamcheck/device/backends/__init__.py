@@ -1,4 +1,4 @@
-"""Backends of the device API: what runs the work the front end (device.py) recorded. Each is
+"""Backends of the device API: what runs the work the front end (device/api.py) recorded. Each is
 a subclass of protocol.Backend in a module of its own; the analysis lives in streamcheck/core.
 
 A backend is found by name: the built-in ones below, then the `streamcheck.backends` entry-point
@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import importlib
 
-from ..gpu import gpu_available  # noqa: F401 (public here; backends' availability checks read it here)
+from ...record.gpu import gpu_available  # noqa: F401 (public here; backends' availability checks read it here)
 
 BUILT_IN = {
-    "sim": "streamcheck.backends.sim:SimBackend",  # the CPU: a seeded scheduler runs the streams
-    "cupy": "streamcheck.backends.cupy_backend:CupyBackend",  # a GPU through CuPy
+    "sim": "streamcheck.device.backends.sim:SimBackend",  # the CPU: a seeded scheduler runs the streams
+    "cupy": "streamcheck.device.backends.cupy_backend:CupyBackend",  # a GPU through CuPy
 }
 BACKENDS = tuple(BUILT_IN)  # the built-in names, in the order the docs list them
 ENTRY_POINT_GROUP = "streamcheck.backends"

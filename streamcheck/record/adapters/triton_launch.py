@@ -5,7 +5,7 @@ chosen one), recorded on the stream Triton launches on, with their reads and wri
 The stream: `JITFunction.run` asks `triton.runtime.driver.active.get_current_stream(device)`
 for the current device, which with torch loaded is torch's current stream
 (`torch._C._cuda_getCurrentRawStream`, a raw cudaStream_t); the wrapper asks the same just
-before the launch. Reads and writes: from the kernel's source (streamcheck/triton_access.py:
+before the launch. Reads and writes: from the kernel's source (streamcheck/record/triton_access.py:
 pointer parameters that reach `tl.store` / atomics are written, the others read, the
 undecided counted as written with a notice once per kernel), unless `declare_kernel(name,
 ...)` says otherwise (by parameter position; the name is the Python function's). Tensor
@@ -17,7 +17,7 @@ specialization compiles and loads a module, which may synchronize the device: no
 implicit synchronization, never an edge.
 
 Kernels torch.compile generates do not come here (Inductor launches its compiled binaries, not
-`JITFunction.run`): streamcheck/adapters/torch_inductor.py records them with this module's plan.
+`JITFunction.run`): streamcheck/record/adapters/torch_inductor.py records them with this module's plan.
 Not seen: Triton's interpreter (`TRITON_INTERPRET=1`, kernels run on the host).
 Installed with torch's adapters, and only if triton is imported by then (a recording never
 imports it). Written against Triton 3.x (`run(self, *args, grid, warmup, **kwargs)`, read in
@@ -34,7 +34,7 @@ from typing import Optional
 
 from .. import kernel_access
 from .. import recorder as R
-from ..core.trace import SiteResolver
+from ...core.trace import SiteResolver
 from ..gpu import suppressed
 from ..triton_access import KernelAccess, Source, analyze
 from .patching import Patch, forwarding, quiet

@@ -86,7 +86,7 @@ def time_spans(script: str, script_args, edits: str, repeats: int = TIMING_REPEA
 
 def unskipped_line(audit, keys) -> str:
     """'not claimed' naming the syncs (audit keys, as their str()) a rerun made anyway."""
-    from .core.trace import site_path
+    from ..core.trace import site_path
 
     found = {str(f.sync.key): f for f in audit.findings}
     names = [f"#{found[k].number} ({found[k].sync.kind} at {site_path(found[k].sync.site)})" if k in found else k

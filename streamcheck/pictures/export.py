@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 
-from .atomic_files import write_text
-from .core.trace import site_path
+from ..atomic_files import write_text
+from ..core.trace import site_path
 # The model lived in this module before it had one of its own: its names stay importable from here.
 from .timeline_model import (ISSUE_ORDER, MICROSECONDS, STEPS, Edge, Lane, LocatedRace, Model, Slice,
                              build_model, missing_label)

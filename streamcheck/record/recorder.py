@@ -1,7 +1,7 @@
 """The recorder: "this library call touched these bytes on this stream" becomes trace records,
 fed to the happens-before checker as they happen.
 
-One recorder serves every library adapter (streamcheck/adapters/). It owns what the trace
+One recorder serves every library adapter (streamcheck/record/adapters/). It owns what the trace
 needs and no library provides: small ids for streams, events, buffers and host threads;
 the allocation table that maps a device pointer to (buffer, byte offset); frees, ordered on
 the stream that allocated the bytes; the user's call site of each operation; delay
@@ -22,13 +22,13 @@ import weakref
 from typing import Optional, Protocol
 
 from . import kernel_access
-from .core import trace as T
-from .core.hb import Checker, TraceError, format_report
-from .core.schedule import graph_delay_name, seed_delays
+from ..core import trace as T
+from ..core.hb import Checker, TraceError, format_report
+from ..core.schedule import graph_delay_name, seed_delays
 from .gpu import thread_state as _state
-from .core.trace import UNKNOWN_SITE, CallSite, CaptureMode, CopyKind, Range, SiteResolver, StreamKind
+from ..core.trace import UNKNOWN_SITE, CallSite, CaptureMode, CopyKind, Range, SiteResolver, StreamKind
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # streamcheck/, all of it
 # What the sync audit's proof rerun can skip at the call (Recorder.skipped); queries never are.
 _SYNC_OPS = (T.StreamWait, T.StreamSync, T.EventSync, T.DeviceSync)
 
@@ -37,7 +37,7 @@ current: Optional["Recorder"] = None  # the recording adapters feed; set by acti
 
 class Gpu(Protocol):
     """What the recorder asks of the GPU library beneath the adapters (CuPy today:
-    streamcheck/adapters/cupy_device.py). Streams and arrays are the library's own objects."""
+    streamcheck/record/adapters/cupy_device.py). Streams and arrays are the library's own objects."""
 
     library_dirs: tuple  # frames in these directories are the library's, never the user's call site
 

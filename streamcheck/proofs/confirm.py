@@ -24,10 +24,10 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from .core.hb import Race
-from .core.schedule import HOST, Confirm, Sequential, Target, make_policy
-from .core.trace import Free
-from .device import Device
+from ..core.hb import Race
+from ..core.schedule import HOST, Confirm, Sequential, Target, make_policy
+from ..core.trace import Free
+from ..device import Device
 
 MAX_RACES = 8  # distinct races confirmed per call (here and on the GPU); the rest are listed as not attempted
 

@@ -15,7 +15,7 @@ import os
 import textwrap
 from typing import Optional
 
-from .atomic_files import write_file
+from ..atomic_files import write_file
 from .timeline_model import ISSUE_ORDER, MICROSECONDS, STEPS, Model, Slice, build_model
 
 # Colours: quiet for ordinary work so the race stands out.

@@ -1,7 +1,7 @@
 """The device API's objects that its backends handle too: Buffer and Region (a buffer's rows,
 a byte range of its allocation), the errors, and the call-site resolver of the device API.
 
-A leaf: the front end (device.py) and the backends (backends/) import it; it imports only
+A leaf: the front end (api.py) and the backends (backends/) import it; it imports only
 the core and numpy, so neither has to import the other.
 """
 from __future__ import annotations
@@ -11,15 +11,15 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .core.trace import CallSite, Range, SiteResolver
+from ..core.trace import CallSite, Range, SiteResolver
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # streamcheck/
 # Frames in the device API, its backends and the analysis are machinery, never the user's call site;
 # so are the runners that call a user's program (the plugin, its time limit, confirmation, the sync
 # audit's proof): a stack ends at the program's outermost frame, not in them.
 caller_site = SiteResolver(os.path.join(_PACKAGE_DIR, name) for name in (
-    "device.py", "device_objects.py", "gpu.py", "core" + os.sep, "backends" + os.sep, "plugin" + os.sep,
-    "timeout.py", "confirm.py", "sync_proof.py"))
+    "device" + os.sep, os.path.join("record", "gpu.py"), "core" + os.sep, "plugin" + os.sep,
+    "timeout.py", os.path.join("proofs", "confirm.py"), os.path.join("proofs", "sync_proof.py")))
 
 
 class DeviceError(RuntimeError):

@@ -31,8 +31,8 @@ from __future__ import annotations
 import os
 
 from .. import recorder as R
-from ..core import trace as T
-from ..core.trace import CopyKind
+from ...core import trace as T
+from ...core.trace import CopyKind
 from ..gpu import is_suppressed
 from .threads import add_context
 from .torch_runtime import current_stream_ptr, state

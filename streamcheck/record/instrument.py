@@ -6,10 +6,10 @@
 
 or, for a whole script, `streamcheck run script.py` (streamcheck/commands/run.py).
 
-While a session is active, the library adapters (streamcheck/adapters/, one module per area:
+While a session is active, the library adapters (streamcheck/record/adapters/, one module per area:
 streams and events, graphs, kernels, ndarray methods, module functions, the allocator, host
 threads) wrap CuPy's Python entry points; each call becomes trace records through the one
-recorder (streamcheck/recorder.py), checked as they happen by the happens-before checker.
+recorder (streamcheck/record/recorder.py), checked as they happen by the happens-before checker.
 What it cannot see, and how to declare it, is in docs/instrument.md.
 
 Importing this module imports neither cupy nor torch: they load when a session starts.
@@ -118,7 +118,7 @@ def start(*, delay_us: float = 0.0, delay_streams=(), delay_kernels=(), seed: in
         raise InstrumentError("streamcheck.instrument: a session is already recording"
                               + (f" (started at {where})" if where else "")
                               + "; stop it first (sessions do not nest)")
-    from . import backends
+    from ..device import backends
 
     if not backends.gpu_available() and not cuda_device_present():
         raise InstrumentError("streamcheck.instrument needs an NVIDIA GPU and CuPy (pip install "

@@ -36,9 +36,9 @@ from dataclasses import dataclass, replace
 from typing import Optional
 
 from .confirm import MAX_RACES, check_max_races  # noqa: F401 (MAX_RACES: --confirm-max's default, re-exported)
-from .core.schedule import HOST, Target
-from .core.trace import CallSite, GraphLaunch
-from .gpu import MAX_DELAY_US
+from ..core.schedule import HOST, Target
+from ..core.trace import CallSite, GraphLaunch
+from ..record.gpu import MAX_DELAY_US
 
 FIRST_DELAY_US = 2000.0  # the first try: longer than the host takes between most racing calls
 RERUN_TIMEOUT_S = 600
@@ -263,7 +263,7 @@ class DeviceProbe(Probe):
     site and occurrence), not by line."""
 
     def __init__(self, spec: ProbeSpec):
-        from .adapters.cuda_device import CudaDriver
+        from ..record.adapters.cuda_device import CudaDriver
 
         super().__init__(spec, CudaDriver())
 
@@ -458,7 +458,7 @@ def confirm_device_races(program, races=None, *, max_races: int = MAX_RACES, **d
     the race's first access delayed and timed as `streamcheck run --confirm` does; one Verdict
     per race. Reruns are in this process, so a call that holds the host is explained, not
     rerun with eager kernel loading (CUDA reads that setting once per process)."""
-    from .device import Device
+    from ..device import Device
 
     check_max_races("confirm_device_races", max_races)
     if "confirm_probe" in device_options:
@@ -485,7 +485,7 @@ def write_result(result: dict) -> None:
     """The rerun's result, where the parent asked for it (STREAMCHECK_PROBE_RESULT)."""
     path = os.environ.get("STREAMCHECK_PROBE_RESULT")
     if path:
-        from .atomic_files import write_text
+        from ..atomic_files import write_text
 
         write_text(path, json.dumps(result))  # a rerun killed while writing leaves no half a result
 

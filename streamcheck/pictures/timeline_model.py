@@ -22,8 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Optional
 
-from .core import trace as T
-from .core.hb import Checker, Race, TraceError
+from ..core import trace as T
+from ..core.hb import Checker, Race, TraceError
 
 STEPS = "steps"  # sim scheduler steps, written as 1 step = 1 µs in the Perfetto export
 MICROSECONDS = "us"  # measured on a GPU

@@ -56,14 +56,13 @@ from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
-from .core import trace as T
-from .core.capture import CaptureError, CapturedGraph, CaptureTracker
-from .core.hb import Checker, PeerAccessError, format_report, peer_access_error
-from .core.trace import CallSite, StreamKind
-from .device_objects import Buffer, DeviceError, KernelError, Region, UndeclaredWriteError, caller_site
+from ..core import trace as T
+from ..core.capture import CaptureError, CapturedGraph, CaptureTracker
+from ..core.hb import Checker, PeerAccessError, format_report, peer_access_error
+from ..core.trace import CallSite, StreamKind
+from .objects import Buffer, DeviceError, KernelError, Region, UndeclaredWriteError, caller_site
 
-__all__ = ["Buffer", "CaptureError", "Device", "DeviceError", "DeviceThread", "Event", "Graph", "KernelError",
-           "PeerAccessError", "Region", "Stream", "UndeclaredWriteError", "Work"]
+# The public names are listed once, in streamcheck/device/__init__.py (__all__).
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_to_all")
 
