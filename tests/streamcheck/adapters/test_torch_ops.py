@@ -19,16 +19,30 @@ A, B = 0x10, 0x20  # two torch streams (cudaStream_t)
 
 
 class CpuStandsInForCuda(torch_ops.Ops):
-    """Every CPU tensor is a CUDA tensor, except those in `pinned`: pinned host memory."""
+    """Every CPU tensor is a CUDA tensor, except those in `pinned` (pinned host memory) and in
+    `pageable` (ordinary host memory, which the recording does not track), by storage address.
+
+    The caching allocator tells a recording when a block is freed (torch_runtime._deallocated, which
+    a test calls where the program drops a tensor); CPU memory has no such callback. So the stand-in
+    keeps every storage it registered for the recording's life: the CPU allocator cannot hand an
+    address the recording still files under a dead tensor to a new one (whose writes would then
+    race with the dead tensor's, whenever the CPU allocator happened to reuse it)."""
 
     def __init__(self, rec, torch):
         super().__init__(rec, torch)
         self.pinned: set = set()
+        self.pageable: set = set()
+        self.kept: list = []  # the storages registered so far
 
     def _kind(self, t):
-        if t.numel() == 0:
+        ptr = t.untyped_storage().data_ptr()
+        if t.numel() == 0 or ptr in self.pageable:
             return ""
-        return "host" if t.untyped_storage().data_ptr() in self.pinned else "cuda"
+        return "host" if ptr in self.pinned else "cuda"
+
+    def register(self, t, kind):
+        super().register(t, kind)
+        self.kept.append(t.untyped_storage())
 
 
 def stand_in_gpu() -> CudaGpu:
@@ -150,7 +164,7 @@ def test_the_same_host_write_after_a_stream_sync_is_fine(run):
     assert rec.races == []
 
 
-def test_a_blocking_copy_from_pageable_memory_is_followed_by_a_host_wait(run):
+def test_a_blocking_copy_from_pinned_memory_is_followed_by_a_host_wait(run):
     rec, ops, on = run
     device = torch.zeros(4)
     pinned = torch.ones(4)
@@ -160,6 +174,30 @@ def test_a_blocking_copy_from_pageable_memory_is_followed_by_a_host_wait(run):
         pinned.fill_(2)
     assert [type(op).__name__ for op in rec.trace.ops if type(op) in (T.Copy, T.StreamSync)] == ["Copy", "StreamSync"]
     assert rec.races == []
+
+
+@pytest.mark.parametrize("non_blocking", [False, True], ids=["blocking", "non-blocking-asked"])
+@pytest.mark.parametrize("direction", ["H2D", "D2H"])
+def test_a_copy_between_a_device_tensor_and_pageable_memory_is_followed_by_a_host_wait(run, direction, non_blocking):
+    # Pageable memory goes through a staging buffer the host waits for, non_blocking or not: the
+    # host issues what follows after the copy ran, so stream B's use of the device tensor is
+    # ordered after it with no event.
+    rec, ops, on = run
+    device, pageable = torch.zeros(4), torch.ones(4)
+    ops.pageable.add(pageable.untyped_storage().data_ptr())
+    with on(A):
+        if direction == "H2D":
+            device.copy_(pageable, non_blocking=non_blocking)
+        else:
+            pageable.copy_(device, non_blocking=non_blocking)
+    with on(B):
+        device.mul_(3)  # writes what A's copy read or wrote
+    (copy,) = [op for op in rec.trace.ops if type(op) is T.Copy]
+    assert copy.kind is getattr(T.CopyKind, direction) and copy.stream == rec.sid(A)
+    after = rec.trace.ops[rec.trace.ops.index(copy) + 1]
+    assert type(after) is T.StreamSync and after.stream == rec.sid(A)
+    assert rec.races == []
+    assert (device.tolist(), pageable.tolist()) == (([3.0] * 4, [1.0] * 4) if direction == "H2D" else ([0.0] * 4, [0.0] * 4))
 
 
 def test_item_reads_on_the_current_stream_and_waits_for_it(run):
@@ -246,6 +284,20 @@ def test_a_block_a_graph_tree_warm_up_allocated_goes_back_to_the_trees_pool_and_
     assert torch_runtime.state(rec).graph_pool_blocks == set()  # handed back with the block
     (free,) = read_on_b_then_drop(in_pool=False)
     assert free.pool == "torch" and [r.kind for r in rec.races] == ["FREE"]
+
+
+def test_a_tensor_the_program_drops_keeps_its_address_while_recording(run):
+    # The CPU allocator would hand the address to the next tensor of that size at once: a tensor
+    # there would be taken for bytes of the dropped one (which the recording never saw freed).
+    rec, _, on = run
+    x = torch.ones(1024)
+    with on(A):
+        y = x * 2
+    ptr = y.untyped_storage().data_ptr()
+    del y
+    later = [torch.empty(1024) for _ in range(16)]
+    assert ptr not in [t.untyped_storage().data_ptr() for t in later]
+    assert rec.allocation_at(ptr) is not None and not any(type(op) is T.Free for op in rec.trace.ops)
 
 
 def test_record_stream_defers_the_reuse_past_the_side_streams_work(run):
