@@ -33,6 +33,47 @@ def test_a_query_that_returned_not_done_orders_nothing(rec):
     assert race.kind == "RAW" and race.first.name == "produce"
 
 
+class FakeEvent:
+    """An event object as CuPy's: the recorder keeps its id on it."""
+
+
+def _event_polled(rec, done: bool, recorded_after_produce: bool = True) -> list:
+    """produce on stream A, event `e` recorded on A after it (or before it was issued), the host
+    polls e.query() (which answers `done`) and reads what produce wrote; the queries recorded."""
+    e = FakeEvent()
+    if not recorded_after_produce:
+        rec.event_record(e, FakeStream(0x10), lambda: None)
+
+    def poll(a):
+        if recorded_after_produce:
+            rec.event_record(e, a, lambda: None)
+        rec.event_query(e, lambda: done)
+
+    _write_then_read(rec, poll)
+    return [op for op in rec.trace.ops if type(op) is T.EventQuery]
+
+
+def test_an_event_query_that_returned_done_orders_the_host_after_the_events_work(rec):
+    (query,) = _event_polled(rec, True)
+    assert query.done is True
+    assert rec.races == []
+
+
+def test_an_event_query_that_returned_not_done_orders_nothing(rec):
+    (query,) = _event_polled(rec, False)
+    assert query.done is False
+    (race,) = rec.races
+    assert race.kind == "RAW" and race.first.name == "produce"
+
+
+def test_an_event_query_orders_only_the_work_the_event_captured(rec):
+    # Recorded before produce was issued: done says nothing about produce.
+    (query,) = _event_polled(rec, True, recorded_after_produce=False)
+    assert query.done is True
+    (race,) = rec.races
+    assert race.kind == "RAW" and race.first.name == "produce"
+
+
 def test_a_busy_loop_is_checked_not_flagged(rec):
     answers = iter([False, False, True])
     _write_then_read(rec, lambda a: [None for _ in iter(lambda: rec.stream_query(a, lambda: next(answers)), True)])
