@@ -60,6 +60,7 @@ from ..core import trace as T
 from ..core.capture import CaptureError, CapturedGraph, CaptureTracker
 from ..core.hb import Checker, PeerAccessError, format_report, peer_access_error
 from ..core.trace import CallSite, StreamKind
+from ..host_handoffs import listen as listen_to_hand_offs
 from .objects import Buffer, DeviceError, KernelError, Region, UndeclaredWriteError, caller_site
 
 # The public names are listed once, in streamcheck/device/__init__.py (__all__).
@@ -290,6 +291,10 @@ class Device:
         self.legacies = (self.legacy,) + tuple(
             self._new_stream(StreamKind.LEGACY, "", 0, site, label=f"legacy:{k}", device_index=k)
             for k in range(1, self.devices))
+        # Host threads' own hand-offs (threading.Event, queue.Queue, locks, Condition, Barrier) are
+        # edges while the device lives (host_handoffs.py; docs/cuda-rules.md, section 2).
+        self._hand_offs = _HandOffs(self)
+        weakref.finalize(self, listen_to_hand_offs(self._hand_offs))
 
     # --- recording ----------------------------------------------------------------------
     def _thread_id(self) -> int:
@@ -865,7 +870,9 @@ class Device:
 
     # --- threads ------------------------------------------------------------------------
     def thread(self, target, args: Sequence = ()) -> "DeviceThread":
-        """A host thread whose start and join are ordered for the checker (as threading promises)."""
+        """A host thread whose start and join are ordered for the checker (as threading promises), and
+        so are the hand-offs between the device's threads through threading.Event, queue.Queue, a
+        Lock, RLock or Condition the program makes, and Barrier (docs/cuda-rules.md, section 2)."""
         if not callable(target):
             raise DeviceError(f"thread at {caller_site()}: target must be callable, got {_type_name(target)}")
         return DeviceThread(self, target, tuple(args))
@@ -1045,6 +1052,30 @@ class Device:
             raise DeviceError(f"{what} at {site}: {event!r} is not an event of this device")
         if event.destroyed:
             raise DeviceError(f"{what} at {site}: event `{event.name}` was destroyed; create a new one")
+
+
+class _HandOffs:
+    """Records the hand-offs host_handoffs hears (HandOff / TakeOver) for `device`, made by the
+    host threads it knows (its creator, its Device.thread threads, threads that used it), once
+    it has more than one: a program without threads gets no such operations."""
+
+    def __init__(self, device: Device):
+        self._device = weakref.ref(device)
+
+    def hand_off(self, channel: int, what: str) -> None:
+        self._record(T.HandOff, channel, what)
+
+    def take_over(self, channel: int, what: str) -> None:
+        self._record(T.TakeOver, channel, what)
+
+    def _record(self, kind, channel: int, what: str) -> None:
+        dev = self._device()
+        if dev is None or len(dev._threads) < 2:
+            return
+        with dev._lock:
+            tid = dev._threads.get(threading.get_ident())
+            if tid is not None:
+                dev._record(kind(tid, caller_site(), channel=channel, what=what))
 
 
 class DeviceThread(threading.Thread):

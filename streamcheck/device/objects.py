@@ -19,7 +19,7 @@ _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # st
 # audit's proof): a stack ends at the program's outermost frame, not in them.
 caller_site = SiteResolver(os.path.join(_PACKAGE_DIR, name) for name in (
     "device" + os.sep, os.path.join("record", "gpu.py"), "core" + os.sep, "plugin" + os.sep,
-    "timeout.py", os.path.join("proofs", "confirm.py"), os.path.join("proofs", "sync_proof.py")))
+    "timeout.py", "host_handoffs.py", os.path.join("proofs", "confirm.py"), os.path.join("proofs", "sync_proof.py")))
 
 
 class DeviceError(RuntimeError):

@@ -1,7 +1,9 @@
 """The device API: what it records, what it refuses (and how it says so), and how a
 failing kernel is reported."""
+import queue
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -475,6 +477,115 @@ def test_a_timed_out_join_orders_nothing(dev):
     release.set()
     t.join()
     assert any(isinstance(op, T.ThreadJoin) for op in dev.trace.ops)
+
+
+# Hand-offs between host threads (streamcheck/host_handoffs.py): the worker fills x and hands over;
+# the main thread takes over and launches a reader of x. Each primitive's racy twin leaves the
+# hand-off out: the main thread polls a plain flag the worker sets after the fill, the same order in
+# fact, but nothing the checker can see.
+
+
+def nothing():
+    pass
+
+
+def hand_off_by(primitive: str):
+    """(what the worker does before the fill, after it, and what the main thread does after it saw
+    the flag and before it reads x)."""
+    if primitive == "Event":
+        ev = threading.Event()
+        return nothing, ev.set, lambda: ev.wait(5)
+    if primitive == "Queue":
+        q = queue.Queue()
+        return nothing, lambda: q.put("x is filled"), lambda: q.get(timeout=5)
+    if primitive == "Queue.join":
+        q = queue.Queue()
+        q.put("fill x")
+        return nothing, lambda: (q.get(), q.task_done()), q.join
+    if primitive in ("Lock", "RLock"):
+        lock = getattr(threading, primitive)()
+        return lock.acquire, lock.release, lambda: lock.acquire(timeout=5) and lock.release()
+    if primitive == "Condition":
+        cond, state = threading.Condition(), []
+
+        def notify():
+            with cond:
+                state.append("filled")
+                cond.notify_all()
+
+        def wait():
+            with cond:
+                assert cond.wait_for(lambda: state, timeout=5)
+        return nothing, notify, wait
+    if primitive == "Barrier":
+        barrier = threading.Barrier(2)
+        return nothing, lambda: barrier.wait(5), lambda: barrier.wait(5)
+    raise AssertionError(primitive)
+
+
+HAND_OFFS = ["Event", "Queue", "Queue.join", "Lock", "RLock", "Condition", "Barrier"]
+
+
+@pytest.mark.parametrize("handed_over", [True, False], ids=["handed-over", "polled-flag-racy"])
+@pytest.mark.parametrize("primitive", HAND_OFFS)
+def test_a_hand_off_between_device_threads_orders_them(dev, primitive, handed_over):
+    a = dev.stream("A")
+    x = dev.alloc(4, name="x", fill=0.0)
+    enter, give, take = hand_off_by(primitive) if handed_over else (nothing, nothing, nothing)
+    filled = []
+
+    def worker():
+        enter()
+        dev.host_write(x, 1.0)
+        filled.append(True)  # the racy twin's only order: a plain flag
+        give()
+
+    t = dev.thread(worker)
+    t.start()
+    while not filled:
+        time.sleep(0.001)
+    take()
+    dev.launch(noop, (x,), stream=a, reads=[x], name="reader")
+    if handed_over:
+        assert dev.races == [], dev.report()
+    else:
+        [race] = dev.races
+        assert race.kind == "RAW" and race.first.actor == "host thread 1" and race.second.name == "reader"
+        assert "threading.Event (set, then wait), queue.Queue (put, then get)" in race.hint
+    t.join()
+    assert dev.get(x).tolist() == [1.0] * 4
+
+
+def test_an_event_wait_that_timed_out_orders_nothing(dev):
+    """The Event was set after the fill, then cleared: a wait that times out returns False and takes
+    nothing over, although a set is on record."""
+    a = dev.stream("A")
+    x = dev.alloc(4, name="x", fill=0.0)
+    ev, filled = threading.Event(), []
+
+    def worker():
+        dev.host_write(x, 1.0)
+        ev.set()
+        ev.clear()
+        filled.append(True)
+
+    t = dev.thread(worker)
+    t.start()
+    while not filled:
+        time.sleep(0.001)
+    assert ev.wait(0.01) is False
+    dev.launch(noop, (x,), stream=a, reads=[x], name="reader")
+    assert [r.kind for r in dev.races] == ["RAW"]
+    t.join()
+
+
+def test_a_program_without_threads_records_no_hand_offs(dev):
+    ev, q = threading.Event(), queue.Queue()
+    ev.set()
+    ev.wait()
+    q.put(1)
+    q.get()
+    assert not any(isinstance(op, (T.HandOff, T.TakeOver)) for op in dev.trace.ops)
 
 
 def test_public_types_are_exported():

@@ -3,6 +3,7 @@ hand-offs (and which are not: timeouts, failed acquires, the library's own inter
 that every primitive behaves exactly as without it (return values, exceptions, timeouts)."""
 from __future__ import annotations
 
+import gc
 import queue
 import threading
 
@@ -163,6 +164,7 @@ def test_passing_a_barrier_takes_over_every_partys_arrival_of_that_generation(li
 
 
 def test_the_standard_library_is_restored_after_the_last_listener_stops():
+    gc.collect()  # earlier tests' Devices: each listens until it is collected
     originals = (threading.Event.set, queue.Queue.get, threading.Lock, threading.Condition.__init__)
     first, second = Heard(), Heard()
     stop_first, stop_second = host_handoffs.listen(first), host_handoffs.listen(second)
