@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import pytest
 
-from .options import CHECK_MODES, SETTINGS_KEY, Settings, backend_name, bad_value, parse_policies, parse_timeout
+from .options import CHECK_MODES, POLICIES, SETTINGS_KEY, Settings, backend_name, bad_value, parse_policies, parse_timeout
 from .reporting import (EXCEPTION_MARGIN, EXCEPTION_NAME, ScheduleFailure, confirmation_text, describe_schedule,
                         failure_text, findings, format_races, strike_hint, terminal_width, trace_note, write_trace)
 from .results import compare
@@ -39,6 +39,16 @@ class _TestConfig:
 
 
 def _test_config(item, settings: Settings) -> _TestConfig:
+    """The test's settings; a bad marker fails the test in one line, as a bad option stops the run."""
+    __tracebackhide__ = True
+    try:
+        return _marker_config(item, settings)
+    except pytest.UsageError as exc:
+        problem = str(exc)
+    pytest.fail(problem, pytrace=False)  # outside the except: no "during handling" chain
+
+
+def _marker_config(item, settings: Settings) -> _TestConfig:
     schedules, policies, check, timeout = settings.schedules, settings.policies, settings.check, settings.timeout
     marker = item.get_closest_marker("streamcheck")
     if marker is not None:
@@ -52,15 +62,19 @@ def _test_config(item, settings: Settings) -> _TestConfig:
         source = f"@pytest.mark.streamcheck on {item.nodeid}:"
         if "schedules" in marker.kwargs:
             schedules = marker.kwargs["schedules"]
-            if not isinstance(schedules, int) or schedules < 1:
+            if isinstance(schedules, bool) or not isinstance(schedules, int) or schedules < 1:
                 raise bad_value(f"{source} schedules", str(schedules), "an integer >= 1")
         if "policies" in marker.kwargs:
             value = marker.kwargs["policies"]
-            policies = parse_policies(value if isinstance(value, str) else ",".join(value), f"{source} policies")
+            names = [value] if isinstance(value, str) else value if isinstance(value, (list, tuple)) else None
+            accepted = f"a comma-separated string or a list of {', '.join(POLICIES)}"
+            if names is None or not all(isinstance(name, str) for name in names):
+                raise bad_value(f"{source} policies", str(value), accepted)
+            policies = parse_policies(",".join(names), f"{source} policies")
         if "check" in marker.kwargs:
             value = marker.kwargs["check"]
             check = {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
-            if check not in CHECK_MODES:
+            if not isinstance(check, str) or check not in CHECK_MODES:
                 raise bad_value(f"{source} check", str(value), ", ".join(CHECK_MODES))
         if "timeout" in marker.kwargs:
             value = marker.kwargs["timeout"]
@@ -204,6 +218,10 @@ def run_schedules(request, streamcheck_seed):
             what = "a generator" if inspect.isgenerator(reference) else f"an iterator ({type(reference).__name__})"
             raise TypeError(f"streamcheck: run_schedules: the program returned {what}, which runs only when "
                             "iterated, after its schedule; return a list of it (return list(...))")
+        handle = _device_handle(reference)
+        if handle:  # each schedule's device has its own buffers: they never compare equal, whatever they hold
+            raise TypeError(f"streamcheck: run_schedules: the program returned {handle}, a handle to device memory, "
+                            "not its values; return dev.get(buffer) or dev.host_read(buffer) after a synchronize")
         found.add_races(ref_device.races)
         if settings.audit_syncs:
             from ..analyses.sync_audit import audit
@@ -258,11 +276,28 @@ def run_schedules(request, streamcheck_seed):
     return run
 
 
+def _device_handle(value, path: str = "result") -> str:
+    """Where a program's result holds a Buffer or Region instead of values, described ("" if nowhere)."""
+    from ..device import Buffer, Region
+
+    at = "" if path == "result" else f" at {path}"
+    if isinstance(value, Buffer):
+        return f"a Buffer (`{value.name}`){at}"
+    if isinstance(value, Region):
+        return f"a Region (`{value.buffer.name}` rows [{value.start}, {value.stop})){at}"
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+    for key, item in items:
+        found = _device_handle(item, f"{path}[{key!r}]")
+        if found:
+            return found
+    return ""
+
+
 def _confirmations(config, fn, races, seed: int, timeout: float) -> str:
     """The failure's confirmation section (--streamcheck-confirm), or the "to make them strike" hint.
     Its reruns (a sequential one, one per race up to MAX_RACES) get `timeout` each."""
     if not config.stash[SETTINGS_KEY].confirm:
-        return strike_hint(races)
+        return strike_hint(races, confirm_runs=backend_name(config) == "sim")
     if backend_name(config) != "sim":
         return ("  confirmation (--streamcheck-confirm): not attempted: it runs on the sim backend "
                 "(--streamcheck-backend=sim); confirming on a GPU is not built")
@@ -311,7 +346,9 @@ def _run_one(fn, spec: ScheduleSpec, check: str, timeout: float, item, ran: Opti
         if hasattr(exc, "add_note"):  # Python 3.11+; on 3.10 the traceback alone must do
             after = ("before any schedule" if ran is None else
                      f"after {ran} schedule{'s' if ran != 1 else ''} that ran without raising")
-            exc.add_note(f"streamcheck: raised in {what} (seed {spec.seed}), {after}; replay: {replay}")
+            # Both seeds labelled: the schedule's own, and the run's one that the replay passes.
+            exc.add_note(f"streamcheck: raised in {what} (schedule seed {spec.seed}, from "
+                         f"--streamcheck-seed={base_seed(config)}), {after}; replay: {replay}")
         raise
     raised = DeviceThread.raised(device)
     if raised:

@@ -64,7 +64,8 @@ _OPTIONS = (
      "sim: a failing run_schedules test's report says, per race, whether holding its first access until "
      "its second ran made a value differ, with the values (docs/confirm.md).", "false"),
     ("--streamcheck-audit-syncs", "streamcheck_audit_syncs", "",
-     "audit each run_schedules / streamcheck_gpu test's synchronizations (its sequential run's): which are "
+     "audit each run_schedules / streamcheck_device / streamcheck_gpu test's synchronizations (run_schedules: "
+     "its sequential run's): which are "
      "needed, which are redundant, which host syncs could be device-side waits (docs/sync-audit.md); a "
      "line per test in the summary, the table in the test's report.", "false"),
     ("--streamcheck-gpus", "streamcheck_gpus", "auto|N|0",
@@ -188,8 +189,8 @@ def _int(config, ini: str, minimum: int, accepted: str) -> int:
 
 def parse_policies(value: str, source: str) -> tuple:
     """The comma-separated policy names in `value`, checked."""
-    names = tuple(p.strip() for p in value.split(",") if p.strip())
-    if not names or any(p not in POLICIES for p in names):
+    names = tuple(p.strip() for p in value.split(","))  # an empty name (`delay,,pct`) is a typo, not a policy
+    if any(p not in POLICIES for p in names):
         raise bad_value(source, value, f"a comma-separated list of {', '.join(POLICIES)}")
     return names
 
@@ -237,7 +238,7 @@ def _read_settings(config) -> Settings:
         policies=policies,
         backend=backend,
         delay_us=_int(config, "streamcheck_delay_us", 0, "an integer >= 0 (microseconds)"),
-        delay_steps=_int(config, "streamcheck_delay_steps", 0, "an integer >= 0"),
+        delay_steps=_int(config, "streamcheck_delay_steps", 1, "an integer >= 1"),  # held for 0 calls: no delay
         check=check,
         trace_dir=_trace_dir(config),
         replay=_replay(*option_value(config, "streamcheck_replay")),

@@ -28,6 +28,7 @@ from .usage import in_use
 WORKER_WIDTH_KEY = "streamcheck_width"  # the controller's terminal width: workers' reports print there
 HEADER_SHOWN_KEY = pytest.StashKey[bool]()
 PROPERTY = "streamcheck"  # the user property of each test that used a fixture: its findings as JSON
+RACES_SECTION = "streamcheck races"  # a report's section: the races beside another outcome
 
 
 @dataclass
@@ -197,9 +198,11 @@ def confirmation_text(confirmations) -> str:
     return "\n".join(lines)
 
 
-def strike_hint(races) -> str:
-    """The "to make them strike" line after a report whose races did not strike: the
-    race-directed delay of the first race that has one, and --streamcheck-confirm."""
+def strike_hint(races, confirm_runs: bool) -> str:
+    """The "to make them strike" line after a report whose races did not strike, offering only what
+    works: --streamcheck-confirm where it can rerun the program (`confirm_runs`: a run_schedules
+    program on the sim), else the race-directed delay by hand; neither where every first access is
+    the host's own, which executes when issued (no schedule can hold it)."""
     from ..core.schedule import directed_delay
 
     for race in races:
@@ -208,9 +211,15 @@ def strike_hint(races) -> str:
             continue
         stream, kernel = target
         delay = f"streams=[{stream!r}]" + (f", kernels=[{kernel!r}]" if kernel else "")
-        return (f"  to make them strike: --streamcheck-confirm holds {race.first.describe()} until "
-                f"`{race.second.name}` ran; by hand: Device(\"sim\", policy=\"delay\", {delay}, steps=8)")
-    return "  to make them strike: --streamcheck-confirm (reruns each race with its first access held)"
+        by_hand = f"Device(\"sim\", policy=\"delay\", {delay}, steps=8)"
+        if confirm_runs:
+            return (f"  to make them strike: --streamcheck-confirm holds {race.first.describe()} until "
+                    f"`{race.second.name}` ran; by hand: {by_hand}")
+        return (f"  to make them strike: hold {race.first.describe()} until `{race.second.name}` ran: {by_hand} "
+                "(--streamcheck-confirm needs a run_schedules program)")
+    first = races[0].first
+    return (f"  to make them strike: no delay can: the first access ({first.describe()}) is the host's own, which "
+            "executes when issued; add the missing edge above")
 
 
 def failure_text(headline: str, spec: ScheduleSpec, schedule: str, diff: Optional[str], report: str,
@@ -359,7 +368,7 @@ def pytest_runtest_makereport(item, call):
             extra = ("  confirmation (--streamcheck-confirm): not attempted: a streamcheck_device test's body cannot "
                      "be rerun from the start; write it as a run_schedules program to have its races confirmed")
         else:
-            extra = strike_hint(races)
+            extra = strike_hint(races, confirm_runs=False)  # a test body cannot be rerun from the start
         report.longrepr = failure_text(
             f"the happens-before checker found {len(races)} race{'s' if len(races) != 1 else ''} "
             "(streamcheck_device: values are the test's to check)",
@@ -369,9 +378,9 @@ def pytest_runtest_makereport(item, call):
         # Races beside some other outcome (warn mode, or the test failed for its own reason).
         text = format_races(races, width, config)
         if report.failed and hasattr(report.longrepr, "addsection"):
-            report.longrepr.addsection("streamcheck races", text)  # in the failure: --junitxml keeps it
+            report.longrepr.addsection(RACES_SECTION, text)  # in the failure: --junitxml keeps it
         else:
-            report.sections.append(("streamcheck races", text))
+            report.sections.append((RACES_SECTION, text))
     if device is not None and report.failed:
         written = write_trace(config, item.nodeid, device)
         if written:
@@ -399,10 +408,13 @@ class _Summary:
     def __init__(self, config):
         self.config = config
         self.rows: list = []  # (node id, outcome, findings) in report order
+        self.unshown: dict = {}  # node id -> the race reports of a test that passed (warn mode)
 
     def pytest_runtest_logreport(self, report) -> None:
         if report.when != "call":
             return
+        if report.passed:  # a failure shows its races; a pass shows them only under -rP: here they are
+            self.unshown.update({report.nodeid: text for name, text in report.sections if name == RACES_SECTION})
         for name, value in report.user_properties:
             if name == PROPERTY and isinstance(value, str):
                 self.rows.append((report.nodeid, report.outcome, json.loads(value)))
@@ -431,6 +443,8 @@ class _Summary:
             terminalreporter.line(wrap_lines(f"{outcome.upper()} {nodeid}: {'; '.join(parts)}", width))
             if value["replay"]:
                 terminalreporter.line(f"    replay: {value['replay']}")  # whole: it is pasted back
+            if nodeid in self.unshown:
+                terminalreporter.line(self.unshown[nodeid])
         for nodeid, outcome, value in self.rows:
             audited = value.get("sync_audit")
             if audited is not None:  # one line per test; the table is in the test's report (-rA shows it)
