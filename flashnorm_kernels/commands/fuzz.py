@@ -105,6 +105,8 @@ class Example:
             if not equals or key not in TOKEN_FIELDS:
                 raise ValueError(f"--replay: {part!r} is not a field of a replay token ({', '.join(TOKEN_FIELDS)}); "
                                  "paste the whole token printed in the summary table")
+            if not value:
+                raise ValueError(f"--replay: {key}= has no value; paste the token exactly as printed")
             if key in fields:
                 raise ValueError(f"--replay: {key}= appears twice; paste the token exactly as printed")
             fields[key] = value
@@ -1019,6 +1021,8 @@ def _main(args, json_stdout=None) -> int:
         return _usage(f"--timeout {args.timeout:g}: need a number of seconds >= 0 (0: no limit)")
     if args.workers < 1:
         return _usage(f"--workers {args.workers}: need an integer >= 1 (the pytest-xdist workers; 1 runs here)")
+    if args.replay is not None and not args.replay.strip():  # not a fuzz run of the whole budget
+        return _usage("--replay: the token is empty; paste the whole token printed in the summary table")
     if args.workers > 1 and args.replay:
         return _usage("--workers spreads a fuzz run; --replay runs one example here: drop --workers")
     if args.replay and (args.examples is not None or args.budget is not None):
