@@ -342,6 +342,65 @@ def test_a_non_blocking_host_read_does_not_synchronize_its_stream(rec):
     assert [op.stream for op in ops(rec, T.StreamSync)] == [rec.sid(s1)]
 
 
+# --- compute(): CuPy's functions and ndarray methods, which launch iff they allocate or write ----
+
+
+def _cupy_call(rec, wrap, fn, *args, stream=None, **kwargs):
+    """`fn` wrapped by a CuPy adapter's wrapper factory `wrap` (what its patch table installs),
+    called on `stream` (the current one)."""
+    if stream is not None:
+        rec.gpu.current = stream
+    return wrap(fn)(*args, **kwargs)
+
+
+def _allocating(rec, ptr, nbytes=64):
+    """A library function that allocates its result from CuPy's pool (whose hook records it)."""
+    def fn(*args, **kwargs):
+        rec.alloc(ptr, nbytes, what="cupy array")
+        return FakeArray(ptr, nbytes)
+    return fn
+
+
+def test_a_cupy_function_writes_the_result_it_allocates_and_reads_its_arguments(rec):
+    from streamcheck.record.adapters.cupy_functions import compute_function
+
+    a_stream, b_stream = FakeStream(0x10), FakeStream(0x20)
+    rec.alloc(0x1000, 64)
+    rec.alloc(0x2000, 64)
+    x, w = FakeArray(0x1000, 64), FakeArray(0x2000, 64)
+    y = _cupy_call(rec, compute_function("cupy.matmul"), _allocating(rec, 0x3000), x, w, stream=a_stream)
+    (op,) = ops(rec, T.Launch)
+    assert (op.name, op.stream) == ("cupy.matmul", rec.sid(a_stream))
+    assert op.writes == rec.ranges([y]) and set(op.reads) == set(rec.ranges([x, w]))
+    launch(rec, "consume", b_stream, reads=(y,))  # no wait for stream A
+    (race,) = rec.races
+    assert (race.kind, race.first.name, race.first.write, race.second.name) == ("RAW", "cupy.matmul", True, "consume")
+
+
+def test_a_cupy_method_writes_the_result_it_allocates(rec):
+    from streamcheck.record.adapters.cupy_ndarray import compute_method
+
+    a_stream, b_stream = FakeStream(0x10), FakeStream(0x20)
+    rec.alloc(0x1000, 64)
+    x = FakeArray(0x1000, 64)
+    total = _cupy_call(rec, compute_method("cupy.ndarray.sum"), _allocating(rec, 0x3000, 8), x, stream=a_stream)
+    launch(rec, "overwrite", b_stream, writes=(total,))  # no wait for stream A
+    (race,) = rec.races
+    assert (race.kind, race.first.name, race.second.name) == ("WAW", "cupy.ndarray.sum", "overwrite")
+
+
+def test_a_cupy_call_that_allocates_nothing_launches_nothing(rec):
+    # A view of an array allocated just before the call (the newest allocation so far) is no
+    # result of the call: no kernel ran.
+    from streamcheck.record.adapters.cupy_functions import compute_function
+
+    rec.alloc(0x1000, 64)
+    x = FakeArray(0x1000, 64)
+    view = _cupy_call(rec, compute_function("cupy.reshape"), lambda a, shape: FakeArray(a.ptr, a.nbytes), x, (8, 2),
+                      stream=FakeStream(0x10))
+    assert view.ptr == x.ptr and ops(rec, T.Launch) == []
+
+
 def test_a_torch_graph_captured_before_the_recording_is_named_when_replayed(rec):
     """Its nodes were never recorded: each such graph is named once, its replay still runs."""
     from streamcheck.record.adapters import torch_graphs
