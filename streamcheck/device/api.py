@@ -450,10 +450,15 @@ class Device:
             self.backend.new_event(event)
             return event
 
-    def alloc(self, shape, dtype="float32", name: str = "", fill=None, device: int = 0) -> Buffer:
+    def alloc(self, shape, dtype="float32", name: str = "", fill=None, device: int = 0,
+              reuse: Optional[Buffer] = None) -> Buffer:
         """Allocate memory on cuda:`device`. Contents are garbage (NaN in the sim) unless `fill` is
-        given (it broadcasts to `shape` and must convert exactly to `dtype`)."""
+        given (it broadcasts to `shape` and must convert exactly to `dtype`). `reuse`: a freed
+        buffer of the same size whose bytes this one gets, as they were last written (a caching
+        allocator handing a freed block to its next allocation: pending work on them still runs)."""
         site = caller_site()
+        if reuse is not None and (not isinstance(reuse, Buffer) or reuse.device is not self or not reuse.freed):
+            raise DeviceError(f"alloc at {site}: reuse= takes a freed Buffer of this device, got {reuse!r}")
         name = self._name(name, "alloc", site)
         device = self._device_index(device, f"alloc {name!r}", site)
         if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
@@ -488,7 +493,13 @@ class Device:
             buf = Buffer(self, id, shape, dtype, name or f"buffer{id}", site, device)
             self._buffers[id] = buf
             self._record(T.Alloc(self._thread_id(), site, buffer=id, nbytes=buf.nbytes, name=buf.name, device=device))
-            self.backend.alloc(buf, fill)
+            if reuse is not None:
+                if reuse.nbytes != buf.nbytes or reuse.device_index != device:
+                    raise DeviceError(f"alloc {buf.name!r} at {site}: reuse= {reuse!r} holds {reuse.nbytes} bytes on "
+                                      f"cuda:{reuse.device_index}, not {buf.nbytes} on cuda:{device}")
+                buf.storage = reuse.storage.view(buf.dtype).reshape(buf.shape)
+            else:
+                self.backend.alloc(buf, fill)
             self.backend.tick()
             return buf
 
@@ -697,6 +708,19 @@ class Device:
         with self._lock:
             self._record(T.HostAccess(self._thread_id(), site, writes=(region.byte_range(),), name="host write"))
             self.backend.host_write(region, value)
+            self.backend.tick()
+
+    def host_access(self, reads: Iterable = (), writes: Iterable = (), name: str = "host access") -> None:
+        """Record an access the host makes itself, now, with no synchronization: the caller then
+        reads `reads` and writes `writes` through the buffers' storage (an emulated library's host
+        code, e.g. a CPU operator on pinned memory)."""
+        site = caller_site()
+        reads = self._regions(reads, "host_access reads=", site) if reads else []
+        writes = self._regions(writes, "host_access writes=", site) if writes else []
+        with self._lock:
+            self._record(T.HostAccess(self._thread_id(), site, reads=tuple(r.byte_range() for r in reads),
+                                      writes=tuple(w.byte_range() for w in writes), name=name))
+            self.backend.host_access(name)
             self.backend.tick()
 
     def get(self, region, stream: Optional[Stream] = None) -> np.ndarray:

@@ -71,6 +71,10 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def host_write(self, region, value) -> None: ...
 
+    def host_access(self, name: str) -> None:
+        """The host reads or writes buffers' storage itself, now (Device.host_access): optional,
+        for a backend whose policies want to know when the host touches memory."""
+
     @abc.abstractmethod
     def record(self, event, stream) -> None: ...
 

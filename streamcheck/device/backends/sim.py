@@ -516,6 +516,9 @@ class SimBackend(Backend):
         self._host_starting("host write")
         region.array()[...] = value
 
+    def host_access(self, name: str) -> None:
+        self._host_starting(name)
+
     # --- the scheduler ------------------------------------------------------------------
     def _ready(self, need: Optional[dict] = None) -> list:
         """Ids of streams whose next operation may execute now. During a host

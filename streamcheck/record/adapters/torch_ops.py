@@ -85,11 +85,23 @@ class _Schema:
 _schemas: dict = {}
 
 
-def _schema(func) -> _Schema:
+def operator_schema(func) -> _Schema:
+    """What an operator overload reads and writes by its schema (computed once per overload)."""
     found = _schemas.get(func)
     if found is None:
         found = _schemas[func] = _Schema(func)
     return found
+
+
+def operator_accesses(func, args, kwargs):
+    """(tensor, written) for every tensor argument of one call, by the operator's schema: the one
+    access rule the recorder (on a GPU) and the emulation (on the sim) both follow."""
+    import torch
+
+    for i, (arg_name, kwarg_only, written) in enumerate(operator_schema(func).arguments):
+        value = kwargs.get(arg_name) if kwarg_only or i >= len(args) else args[i]
+        for t in _tensors(value, torch):
+            yield t, written
 
 
 def register(rec, torch, t, kind: str) -> None:
@@ -149,11 +161,11 @@ class Ops:
         except Exception as exc:
             if started and not ran:
                 raise  # the operator's own error: the program's
-            self.rec.errors.append(f"{_schema(func).name}: {type(exc).__name__}: {exc} (not recorded)")
+            self.rec.errors.append(f"{operator_schema(func).name}: {type(exc).__name__}: {exc} (not recorded)")
             return ran[0] if ran else func(*args, **kwargs)
 
     def _record(self, func, args, kwargs, run):
-        schema = _schema(func)
+        schema = operator_schema(func)
         if schema.view:  # no kernel: a view is bytes of its base, seen when it is used
             return run()
         name = schema.name
@@ -161,12 +173,10 @@ class Ops:
             return self._record_stream(run, args, kwargs)
         torch, rec = self.torch, self.rec
         reads, writes = [], []
-        for i, (arg_name, kwarg_only, written) in enumerate(schema.arguments):
-            value = kwargs.get(arg_name) if kwarg_only or i >= len(args) else args[i]
-            for t in _tensors(value, torch):
-                kind = self._kind(t)
-                if kind:
-                    (writes if written else reads).append((t, kind))
+        for t, written in operator_accesses(func, args, kwargs):
+            kind = self._kind(t)
+            if kind:
+                (writes if written else reads).append((t, kind))
         if name == "aten._local_scalar_dense.default" and reads and reads[0][1] == "cuda":
             return self._host_read(run, reads[0][0])
         cuda = [t for t, k in reads + writes if k == "cuda"]

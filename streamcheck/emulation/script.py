@@ -1,0 +1,135 @@
+"""One run of an unmodified torch script on the sim: its CUDA calls emulated (torch_cuda), its
+standard output captured for the comparison with the reference run, its exit status as Python
+would give it. The script runs in this process (`runpy`, as `python script.py` would: argv,
+`__main__`, its folder first on sys.path); the modules it imports from its own folder are
+forgotten after the run, so the next run executes them again against its own device.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import runpy
+import sys
+import traceback
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ..timeout import RunTimedOut, run_with_timeout
+
+
+@dataclass
+class ScriptRun:
+    """What one run did: its output, its exit status, the device it ran on (trace, races,
+    schedule), the emulation's notices; `refused`: the one line of a surface the sim does not
+    model (EmulationError), '' if none; `error`: the traceback of an exception the script raised."""
+
+    stdout: str
+    status: int
+    device: object
+    notices: list = field(default_factory=list)
+    refused: str = ""
+    error: str = ""
+    timed_out: str = ""
+
+
+class _Tee(io.TextIOBase):
+    """Captures what the script prints, and passes it on when the run is the one the user sees."""
+
+    def __init__(self, echo: Optional[io.TextIOBase]):
+        self.parts: list = []
+        self.echo = echo
+
+    def write(self, text: str) -> int:
+        self.parts.append(text)
+        if self.echo is not None:
+            self.echo.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        if self.echo is not None:
+            self.echo.flush()
+
+    def getvalue(self) -> str:
+        return "".join(self.parts)
+
+
+def run_script(path: str, argv=(), *, policy="sequential", seed: int = 0, check: bool = True, devices: int = 1,
+               echo: bool = False, timeout: Optional[float] = None, **policy_params) -> ScriptRun:
+    """Run the script at `path` once on a fresh sim device with `policy` (and its seed and
+    parameters). `echo`: its output also goes to this process's stdout. `timeout`: seconds
+    before the run is interrupted (None: no limit)."""
+    from ..device import Device
+    from .torch_cuda import Emulation, EmulationError
+
+    path = os.path.abspath(path)
+    folder = os.path.dirname(path)
+    tee = _Tee(sys.stdout if echo else None)
+    box: dict = {}
+
+    def body():
+        device = box["device"] = Device("sim", check=check, policy=policy, seed=seed, devices=devices,
+                                        **policy_params)
+        emulation = box["emulation"] = Emulation(device)
+        with emulation:
+            runpy.run_path(path, run_name="__main__")
+
+    before = set(sys.modules)
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    sys.argv = [path, *argv]
+    sys.path.insert(0, folder)
+    status, refused, error, timed_out = 0, "", "", ""
+    try:
+        with contextlib.redirect_stdout(tee):
+            try:
+                run_with_timeout(body, timeout, name="streamcheck run (sim)")
+            except SystemExit as exc:
+                status = _exit_status(exc.code)
+            except EmulationError as exc:
+                status, refused = 2, str(exc)
+            except RunTimedOut as exc:
+                status, timed_out = 1, str(exc)
+            except Exception as exc:  # the script's own failure: reported as Python would
+                refused = _refusal_inside(exc)
+                status = 2 if refused else 1
+                if not refused:
+                    error = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    finally:
+        sys.argv = saved_argv
+        sys.path[:] = saved_path
+        _forget_modules(before, folder)
+    emulation = box.get("emulation")
+    return ScriptRun(stdout=tee.getvalue(), status=status, device=box.get("device"),
+                     notices=list(emulation.notices) if emulation is not None else [], refused=refused,
+                     error=error, timed_out=timed_out)
+
+
+def _exit_status(code) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _refusal_inside(exc: BaseException) -> str:
+    """An EmulationError that a library wrapped in its own exception (a kernel's KernelError)."""
+    from .torch_cuda import EmulationError
+
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, EmulationError):
+            return str(exc)
+        exc = exc.__cause__ or exc.__context__
+    return ""
+
+
+def _forget_modules(before: set, folder: str) -> None:
+    """Modules the script imported from its own folder run again in the next run."""
+    prefix = os.path.join(folder, "")
+    for name in set(sys.modules) - before:
+        file = getattr(sys.modules.get(name), "__file__", None) or ""
+        if os.path.abspath(file).startswith(prefix):
+            del sys.modules[name]

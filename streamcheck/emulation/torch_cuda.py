@@ -1,0 +1,1485 @@
+"""CUDA for torch programs, emulated on the sim: a CPU-only torch runs `device="cuda"` code
+unmodified, every kernel executing on CPU tensors in an order the sim's scheduler picks within
+CUDA's rules. It lies about the device and nothing else.
+
+What it stands in for (each row is one place below):
+- tensors: `CudaTensor` reports `cuda:N` and `is_cuda`; its data is a CPU view of a caching-
+  allocator block's bytes (a sim buffer). `PinnedTensor` is pinned host memory: a CPU tensor
+  whose bytes the streams read and write too.
+- operators: every ATen operator on emulated tensors is one sim launch on torch's current
+  stream, reading and writing the byte ranges the torch adapter derives from the schema
+  (`record.adapters.torch_ops.operator_accesses`: the same rules as on a GPU). It executes
+  when the scheduler runs it, so a consumer nothing orders after its producer reads stale
+  bytes. A view is metadata: it shares its base's block.
+- factories (`torch.zeros(..., device="cuda")`, `.cuda()`, `.to("cuda")`, `pin_memory=True`):
+  a torch function mode, since a CPU-only torch refuses them before any dispatch.
+- host reads (`.item()`, `.tolist()`, `.cpu()`, printing, `bool()`): a copy on the current
+  stream, then a wait for that stream, as CUDA does. Copies from or to pinned memory with
+  `non_blocking=True` stay pending; any other copy between host and device waits.
+- `torch.cuda`: streams (a pool of non-blocking streams named s1, s2, ... in creation order; the
+  default stream is the legacy stream), events, synchronizes, queries, `_sleep` (a hold on its
+  stream), graphs (the sim's capture), generators (Philox-like: seed and offset taken when a
+  random operator is issued, so values do not depend on the schedule), memory statistics and
+  device properties of an emulated device.
+
+What it refuses, with one line that names it and the user's line (EmulationError): CuPy,
+operators with no CPU implementation (custom CUDA extensions), `ExternalStream`,
+`make_graphed_callables`, `backward()` (torch's autograd engine asks for a real CUDA device
+guard and would abort the process). `torch.compile` runs its function as eager operators, with
+a notice (and one more for CUDA graph trees, which are not emulated).
+"""
+from __future__ import annotations
+
+import builtins
+import contextlib
+import functools
+import os
+import sys
+import threading
+import zlib
+from typing import Optional
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from ..device.objects import Region, caller_site
+from ..record.adapters.torch_ops import operator_accesses, operator_schema
+from .allocator import CachingAllocator, rounded
+
+CUDA_DEFAULT_SEED = 67280421310721  # torch's default seed of a CUDA generator
+SLEEP_CYCLES_PER_STEP = 1_000_000  # torch.cuda._sleep: cycles per host step its stream is held
+TOTAL_MEMORY = 80 * (1 << 30)  # the emulated device's memory (reported; never enforced)
+
+
+class EmulationError(RuntimeError):
+    """A torch surface the emulation does not model: names it, the user's line, what to do."""
+
+
+_active: Optional["Emulation"] = None
+
+
+def active() -> "Emulation":
+    if _active is None:
+        raise EmulationError("an emulated CUDA tensor was used after its `streamcheck run --backend sim` run ended; "
+                             "keep emulated tensors inside the run")
+    return _active
+
+
+# --- tensors -----------------------------------------------------------------------------
+
+class CudaTensor(torch.Tensor):
+    """A tensor on an emulated CUDA device: `_inner` views its block's bytes on the CPU."""
+
+    __slots__ = ()
+
+    @staticmethod
+    def __new__(cls, inner, block, device, requires_grad=False):
+        t = torch.Tensor._make_wrapper_subclass(cls, inner.size(), strides=inner.stride(),
+                                                storage_offset=inner.storage_offset(), dtype=inner.dtype,
+                                                device=device, requires_grad=requires_grad)
+        t._inner = inner
+        t._block = block
+        return t
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        return active().dispatch(func, args, kwargs or {})
+
+    def __format__(self, spec):
+        if self.dim() == 0 and not self.is_meta:
+            return self.item().__format__(spec)  # a host read, as torch formats a CUDA scalar
+        return object.__format__(self, spec)
+
+    def __repr__(self, *, tensor_contents=None):
+        with torch.no_grad():
+            text = repr(self.detach().cpu())  # a host read: copy, then wait, as printing a CUDA tensor does
+        device = f"device='{self.device}'"
+        return _with_suffix(text, device)
+
+
+class PinnedTensor(torch.Tensor):
+    """Pinned host memory: the host reads and writes it now, the streams when they get there."""
+
+    __slots__ = ()
+
+    @staticmethod
+    def __new__(cls, inner, block, device=None, requires_grad=False):
+        t = torch.Tensor._make_wrapper_subclass(cls, inner.size(), strides=inner.stride(),
+                                                storage_offset=inner.storage_offset(), dtype=inner.dtype,
+                                                device=torch.device("cpu"), requires_grad=requires_grad)
+        t._inner = inner
+        t._block = block
+        return t
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        return active().dispatch(func, args, kwargs or {})
+
+    def __repr__(self, *, tensor_contents=None):
+        return repr(torch.Tensor.clone(self).detach())  # a host read, now
+
+
+def _with_suffix(text: str, device: str) -> str:
+    """torch's repr of a CPU tensor with `device=...` where torch puts it (before dtype)."""
+    for marker in (", dtype=", ", grad_fn=", ", requires_grad="):
+        cut = text.find(marker)
+        if cut >= 0:
+            return f"{text[:cut]}, {device}{text[cut:]}"
+    return f"{text[:-1]}, {device})"
+
+
+def _emulated(value) -> bool:
+    return type(value) is CudaTensor or type(value) is PinnedTensor
+
+
+def _inner(value):
+    return value._inner if type(value) is CudaTensor or type(value) is PinnedTensor else value
+
+
+def _span(t) -> Optional[tuple]:
+    """(start, stop) bytes of `t` within its block; None if it is empty."""
+    if t.numel() == 0:
+        return None
+    item = t.element_size()
+    lo = hi = t.storage_offset()
+    for n, st in zip(t.shape, t.stride()):
+        if n > 1:
+            if st >= 0:
+                hi += (n - 1) * st
+            else:
+                lo += (n - 1) * st
+    return lo * item, (hi + 1) * item
+
+
+def _region(t) -> Optional[Region]:
+    span = _span(t)
+    return None if span is None else Region(t._block.buffer, span[0], span[1])
+
+
+def _elements(shape, stride) -> int:
+    """How many elements a strided tensor's storage must hold from its offset."""
+    if any(n == 0 for n in shape):
+        return 0
+    return 1 + sum((n - 1) * st for n, st in zip(shape, stride) if n > 1)
+
+
+def _typed(block, dtype, shape, stride, offset: int = 0):
+    """A CPU tensor over the block's bytes."""
+    base = torch.from_numpy(block.bytes)
+    if dtype != torch.uint8:
+        base = base.view(dtype)
+    return base.as_strided(shape, stride, offset)
+
+
+# --- the torch.cuda objects ---------------------------------------------------------------
+
+class EmulatedStream:
+    """torch.cuda.Stream on the sim: one device stream."""
+
+    def __init__(self, emulation, device_stream, priority: int = 0):
+        self._emulation = emulation
+        self.device_stream = device_stream
+        self.device_index = device_stream.device_index
+        self.device = torch.device("cuda", self.device_index)
+        self.priority = priority
+        self.stream_id = device_stream.id
+        self.device_type = 1  # CUDA's DeviceType
+        self.cuda_stream = 0 if device_stream.id == 0 else 0x5C0000 + device_stream.id
+
+    def wait_event(self, event) -> None:
+        self._emulation.enter()
+        event._wait(self)
+
+    def wait_stream(self, stream) -> None:
+        # torch: record an event on `stream` now, then wait for it (covers work issued so far).
+        self._emulation.enter()
+        marker = self._emulation.device.event(name="wait_stream")
+        marker.record(stream.device_stream)
+        self.device_stream.wait_event(marker)
+
+    def record_event(self, event=None):
+        event = event if event is not None else EmulatedEvent()
+        event.record(self)
+        return event
+
+    def query(self) -> bool:
+        self._emulation.enter()
+        return self.device_stream.query()
+
+    def synchronize(self) -> None:
+        self._emulation.enter()
+        self.device_stream.synchronize()
+
+    def __enter__(self):
+        self._context = stream(self)
+        return self._context.__enter__()
+
+    def __exit__(self, *exc):
+        return self._context.__exit__(*exc)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, EmulatedStream) and other.device_stream is self.device_stream
+
+    def __hash__(self) -> int:
+        return hash(self.device_stream.id)
+
+    def __repr__(self) -> str:
+        return f"<torch.cuda.Stream device=cuda:{self.device_index} cuda_stream={self.cuda_stream:#x} (sim: " \
+               f"{self.device_stream.name})>"
+
+
+class EmulatedEvent:
+    """torch.cuda.Event on the sim."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
+        self._emulation = active()
+        self._event = None  # created at the first record, as torch creates cudaEvent_t lazily
+        self.enable_timing = enable_timing
+
+    def _device_event(self):
+        if self._event is None:
+            self._event = self._emulation.device.event()
+        return self._event
+
+    def record(self, stream=None) -> None:
+        emulation = self._emulation
+        emulation.enter()
+        stream = stream if stream is not None else emulation.current_stream()
+        self._device_event().record(stream.device_stream)
+
+    def _wait(self, stream) -> None:
+        if self._event is not None:  # waiting on a never-recorded event is a no-op (CUDA)
+            stream.device_stream.wait_event(self._event)
+
+    def wait(self, stream=None) -> None:
+        self._emulation.enter()
+        self._wait(stream if stream is not None else self._emulation.current_stream())
+
+    def query(self) -> bool:
+        self._emulation.enter()
+        return True if self._event is None else self._event.query()
+
+    def synchronize(self) -> None:
+        self._emulation.enter()
+        if self._event is not None:
+            self._event.synchronize()
+
+    def elapsed_time(self, end) -> float:
+        """Sim time between the two records, in milliseconds of 1 µs per scheduler step."""
+        emulation = self._emulation
+        emulation.enter()
+        if not self.enable_timing or not end.enable_timing:
+            raise RuntimeError("Both events must be created with argument 'enable_timing=True'.")
+        if self._event is None or end._event is None:
+            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
+        start, stop = emulation.record_time(self._event), emulation.record_time(end._event)
+        if start is None or stop is None:
+            raise RuntimeError("CUDA error: device not ready (an event has not completed; synchronize it first)")
+        return (stop - start) / 1000.0
+
+    def __repr__(self) -> str:
+        return "<torch.cuda.Event (sim)>" if self._event is None else f"<torch.cuda.Event (sim: {self._event.name})>"
+
+
+class EmulatedGenerator:
+    """torch.Generator(device="cuda"): a seed and an offset; each random operator issued with it
+    takes the next offset, so its values depend on issue order only, never on the schedule."""
+
+    def __init__(self, device_index: int = 0, seed: int = CUDA_DEFAULT_SEED):
+        self.device = torch.device("cuda", device_index)
+        self._seed = seed
+        self._offset = 0
+
+    def manual_seed(self, seed):
+        self._seed = int(seed) & ((1 << 64) - 1)
+        self._offset = 0
+        return self
+
+    def seed(self) -> int:
+        self.manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
+        return self._seed
+
+    def initial_seed(self) -> int:
+        return self._seed
+
+    def get_state(self):
+        return torch.tensor(list(self._seed.to_bytes(8, "little") + self._offset.to_bytes(8, "little")),
+                            dtype=torch.uint8)
+
+    def set_state(self, state) -> "EmulatedGenerator":
+        data = bytes(state.tolist())
+        self._seed, self._offset = int.from_bytes(data[:8], "little"), int.from_bytes(data[8:16], "little")
+        return self
+
+    def graphsafe_get_state(self):
+        return self.get_state()
+
+    def next_cpu_generator(self):
+        """A CPU generator for one random operator, seeded from (seed, offset)."""
+        seed = zlib.crc32(self._offset.to_bytes(8, "little"), self._seed & 0xFFFFFFFF) | (self._seed >> 32) << 32
+        self._offset += 1
+        return torch.Generator().manual_seed(seed & ((1 << 63) - 1))
+
+
+class _GeneratorType(type):
+    def __instancecheck__(cls, obj):
+        return isinstance(obj, (_REAL_GENERATOR, EmulatedGenerator))
+
+
+_REAL_GENERATOR = torch.Generator
+
+
+class Generator(metaclass=_GeneratorType):
+    """torch.Generator while emulating: `device="cuda"` makes an EmulatedGenerator."""
+
+    def __new__(cls, device="cpu"):
+        device = torch.device(device)
+        if device.type == "cuda":
+            emulation = active()
+            return EmulatedGenerator(emulation.device_index(device))
+        return _REAL_GENERATOR(device)
+
+
+class DeviceProperties:
+    """torch.cuda.get_device_properties on the sim: an H100-like device that says it is emulated."""
+
+    def __init__(self, index: int):
+        self.name = "streamcheck sim (emulated CUDA device)"
+        self.major, self.minor = 9, 0
+        self.total_memory = TOTAL_MEMORY
+        self.multi_processor_count = 132
+        self.is_integrated = 0
+        self.is_multi_gpu_board = 0
+        self.L2_cache_size = 50 * (1 << 20)
+        self.warp_size = 32
+        self.max_threads_per_multi_processor = 2048
+        self.regs_per_multiprocessor = 65536
+        self.uuid = f"sim-{index}"
+        self.index = index
+
+    def __repr__(self) -> str:
+        return (f"_CudaDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, "
+                f"total_memory={self.total_memory // (1 << 20)}MB, multi_processor_count="
+                f"{self.multi_processor_count})")
+
+
+class EmulatedGraph:
+    """torch.cuda.CUDAGraph on the sim's capture."""
+
+    def __init__(self, keep_graph: bool = False):
+        self._emulation = active()
+        self._graph = None
+        self._stream = None
+        self._pool = None
+
+    def capture_begin(self, pool=None, capture_error_mode: str = "global") -> None:
+        emulation = self._emulation
+        emulation.enter()
+        self._stream = emulation.current_stream()
+        self._pool = pool if pool is not None else emulation.new_pool()
+        self._stream.device_stream.begin_capture(capture_error_mode)
+        emulation.capture_pools[self._stream.device_stream.id] = self._pool
+
+    def capture_end(self) -> None:
+        emulation = self._emulation
+        emulation.enter()
+        try:
+            self._graph = self._stream.device_stream.end_capture()
+        finally:
+            emulation.capture_pools.pop(self._stream.device_stream.id, None)
+
+    def replay(self) -> None:
+        emulation = self._emulation
+        emulation.enter()
+        if self._graph is None:
+            raise RuntimeError("CUDAGraph::replay: called before a successful capture")
+        self._graph.launch(emulation.current_stream().device_stream)
+
+    def reset(self) -> None:
+        self._graph = None
+
+    def pool(self):
+        return self._pool
+
+    def enable_debug_mode(self) -> None:
+        pass
+
+    def debug_dump(self, path) -> None:
+        raise EmulationError(f"CUDAGraph.debug_dump at {caller_site()}: the sim has no CUDA graph to dump")
+
+
+class graph:
+    """torch.cuda.graph on the sim: synchronize, capture on the capture stream, end the capture."""
+
+    default_capture_stream = None
+
+    def __init__(self, cuda_graph, pool=None, stream=None, capture_error_mode: str = "global"):
+        emulation = active()
+        if stream is None:
+            if graph.default_capture_stream is None or graph.default_capture_stream._emulation is not emulation:
+                graph.default_capture_stream = emulation.new_stream()
+            stream = graph.default_capture_stream
+        self.cuda_graph, self.pool, self.capture_stream, self.mode = cuda_graph, pool, stream, capture_error_mode
+
+    def __enter__(self):
+        emulation = active()
+        emulation.synchronize()  # torch synchronizes the device before a capture
+        self._context = stream(self.capture_stream)
+        self._context.__enter__()
+        self.cuda_graph.capture_begin(self.pool, capture_error_mode=self.mode)
+
+    def __exit__(self, *exc):
+        try:
+            self.cuda_graph.capture_end()
+        finally:
+            self._context.__exit__(*exc)
+
+
+class stream:
+    """torch.cuda.stream(s) on the sim: `s` is the current stream (of its device) inside."""
+
+    def __init__(self, s):
+        self.s = s
+
+    def __enter__(self):
+        if self.s is None:
+            return None
+        emulation = active()
+        self._previous = emulation.current_stream(self.s.device_index)
+        self._device = emulation.current_device()
+        emulation.set_current_device(self.s.device_index)
+        emulation.set_current_stream(self.s)
+        return self.s
+
+    def __exit__(self, *exc):
+        if self.s is None:
+            return
+        emulation = active()
+        emulation.set_current_stream(self._previous)
+        emulation.set_current_device(self._device)
+
+
+class device:
+    """torch.cuda.device(i) on the sim."""
+
+    def __init__(self, index):
+        self.index = index
+
+    def __enter__(self):
+        emulation = active()
+        self._previous = emulation.current_device()
+        if self.index is not None:
+            emulation.set_current_device(emulation.device_index(self.index))
+
+    def __exit__(self, *exc):
+        active().set_current_device(self._previous)
+
+
+# --- the emulation ------------------------------------------------------------------------
+
+class Emulation:
+    """One emulated run: the sim Device, torch's streams over its streams, the allocator, the
+    generators, what was refused. Enter it with `with Emulation(device):`."""
+
+    def __init__(self, device):
+        self.device = device
+        self.allocator = CachingAllocator(device)
+        self.notices: list = []
+        self.capture_pools: dict = {}  # capturing device stream id -> graph pool
+        self._pools = 0
+        self._streams = 0
+        self._legacies = [EmulatedStream(self, legacy) for legacy in device.legacies]
+        self._current: dict = {}  # (thread ident, device index) -> EmulatedStream
+        self._current_device: dict = {}  # thread ident -> device index
+        self.generators = [EmulatedGenerator(k) for k in range(device.devices)]
+        self._meta: dict = {}  # operator signature -> output layout, or None if it has none
+        self._undo: list = []
+        self._mode = None
+
+    # --- entering and leaving ------------------------------------------------------------
+    def __enter__(self):
+        global _active
+        if _active is not None:
+            raise EmulationError("an emulation is already running in this process")
+        _active = self
+        import torch._dynamo  # noqa: F401  (loaded before the patches: meta kernels import it, and its
+        # trace rules index torch.cuda's functions by name)
+        self._patch_torch()
+        self._mode = _FactoryMode(self)
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        global _active
+        try:
+            self._mode.__exit__(*exc)
+        finally:
+            for undo in reversed(self._undo):
+                undo()
+            self._undo.clear()
+            _active = None
+            graph.default_capture_stream = None
+
+    def enter(self) -> None:
+        """Every entry point: record the frees of tensors that died since the last one."""
+        if self.allocator._dead:
+            self.allocator.collect()
+
+    def notice(self, text: str) -> None:
+        if text not in self.notices:
+            self.notices.append(text)
+
+    # --- devices and streams -------------------------------------------------------------
+    def device_index(self, where) -> int:
+        if isinstance(where, int):
+            index = where
+        else:
+            where = torch.device(where) if not isinstance(where, torch.device) else where
+            if where.type != "cuda":
+                raise EmulationError(f"{where} is not a CUDA device")
+            index = where.index if where.index is not None else self.current_device()
+        if not 0 <= index < self.device.devices:
+            raise RuntimeError(f"CUDA error: invalid device ordinal (cuda:{index}; the sim emulates "
+                               f"{self.device.devices} device(s): streamcheck run --devices N for more)")
+        return index
+
+    def current_device(self) -> int:
+        return self._current_device.get(threading.get_ident(), 0)
+
+    def set_current_device(self, index) -> None:
+        self._current_device[threading.get_ident()] = self.device_index(index)
+
+    def current_stream(self, index=None) -> EmulatedStream:
+        index = self.current_device() if index is None else self.device_index(index)
+        found = self._current.get((threading.get_ident(), index))
+        return found if found is not None else self._legacies[index]
+
+    def default_stream(self, index=None) -> EmulatedStream:
+        return self._legacies[self.current_device() if index is None else self.device_index(index)]
+
+    def set_current_stream(self, s) -> None:
+        if s is not None:
+            self._current[(threading.get_ident(), s.device_index)] = s
+
+    def new_stream(self, device=None, priority: int = 0) -> EmulatedStream:
+        self.enter()
+        index = self.current_device() if device is None else self.device_index(device)
+        self._streams += 1
+        # torch's pool streams are non-blocking (cudaStreamNonBlocking): no join with the legacy stream.
+        return EmulatedStream(self, self.device.stream(name=f"s{self._streams}", kind="non_blocking",
+                                                       priority=int(priority), device=index), priority)
+
+    def new_pool(self) -> tuple:
+        self._pools += 1
+        return (0, self._pools)
+
+    def synchronize(self, device=None) -> None:
+        self.enter()
+        self.device.synchronize(None if device is None else self.device_index(device))
+
+    def record_time(self, event) -> Optional[int]:
+        """The scheduler step at which `event`'s last record executed, or None."""
+        times = getattr(self.device.backend, "op_times", {})
+        index = getattr(event, "_last_record_index", None)
+        if index is None:
+            for i in range(len(self.device.trace.ops) - 1, -1, -1):
+                op = self.device.trace.ops[i]
+                if type(op).__name__ == "EventRecord" and op.event == event.id:
+                    index = i
+                    break
+        span = times.get(index)
+        return None if span is None else span[1]
+
+    def sleep(self, cycles: int) -> None:
+        """torch.cuda._sleep: the current stream spins; on the sim, held for host steps."""
+        self.enter()
+        steps = max(1, min(64, int(cycles) // SLEEP_CYCLES_PER_STEP))
+        self.device.launch(_spin, stream=self.current_stream().device_stream, name="torch.cuda._sleep",
+                           hold=steps)
+
+    # --- allocation ----------------------------------------------------------------------
+    def empty(self, shape, stride, dtype, index: int, stream=None) -> CudaTensor:
+        """A fresh tensor on cuda:index from the caching allocator, filed under `stream`."""
+        s = stream if stream is not None else self.current_stream(index)
+        nbytes = _elements(shape, stride) * torch.empty((), dtype=dtype).element_size()
+        pool = self.capture_pools.get(self._capturing_root(s.device_stream))
+        block = self.allocator.allocate(nbytes, s.device_stream, pool=pool)
+        return CudaTensor(_typed(block, dtype, shape, stride), block, torch.device("cuda", index))
+
+    def _capturing_root(self, device_stream):
+        """The id of the stream whose capture `device_stream` takes part in (its graph's origin)."""
+        tracker = self.device.capture_tracker
+        if not tracker.active:
+            return None
+        graph_id = tracker.capturing(device_stream.id)
+        if graph_id is None:
+            return None
+        for sid in self.capture_pools:
+            if tracker.capturing(sid) == graph_id:
+                return sid
+        return None
+
+    def pinned(self, shape, stride, dtype) -> PinnedTensor:
+        self.enter()
+        nbytes = _elements(shape, stride) * torch.empty((), dtype=dtype).element_size()
+        buffer = self.device.alloc((rounded(nbytes),), "uint8", name="pinned host tensor", fill=0)
+        block = _HostBlock(buffer)
+        return PinnedTensor(_typed(block, dtype, shape, stride), block)
+
+    # --- operators -----------------------------------------------------------------------
+    def dispatch(self, func, args, kwargs):
+        self.enter()
+        schema = operator_schema(func)
+        if schema.view:
+            return self._view(func, args, kwargs)
+        name = schema.name
+        if name == "aten.record_stream.default":
+            return self._record_stream(args[0], args[1])
+        flat, spec = tree_flatten((args, kwargs))
+        cuda = next((v for v in flat if type(v) is CudaTensor), None)
+        target = _target_device(kwargs)
+        if cuda is None and (target is None or target.type != "cuda"):
+            return self._host_op(func, name, args, kwargs, flat, spec)
+        index = cuda.device.index if cuda is not None else self.device_index(target)
+        return self._device_op(func, schema, name, flat, spec, index, args, kwargs)
+
+    def _view(self, func, args, kwargs):
+        """A view shares its base's block: metadata only, no kernel."""
+        base = args[0] if args else next(v for v in kwargs.values() if _emulated(v))
+        flat, spec = tree_flatten((args, kwargs))
+        inner_args, inner_kwargs = tree_unflatten([_inner(v) for v in flat], spec)
+        out = func(*inner_args, **inner_kwargs)
+        cls, block, dev = type(base), base._block, base.device
+        leaves, out_spec = tree_flatten(out)
+        return tree_unflatten([cls(v, block, dev) if isinstance(v, torch.Tensor) else v for v in leaves], out_spec)
+
+    def _record_stream(self, tensor, s) -> None:
+        if type(tensor) is CudaTensor:
+            self.record_stream(tensor, s)
+
+    def record_stream(self, tensor, s) -> None:
+        """`tensor.record_stream(s)`: the block's free waits for `s` (torch's allocator rule)."""
+        used_on = tensor._block.used_on
+        if all(existing is not s.device_stream for existing in used_on):
+            used_on.append(s.device_stream)
+
+    def _host_op(self, func, name, args, kwargs, flat, spec):
+        """Only host tensors (pinned ones among them): the host does it now."""
+        reads, writes = [], []
+        for t, written in operator_accesses(func, args, kwargs):
+            if type(t) is PinnedTensor:
+                region = _region(t)
+                if region is not None:
+                    (writes if written else reads).append(region)
+        if reads or writes:
+            self.device.host_access(reads=reads, writes=writes, name=name)
+        inner_args, inner_kwargs = tree_unflatten([_inner(v) for v in flat], spec)
+        out = func(*inner_args, **inner_kwargs)
+        return self._returned(out, args, kwargs, func)
+
+    def _returned(self, out, args, kwargs, func):
+        """The inner result of an in-place/out= operator as the emulated argument it wrote."""
+        written = [t for t, w in operator_accesses(func, args, kwargs) if w and _emulated(t)]
+        if not written:
+            return out
+        leaves, out_spec = tree_flatten(out)
+        mapped = []
+        for v in leaves:
+            if isinstance(v, torch.Tensor):
+                same = next((w for w in written if w._inner is v or _same_view(w._inner, v)), None)
+                mapped.append(same if same is not None else v)
+            else:
+                mapped.append(v)
+        return tree_unflatten(mapped, out_spec)
+
+    def _device_op(self, func, schema, name, flat, spec, index, args, kwargs):
+        s = self.current_stream(index)
+        non_blocking = bool(kwargs.get("non_blocking", False)) or (
+            name == "aten.copy_.default" and len(args) > 2 and bool(args[2]))
+        reads, writes, host_sides = [], [], []
+        for t, written in operator_accesses(func, args, kwargs):
+            if _emulated(t):
+                region = _region(t)
+                if region is not None:
+                    (writes if written else reads).append(region)
+                if type(t) is PinnedTensor:
+                    host_sides.append("pinned")
+            elif isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.dim() > 0:
+                host_sides.append("pageable")
+        target = _target_device(kwargs)
+        to_host = name == "aten._to_copy.default" and target is not None and target.type == "cpu"
+        if to_host:
+            host_sides.append("pinned" if non_blocking else "pageable")
+        layout = self._layout(func, flat, spec, index, to_host)
+        inner_flat = [self._staged(v) for v in flat]
+        inner_args, inner_kwargs = tree_unflatten(inner_flat, spec)
+        if target is not None:
+            inner_kwargs = dict(inner_kwargs, device=torch.device("cpu"))
+            inner_kwargs.pop("pin_memory", None)
+        if layout is None:
+            return self._host_result(func, name, s, reads, inner_args, inner_kwargs)
+        fresh, out_leaves = [], []
+        for item in layout.leaves:
+            if item is None or not isinstance(item, tuple):
+                out_leaves.append(item)
+                continue
+            shape, stride, dtype = item
+            if to_host:
+                t = self.pinned(shape, stride, dtype) if non_blocking else torch.empty_strided(shape, stride,
+                                                                                             dtype=dtype)
+            else:
+                t = self.empty(shape, stride, dtype, index, s)
+            fresh.append(t)
+            out_leaves.append(t)
+            region = _region(t) if _emulated(t) else None
+            if region is not None:
+                writes.append(region)
+        written = {(r.buffer.id, r.start, r.stop) for r in writes}
+        reads = [r for r in reads if (r.buffer.id, r.start, r.stop) not in written]
+        generator = self._generator_for(func, inner_kwargs, index)
+        targets = [_inner(t) for t in fresh]
+        self.device.launch(_Kernel(func, inner_args, inner_kwargs, targets, generator), stream=s.device_stream,
+                           reads=reads, writes=writes, name=name)
+        if host_sides and not (non_blocking and all(side == "pinned" for side in host_sides)):
+            s.device_stream.synchronize()  # pageable memory, or a blocking copy: the host waits
+        if layout.in_place:
+            return self._written_result(func, args, kwargs, layout, out_leaves)
+        return tree_unflatten(out_leaves, layout.spec)
+
+    def _written_result(self, func, args, kwargs, layout, out_leaves):
+        written = iter([t for t, w in operator_accesses(func, args, kwargs) if w])
+        leaves = [next(written) if item == "written" else leaf for item, leaf in zip(layout.leaves, out_leaves)]
+        return tree_unflatten(leaves, layout.spec)
+
+    def _staged(self, value):
+        """What a kernel gets for an argument: emulated tensors' CPU views; a pageable host
+        tensor copied now (cudaMemcpyAsync stages pageable memory before it returns)."""
+        if type(value) is CudaTensor or type(value) is PinnedTensor:
+            return value._inner
+        if isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.dim() > 0:
+            return value.clone()
+        if isinstance(value, EmulatedGenerator):
+            return value
+        return value
+
+    def _generator_for(self, func, inner_kwargs, index):
+        """The CPU generator a random operator runs with, taken now (issue order)."""
+        given = inner_kwargs.get("generator")
+        if isinstance(given, EmulatedGenerator):
+            return given.next_cpu_generator()
+        if torch.Tag.nondeterministic_seeded in func.tags:
+            return self.generators[index].next_cpu_generator()
+        return None
+
+    def _host_result(self, func, name, s, reads, inner_args, inner_kwargs):
+        """An operator whose result the host needs now (`.item()`, `nonzero`, `equal`): it runs on
+        the stream, and the host waits for the stream (cudaMemcpy to the host, then a sync)."""
+        cell = []
+        self.device.launch(_Kernel(func, inner_args, inner_kwargs, (), None, cell), stream=s.device_stream,
+                           reads=reads, writes=(), name=name)
+        s.device_stream.synchronize()
+        result = cell[0]
+        leaves, out_spec = tree_flatten(result)
+        if not any(isinstance(v, torch.Tensor) for v in leaves):
+            return result
+        # A data-dependent shape (nonzero, masked_select): the result lands in device memory.
+        out = []
+        for v in leaves:
+            if isinstance(v, torch.Tensor):
+                t = self.empty(tuple(v.shape), tuple(v.stride()), v.dtype, s.device_index, s)
+                self.device.launch(_Kernel(torch.Tensor.copy_, (t._inner, v), {}, (), None), stream=s.device_stream,
+                                   writes=[r for r in [_region(t)] if r is not None], name=name)
+                out.append(t)
+            else:
+                out.append(v)
+        return tree_unflatten(out, out_spec)
+
+    def _layout(self, func, flat, spec, index, to_host):
+        """What the operator returns, from its meta kernel: (shape, stride, dtype) per fresh tensor,
+        "written" for an argument it returns, a plain value otherwise. None: the host needs the
+        result (a scalar, a data-dependent shape). Cached per signature (meta is slow)."""
+        key = _signature(func, flat)
+        found = self._meta.get(key, _MISSING) if key is not None else _MISSING
+        if found is not _MISSING:
+            return found
+        layout = self._meta_layout(func, flat, spec, to_host)
+        if key is not None:
+            self._meta[key] = layout
+        return layout
+
+    def _meta_layout(self, func, flat, spec, to_host):
+        meta_flat = []
+        for v in flat:
+            if _emulated(v):
+                meta_flat.append(torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta"))
+            elif isinstance(v, torch.Tensor) and v.device.type == "cpu" and v.dim() > 0:
+                meta_flat.append(torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta"))
+            elif isinstance(v, torch.device) and v.type in ("cuda", "cpu"):
+                meta_flat.append(torch.device("meta"))
+            elif isinstance(v, EmulatedGenerator):
+                meta_flat.append(None)
+            else:
+                meta_flat.append(v)
+        meta_args, meta_kwargs = tree_unflatten(meta_flat, spec)
+        meta_kwargs = {k: v for k, v in meta_kwargs.items() if k != "pin_memory"}
+        try:
+            out = func(*meta_args, **meta_kwargs)
+        except NotImplementedError:
+            self._require_cpu_kernel(func)
+            return None
+        except RuntimeError as exc:
+            if "data-dependent" in str(exc) or "meta" in str(exc).lower() or "item()" in str(exc):
+                self._require_cpu_kernel(func)
+                return None
+            raise
+        written_metas = [m for m, v in zip(meta_flat, flat) if isinstance(m, torch.Tensor)]
+        leaves, out_spec = tree_flatten(out)
+        items, in_place = [], False
+        schema = func._schema
+        returns = list(schema.returns)
+        for i, v in enumerate(leaves):
+            if isinstance(v, torch.Tensor):
+                ret = returns[i] if i < len(returns) else None
+                aliased = ret is not None and ret.alias_info is not None and ret.alias_info.is_write
+                if aliased or any(v is m for m in written_metas):
+                    items.append("written")
+                    in_place = True
+                else:
+                    items.append((tuple(v.shape), tuple(v.stride()), v.dtype))
+            else:
+                return None  # a value the host reads: the stream must have produced it
+        return _Layout(items, out_spec, in_place)
+
+    def _require_cpu_kernel(self, func) -> None:
+        name = func.name()
+        if torch._C._dispatch_has_kernel_for_dispatch_key(name, "CPU") or \
+                torch._C._dispatch_has_kernel_for_dispatch_key(name, "CompositeExplicitAutograd") or \
+                torch._C._dispatch_has_kernel_for_dispatch_key(name, "CompositeImplicitAutograd"):
+            return
+        raise EmulationError(f"operator `{name}` at {caller_site()} has no CPU implementation, so the sim cannot "
+                             "run it (a custom CUDA kernel or extension); register a CPU implementation of it "
+                             "(torch.library's register_kernel(..., 'cpu')) or check this program on a GPU "
+                             "(streamcheck run --backend gpu)")
+
+    # --- advanced indexing --------------------------------------------------------------
+    def gather(self, source, index):
+        """`x[tensor index]`: a gather kernel on the current stream. A boolean mask has a
+        data-dependent shape: the host waits for the stream first, as CUDA's nonzero does."""
+        s = self.current_stream(source.device.index)
+        reads = [r for r in [_region(source)] + [_region(t) for t in _index_tensors(index) if _emulated(t)] if r]
+        inner_index = _inner_index(index)
+        if any(t.dtype == torch.bool for t in _index_tensors(index)):
+            cell = []
+            self.device.launch(_Kernel(torch.Tensor.__getitem__, (source._inner, inner_index), {}, (), None, cell),
+                               stream=s.device_stream, reads=reads, name="aten.index.Tensor")
+            s.device_stream.synchronize()
+            value = cell[0]
+            out = self.empty(tuple(value.shape), tuple(value.stride()), value.dtype, s.device_index, s)
+            self.device.launch(_Kernel(torch.Tensor.copy_, (out._inner, value), {}, (), None),
+                               stream=s.device_stream, writes=[r for r in [_region(out)] if r], name="aten.index.Tensor")
+            return out
+        meta = torch.empty_strided(source.shape, source.stride(), dtype=source.dtype, device="meta")
+        shape = meta[_inner_index(index, to_meta=True)]
+        out = self.empty(tuple(shape.shape), tuple(shape.stride()), shape.dtype, s.device_index, s)
+        self.device.launch(_Kernel(torch.Tensor.__getitem__, (source._inner, inner_index), {}, [out._inner], None),
+                           stream=s.device_stream, reads=reads, writes=[r for r in [_region(out)] if r],
+                           name="aten.index.Tensor")
+        return out
+
+    def scatter(self, target, index, value):
+        """`x[tensor index] = value`: an index_put_ kernel on the current stream."""
+        s = self.current_stream(target.device.index)
+        reads = [r for r in [_region(t) for t in _index_tensors(index) if _emulated(t)] if r]
+        if _emulated(value):
+            reads += [r for r in [_region(value)] if r]
+        inner_value = self._staged(value) if isinstance(value, torch.Tensor) else value
+        self.device.launch(_Kernel(torch.Tensor.__setitem__, (target._inner, _inner_index(index), inner_value), {},
+                                   (), None), stream=s.device_stream, reads=reads,
+                           writes=[r for r in [_region(target)] if r], name="aten.index_put_.default")
+
+    # --- host <-> device ---------------------------------------------------------------
+    def to_device(self, source, index: int, dtype=None, non_blocking: bool = False, copy: bool = False):
+        """A host tensor copied to cuda:index on the current stream (`.cuda()`, `.to("cuda")`,
+        a factory's `device="cuda"`): from pageable memory, staged now and waited for."""
+        self.enter()
+        if dtype is not None and dtype != source.dtype:
+            source = source.to(dtype)
+        src = source.contiguous() if not source.is_contiguous() else source
+        s = self.current_stream(index)
+        t = self.empty(tuple(src.shape), tuple(src.stride()), src.dtype, index, s)
+        region = _region(t)
+        if type(source) is PinnedTensor:
+            read = _region(source)
+            self.device.launch(_Kernel(torch.Tensor.copy_, (t._inner, source._inner), {}, (), None),
+                               stream=s.device_stream, reads=[read] if read else [],
+                               writes=[region] if region else [], name="aten._to_copy.default")
+            if not non_blocking:
+                s.device_stream.synchronize()
+        else:
+            staged = src.detach().clone()
+            self.device.launch(_Kernel(torch.Tensor.copy_, (t._inner, staged), {}, (), None),
+                               stream=s.device_stream, writes=[region] if region else [],
+                               name="aten._to_copy.default")
+            s.device_stream.synchronize()  # from pageable memory: synchronous, as on CUDA
+        if source.requires_grad:
+            t.requires_grad_(True)
+        return t
+
+    def factory(self, func, args, kwargs, index: int):
+        """`torch.zeros(..., device="cuda")` & co.: computed on the host now (random ones with the
+        device's generator, at issue), written into a fresh block by a kernel on the current stream."""
+        self.enter()
+        cpu_kwargs = dict(kwargs, device="cpu")
+        cpu_kwargs.pop("pin_memory", None)
+        requires_grad = bool(cpu_kwargs.pop("requires_grad", False))
+        generator = cpu_kwargs.get("generator")
+        if isinstance(generator, EmulatedGenerator):
+            cpu_kwargs["generator"] = generator.next_cpu_generator()
+            value = func(*args, **cpu_kwargs)
+        elif getattr(func, "__name__", "") in _RANDOM_FACTORIES:
+            cpu_kwargs["generator"] = self.generators[index].next_cpu_generator()
+            try:
+                value = func(*args, **cpu_kwargs)
+            except TypeError:  # a factory without a generator argument: the global CPU one
+                cpu_kwargs.pop("generator")
+                value = func(*args, **cpu_kwargs)
+        else:
+            value = func(*args, **cpu_kwargs)
+        if not isinstance(value, torch.Tensor):
+            return value
+        s = self.current_stream(index)
+        value = value.contiguous()
+        t = self.empty(tuple(value.shape), tuple(value.stride()), value.dtype, index, s)
+        region = _region(t)
+        self.device.launch(_Kernel(torch.Tensor.copy_, (t._inner, value), {}, (), None), stream=s.device_stream,
+                           writes=[region] if region else [], name=f"aten.{func.__name__}")
+        if func.__name__ in _COPYING_FACTORIES:
+            s.device_stream.synchronize()  # torch.tensor(data, device=...) copies from pageable memory
+        if requires_grad:
+            t.requires_grad_(True)
+        return t
+
+    def pinned_factory(self, func, args, kwargs):
+        """A factory with pin_memory=True: pinned host memory, written by the host now."""
+        cpu_kwargs = dict(kwargs)
+        cpu_kwargs.pop("pin_memory", None)
+        value = func(*args, **cpu_kwargs)
+        return self.pin(value)
+
+    def pin(self, value) -> PinnedTensor:
+        value = value.contiguous()
+        t = self.pinned(tuple(value.shape), tuple(value.stride()), value.dtype)
+        region = _region(t)
+        if region is not None:
+            self.device.host_access(writes=[region], name="pin_memory")
+        t._inner.copy_(value)
+        return t
+
+    # --- torch.cuda's patched surface ----------------------------------------------------
+    def _patch_torch(self) -> None:
+        cuda = torch.cuda
+        emu = self
+
+        def put(owner, name, value):
+            missing = object()
+            old = owner.__dict__.get(name, missing)
+            setattr(owner, name, value)
+
+            def undo():
+                if old is missing:
+                    delattr(owner, name)
+                else:
+                    setattr(owner, name, old)
+            self._undo.append(undo)
+
+        def stream_factory(device=None, priority=0, **kwargs):
+            if kwargs.get("stream_ptr") is not None or kwargs.get("stream_id") is not None:
+                raise EmulationError(f"torch.cuda.Stream(stream_id=...) at {caller_site()}: the sim makes its own "
+                                     "streams; create one with torch.cuda.Stream()")
+            return emu.new_stream(device, priority)
+
+        def external_stream(stream_ptr, device=None):
+            raise EmulationError(f"torch.cuda.ExternalStream at {caller_site()}: a stream another library made "
+                                 "(CuPy, a CUDA extension) does not exist on the sim; check this program on a GPU "
+                                 "(streamcheck run --backend gpu)")
+
+        def make_graphed_callables(*args, **kwargs):
+            raise EmulationError(f"torch.cuda.make_graphed_callables at {caller_site()} is not emulated; use "
+                                 "torch.cuda.graph / CUDAGraph (emulated), or check this program on a GPU "
+                                 "(streamcheck run --backend gpu)")
+
+        def memory_stat(table):
+            def read(device=None):
+                emu.enter()
+                return table.get(0 if device is None else emu.device_index(device), 0)
+            return read
+
+        alloc = self.allocator
+
+        def memory_stats(device=None):
+            index = 0 if device is None else emu.device_index(device)
+            emu.enter()
+            return {"allocated_bytes.all.current": alloc.allocated.get(index, 0),
+                    "allocated_bytes.all.peak": alloc.peak_allocated.get(index, 0),
+                    "reserved_bytes.all.current": alloc.reserved.get(index, 0),
+                    "reserved_bytes.all.peak": alloc.peak_reserved.get(index, 0)}
+
+        def reset_peaks(device=None):
+            index = 0 if device is None else emu.device_index(device)
+            alloc.peak_allocated[index] = alloc.allocated.get(index, 0)
+            alloc.peak_reserved[index] = alloc.reserved.get(index, 0)
+
+        def mem_get_info(device=None):
+            index = 0 if device is None else emu.device_index(device)
+            return TOTAL_MEMORY - alloc.reserved.get(index, 0), TOTAL_MEMORY
+
+        def manual_seed(seed, device=None):
+            emu.generators[emu.current_device() if device is None else emu.device_index(device)].manual_seed(seed)
+
+        def manual_seed_all(seed):
+            for g in emu.generators:
+                g.manual_seed(seed)
+
+        def get_rng_state(device="cuda"):
+            return emu.generators[emu.device_index(device)].get_state()
+
+        def set_rng_state(state, device="cuda"):
+            emu.generators[emu.device_index(device)].set_state(state)
+
+        def is_current_stream_capturing():
+            tracker = emu.device.capture_tracker
+            return bool(tracker.active and tracker.capturing(emu.current_stream().device_stream.id) is not None)
+
+        def compile_(model=None, **kwargs):
+            mode = kwargs.get("mode")
+            emu.notice("torch.compile under the sim: compiled functions run as eager operators (each ATen operator "
+                       "one sim launch, its reads and writes exact); Inductor's fused kernels are not emulated")
+            if mode in ("reduce-overhead", "max-autotune") or (kwargs.get("options") or {}).get("triton.cudagraphs"):
+                emu.notice(f"torch.compile(mode={mode!r}) under the sim: CUDA graph trees are not emulated, so "
+                           "their replays (and races between them) are not checked; run on a GPU for those")
+            if model is None:
+                return lambda fn: fn
+            return model
+
+        def refuse_backward(*args, **kwargs):
+            raise EmulationError(f"backward() at {caller_site()}: autograd is not emulated on the sim (torch's "
+                                 "engine asks a CPU-only build for a CUDA device guard and would abort the process); "
+                                 "check the forward pass here, or the backward pass on a GPU "
+                                 "(streamcheck run --backend gpu)")
+
+        surface = {
+            "is_available": lambda: True, "is_initialized": lambda: True, "init": lambda: None,
+            "_lazy_init": lambda: None, "device_count": lambda: self.device.devices,
+            "current_device": self.current_device, "set_device": self.set_current_device, "device": device,
+            "get_device_name": lambda device=None: DeviceProperties(0).name,
+            "get_device_capability": lambda device=None: (9, 0),
+            "get_device_properties": lambda device=None: DeviceProperties(
+                emu.current_device() if device is None else emu.device_index(device)),
+            "get_arch_list": lambda: ["sm_90"], "is_bf16_supported": lambda including_emulation=True: True,
+            "Stream": stream_factory, "ExternalStream": external_stream, "Event": EmulatedEvent,
+            "current_stream": lambda device=None: emu.current_stream(device),
+            "default_stream": lambda device=None: emu.default_stream(device),
+            "set_stream": self.set_current_stream, "stream": stream, "StreamContext": stream,
+            "synchronize": self.synchronize, "_sleep": self.sleep,
+            "CUDAGraph": EmulatedGraph, "graph": graph, "graph_pool_handle": self.new_pool,
+            "make_graphed_callables": make_graphed_callables,
+            "is_current_stream_capturing": is_current_stream_capturing,
+            "memory_allocated": memory_stat(alloc.allocated), "max_memory_allocated": memory_stat(alloc.peak_allocated),
+            "memory_reserved": memory_stat(alloc.reserved), "max_memory_reserved": memory_stat(alloc.peak_reserved),
+            "memory_stats": memory_stats, "reset_peak_memory_stats": reset_peaks,
+            "reset_max_memory_allocated": reset_peaks, "mem_get_info": mem_get_info,
+            "empty_cache": alloc.empty_cache, "ipc_collect": lambda: None,
+            "manual_seed": manual_seed, "manual_seed_all": manual_seed_all,
+            "seed": lambda: emu.generators[emu.current_device()].seed(),
+            "seed_all": lambda: [g.seed() for g in emu.generators] and None,
+            "initial_seed": lambda: emu.generators[emu.current_device()].initial_seed(),
+            "get_rng_state": get_rng_state, "set_rng_state": set_rng_state,
+        }
+        for name, value in surface.items():
+            put(cuda, name, value)
+        put(cuda.graphs, "graph", graph)
+        put(cuda.graphs, "CUDAGraph", EmulatedGraph)
+        def record_stream(tensor, s):
+            emu.enter()
+            if type(tensor) is CudaTensor:
+                emu.record_stream(tensor, s)
+
+        # torch's binding parses its argument as a C++ stream before any mode sees it.
+        put(torch.Tensor, "record_stream", record_stream)
+        put(torch, "Generator", Generator)
+        put(torch, "compile", compile_)
+        # One function object per name: Dynamo's trace rules refuse one object under two names.
+        put(torch.Tensor, "backward", functools.wraps(refuse_backward)(lambda *a, **k: refuse_backward()))
+        put(torch.autograd, "backward", functools.wraps(refuse_backward)(lambda *a, **k: refuse_backward()))
+        put(torch.autograd, "grad", functools.wraps(refuse_backward)(lambda *a, **k: refuse_backward()))
+        put(cuda, "nvtx", _Nvtx())
+        sys.meta_path.insert(0, _refuse_cupy)
+        self._undo.append(lambda: sys.meta_path.remove(_refuse_cupy))
+
+
+_MISSING = object()
+_RANDOM_FACTORIES = frozenset({"rand", "randn", "randint", "randperm", "normal", "rand_like", "randn_like",
+                               "randint_like", "bernoulli", "multinomial"})
+_COPYING_FACTORIES = frozenset({"tensor", "as_tensor", "asarray", "from_numpy"})
+
+
+def _spin(*_):
+    """torch.cuda._sleep's kernel: nothing to compute; the sim holds its stream."""
+
+
+def _same_view(a, b) -> bool:
+    return (a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() and a.shape == b.shape
+            and a.stride() == b.stride() and a.storage_offset() == b.storage_offset())
+
+
+def _target_device(kwargs):
+    value = kwargs.get("device")
+    if value is None:
+        return None
+    return value if isinstance(value, torch.device) else torch.device(value)
+
+
+def _signature(func, flat) -> Optional[tuple]:
+    """A hashable key of an operator call for the meta cache: tensors by layout, the rest by value."""
+    key = [func]
+    for v in flat:
+        if isinstance(v, torch.Tensor):
+            key.append((type(v), tuple(v.shape), v.stride(), v.dtype, v.device.type))
+        elif isinstance(v, EmulatedGenerator):
+            key.append("generator")
+        else:
+            key.append((type(v), v))
+    key = tuple(key)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+class _Layout:
+    __slots__ = ("leaves", "spec", "in_place")
+
+    def __init__(self, leaves, spec, in_place):
+        self.leaves = leaves
+        self.spec = spec
+        self.in_place = in_place
+
+
+class _Kernel:
+    """One operator's execution, run by the scheduler: on the CPU views of its blocks, writing its
+    fresh results into the blocks allocated for them (or into `cell` for the host)."""
+
+    __slots__ = ("func", "args", "kwargs", "targets", "generator", "cell", "__name__")
+
+    def __init__(self, func, args, kwargs, targets, generator, cell=None):
+        self.func, self.args, self.kwargs = func, args, kwargs
+        self.targets, self.generator, self.cell = targets, generator, cell
+        self.__name__ = getattr(func, "__name__", "kernel")
+
+    def __call__(self, *_):
+        kwargs = self.kwargs
+        if self.generator is not None:
+            if "generator" in kwargs or _takes_generator(self.func):
+                kwargs = dict(kwargs, generator=self.generator)
+                out = self.func(*self.args, **kwargs)
+            else:
+                state = torch.default_generator.get_state()
+                torch.default_generator.manual_seed(self.generator.initial_seed())
+                try:
+                    out = self.func(*self.args, **kwargs)
+                finally:
+                    torch.default_generator.set_state(state)
+        else:
+            out = self.func(*self.args, **kwargs)
+        if self.cell is not None:
+            self.cell.append(out)
+            return
+        if self.targets:
+            leaves = [v for v in tree_flatten(out)[0] if isinstance(v, torch.Tensor)]
+            fresh = [v for v in leaves if not any(v is a for a in self.args)]
+            for dst, src in zip(self.targets, fresh if len(fresh) == len(self.targets) else leaves):
+                dst.copy_(src)
+
+
+@functools.lru_cache(maxsize=None)
+def _takes_generator(func) -> bool:
+    schema = getattr(func, "_schema", None)
+    return schema is not None and any(a.name == "generator" for a in schema.arguments)
+
+
+class _HostBlock:
+    """Pinned host memory's block: a sim buffer (so the checker sees its bytes)."""
+
+    __slots__ = ("buffer", "bytes", "used_on", "__weakref__")
+
+    def __init__(self, buffer):
+        self.buffer = buffer
+        self.bytes = buffer.storage
+        self.used_on = []
+
+
+class _Nvtx:
+    """torch.cuda.nvtx: markers are no-ops on the sim."""
+
+    def range_push(self, msg):
+        return 0
+
+    def range_pop(self):
+        return 0
+
+    def mark(self, msg):
+        return None
+
+    @contextlib.contextmanager
+    def range(self, msg, *args, **kwargs):
+        yield
+
+
+class _RefuseCupy:
+    """CuPy cannot run on the sim: its kernels need a GPU. One line at the import."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "cupy" or name.startswith("cupy.") or name == "cupyx" or name.startswith("cupyx."):
+            raise EmulationError(f"import {name} under the sim: CuPy's kernels need a GPU and are not emulated; "
+                                 "check this program on a GPU (streamcheck run --backend gpu), or keep its torch "
+                                 "part apart")
+        return None
+
+
+_refuse_cupy = _RefuseCupy()
+
+
+class _FactoryMode(TorchFunctionMode):
+    """Factories and conversions a CPU-only torch refuses before dispatch: `device="cuda"`,
+    `.cuda()`, `.to("cuda")`, `pin_memory=True`, `.pin_memory()`, `record_stream(s)`."""
+
+    def __init__(self, emulation):
+        super().__init__()
+        self.emulation = emulation
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        handler = _METHODS.get(func)
+        if handler is not None:
+            return handler(self.emulation, func, args, kwargs)
+        device_arg = kwargs.get("device")
+        if device_arg is not None:
+            target = device_arg if isinstance(device_arg, torch.device) else _maybe_device(device_arg)
+            if target is not None and target.type == "cuda" and not any(type(a) is CudaTensor for a in args):
+                return self.emulation.factory(func, args, kwargs, self.emulation.device_index(target))
+        if kwargs.get("pin_memory"):
+            return self.emulation.pinned_factory(func, args, kwargs)
+        return func(*args, **kwargs)
+
+
+def _maybe_device(value):
+    if isinstance(value, (str, int)):
+        try:
+            return torch.device(value) if isinstance(value, str) else torch.device("cuda", value)
+        except RuntimeError:
+            return None
+    return None
+
+
+def _to(emulation, func, args, kwargs):
+    self = args[0]
+    if type(self) is CudaTensor:
+        return func(*args, **kwargs)
+    device_, dtype, non_blocking, _memory_format = torch._C._nn._parse_to(*args[1:], **kwargs)
+    if device_ is not None and device_.type == "cuda":
+        return emulation.to_device(self, emulation.device_index(device_), dtype, non_blocking)
+    return func(*args, **kwargs)
+
+
+def _cuda(emulation, func, args, kwargs):
+    self = args[0]
+    if type(self) is CudaTensor:
+        return self
+    where = args[1] if len(args) > 1 else kwargs.get("device")
+    index = emulation.current_device() if where is None else emulation.device_index(where)
+    return emulation.to_device(self, index, None, bool(kwargs.get("non_blocking", False)))
+
+
+def _pin_memory(emulation, func, args, kwargs):
+    self = args[0]
+    if type(self) is PinnedTensor:
+        return self
+    if type(self) is CudaTensor:
+        raise RuntimeError(f"cannot pin '{self.type()}' only dense CPU tensors can be pinned")
+    emulation.enter()
+    return emulation.pin(self)
+
+
+def _is_pinned(emulation, func, args, kwargs):
+    return type(args[0]) is PinnedTensor
+
+
+def _numpy(emulation, func, args, kwargs):
+    if type(args[0]) is CudaTensor:
+        raise TypeError(f"can't convert {args[0].device} device type tensor to numpy. Use Tensor.cpu() to copy the "
+                        "tensor to host memory first.")
+    return func(*args, **kwargs)
+
+
+def _tolist(emulation, func, args, kwargs):
+    self = args[0]
+    if type(self) is CudaTensor:
+        return self.cpu().tolist()  # a copy to the host, then a wait: CUDA's tolist
+    if type(self) is PinnedTensor:
+        emulation.enter()
+        region = _region(self)
+        if region is not None:
+            emulation.device.host_access(reads=[region], name="tolist")
+        return self._inner.tolist()
+    return func(*args, **kwargs)
+
+
+def _inner_index(index, to_meta: bool = False):
+    """An index with emulated tensors replaced by their CPU views (or meta stand-ins)."""
+    def one(v):
+        if _emulated(v) or isinstance(v, torch.Tensor):
+            inner = _inner(v)
+            return torch.empty_strided(inner.shape, inner.stride(), dtype=inner.dtype, device="meta") if to_meta \
+                else inner
+        if isinstance(v, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in v):
+            return type(v)(one(x) for x in v)
+        return v
+    return tuple(one(v) for v in index) if isinstance(index, tuple) else one(index)
+
+
+def _basic(index) -> bool:
+    """Ints, slices, None and Ellipsis only: indexing makes a view."""
+    items = index if isinstance(index, tuple) else (index,)
+    return all(v is None or v is Ellipsis or isinstance(v, (int, slice)) and not isinstance(v, bool)
+               for v in items)
+
+
+def _index_tensors(index) -> list:
+    items = index if isinstance(index, tuple) else (index,)
+    return [v for v in items if isinstance(v, torch.Tensor)]
+
+
+def _getitem(emulation, func, args, kwargs):
+    self, index = args
+    if not _emulated(self):
+        return func(*args, **kwargs)
+    emulation.enter()
+    if _basic(index):  # a view of the same bytes: no kernel (torch's indexing here needs a CUDA guard)
+        return type(self)(self._inner[index], self._block, self.device)
+    if type(self) is PinnedTensor:
+        region = _region(self)
+        emulation.device.host_access(reads=[region] if region else [], name="index")
+        return self._inner[_inner_index(index)]
+    return emulation.gather(self, index)
+
+
+def _setitem(emulation, func, args, kwargs):
+    self, index, value = args
+    if not _emulated(self):
+        return func(*args, **kwargs)
+    emulation.enter()
+    if _basic(index):
+        target = type(self)(self._inner[index], self._block, self.device)
+        if isinstance(value, torch.Tensor):
+            target.copy_(value)
+        else:
+            target.fill_(value)
+        return None
+    if type(self) is PinnedTensor:
+        region = _region(self)
+        emulation.device.host_access(writes=[region] if region else [], name="index_put_")
+        self._inner[_inner_index(index)] = _inner(value)
+        return None
+    return emulation.scatter(self, index, value)
+
+
+def _contiguous(emulation, func, args, kwargs):
+    # torch's composite `contiguous` takes a CUDA device guard a CPU-only build lacks: a clone does it.
+    self = args[0]
+    memory_format = args[1] if len(args) > 1 else kwargs.get("memory_format", torch.contiguous_format)
+    if not _emulated(self) or self.is_contiguous(memory_format=memory_format):
+        return func(*args, **kwargs)
+    return torch.Tensor.clone(self, memory_format=memory_format)
+
+
+def _where(emulation, func, args, kwargs):
+    # A Python scalar operand becomes a tensor on the condition's device in C++ (which a CPU-only
+    # build cannot allocate): a 0-d host tensor is what CUDA operators accept beside device ones.
+    args = tuple(torch.tensor(v) if isinstance(v, (int, float, bool)) else v for v in args)
+    kwargs = {k: torch.tensor(v) if isinstance(v, (int, float, bool)) else v for k, v in kwargs.items()}
+    return func(*args, **kwargs)
+
+
+def _nonzero(emulation, func, args, kwargs):
+    self = args[0]
+    if type(self) is not CudaTensor or kwargs.get("as_tuple") or len(args) > 1:
+        return func(*args, **kwargs)
+    return emulation.dispatch(torch.ops.aten.nonzero.default, (self,), {})
+
+
+def _copy(emulation, func, args, kwargs):
+    # torch's binding of copy_ takes a CUDA device guard when one side is on the host: straight to
+    # the operator, which the emulation dispatches like any other.
+    if not any(_emulated(a) for a in args):
+        return func(*args, **kwargs)
+    return torch.ops.aten.copy_.default(*args, **kwargs)
+
+
+def _data_ptr(emulation, func, args, kwargs):
+    self = args[0]
+    if not _emulated(self):
+        return func(*args, **kwargs)
+    return self._block.bytes.ctypes.data + self.storage_offset() * self.element_size()
+
+
+def _untyped_storage(emulation, func, args, kwargs):
+    self = args[0]
+    if not _emulated(self):
+        return func(*args, **kwargs)
+    return EmulatedStorage(emulation, self)
+
+
+class EmulatedStorage:
+    """`tensor.untyped_storage()` of an emulated tensor: its block. `resize_(0)` frees the block now
+    (FSDP's way of giving parameters back), as torch's allocator does: its bytes go back to the
+    stream's pool, and pending work on other streams races with the next owner."""
+
+    def __init__(self, emulation, tensor):
+        self._emulation = emulation
+        self._tensor = tensor
+        self.device = tensor.device
+
+    def data_ptr(self) -> int:
+        return self._tensor._block.bytes.ctypes.data
+
+    def nbytes(self) -> int:
+        return 0 if self._tensor._block.buffer.freed else self._tensor._block.buffer.nbytes
+
+    def size(self) -> int:
+        return self.nbytes()
+
+    def resize_(self, nbytes: int):
+        emulation = self._emulation
+        emulation.enter()
+        if nbytes == self.nbytes():
+            return self
+        if nbytes != 0:
+            raise EmulationError(f"untyped_storage().resize_({nbytes}) at {caller_site()}: the sim frees a block "
+                                 "(resize_(0)) but does not grow one; allocate a new tensor instead")
+        emulation.allocator.release(self._tensor._block)
+        return self
+
+    def __len__(self) -> int:
+        return self.nbytes()
+
+
+_METHODS = {
+    torch.Tensor.to: _to, torch.Tensor.cuda: _cuda, torch.Tensor.pin_memory: _pin_memory,
+    torch.Tensor.is_pinned: _is_pinned,
+    torch.Tensor.numpy: _numpy, torch.Tensor.tolist: _tolist, torch.Tensor.__getitem__: _getitem,
+    torch.Tensor.__setitem__: _setitem, torch.Tensor.contiguous: _contiguous, torch.where: _where,
+    torch.Tensor.where: _where, torch.nonzero: _nonzero, torch.Tensor.nonzero: _nonzero,
+    torch.Tensor.copy_: _copy, torch.Tensor.data_ptr: _data_ptr, torch.Tensor.untyped_storage: _untyped_storage,
+}
