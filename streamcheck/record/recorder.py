@@ -965,5 +965,13 @@ class Recorder:
     def thread_joined(self, child: int) -> None:
         self.record(T.ThreadJoin(self.tid(), self.site(), child=child))
 
+    def thread_hand_off(self, channel: int, what: str) -> None:
+        """The calling thread hands over through `channel` (host_handoffs.py: Event.set, a put, ...)."""
+        self.record(T.HandOff(self.tid(), self.site(), channel=channel, what=what))
+
+    def thread_take_over(self, channel: int, what: str) -> None:
+        """The calling thread takes over what `channel` handed over (a wait that returned True, ...)."""
+        self.record(T.TakeOver(self.tid(), self.site(), channel=channel, what=what))
+
 
 __all__ = ["Recorder", "Gpu", "current", "inside", "depth", "captured_work", "format_capture_errors"]

@@ -26,7 +26,7 @@ ADAPTERS = (
     ("torch_graphs", "torch"),  # torch.cuda.graph / CUDAGraph capture and replay
     ("torch_inductor", "torch"),  # torch.compile's kernels (Inductor's CachingAutotuner.run)
     ("triton_launch", "triton"),  # Triton's JITFunction.run (jit, autotune, heuristics)
-    ("threads", None),  # threading.Thread start / join
+    ("threads", None),  # threading.Thread start / join; host threads' hand-offs (host_handoffs.py)
 )
 LIBRARIES = ("cupy", "torch", "triton")
 

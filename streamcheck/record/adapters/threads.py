@@ -1,6 +1,9 @@
 """Host threads: threading.Thread.start and join are happens-before edges between the
 parent's and the child's host work (what the child issues is ordered after what the parent
-issued before start; what the parent issues after join, after everything the child did).
+issued before start; what the parent issues after join, after everything the child did). So
+are the threads' own hand-offs through threading.Event, queue.Queue, the program's Lock, RLock
+and Condition, and Barrier: the recording listens to streamcheck/host_handoffs.py (`install`),
+which says which calls are edges.
 
 Thread contexts (`add_context`: torch's dispatch mode) are per thread, so each thread that
 issues work must be inside them for the recording to see it:
@@ -27,9 +30,10 @@ from __future__ import annotations
 import sys
 import threading
 
+from ...host_handoffs import listen as listen_to_hand_offs
 from .. import recorder as R
 from ..gpu import is_suppressed
-from .patching import Patch, forwarding
+from .patching import Patch, forwarding, quiet
 
 # threading.setprofile_all_threads (Python >= 3.12) runs a function inside every running thread.
 REACHES_RUNNING_THREADS = hasattr(threading, "setprofile_all_threads")
@@ -206,6 +210,28 @@ def _join(orig):
             rec.thread_joined(child)
         return result
     return forwarding(orig, join)
+
+
+class HandOffs:
+    """Hears host_handoffs' hand-offs for recording `rec` while it is the one recording, outside
+    recorded operations and streamcheck's own work (patching.quiet)."""
+
+    def __init__(self, rec):
+        self.rec = rec
+
+    def hand_off(self, channel: int, what: str) -> None:
+        if R.current is self.rec and not quiet():
+            self.rec.thread_hand_off(channel, what)
+
+    def take_over(self, channel: int, what: str) -> None:
+        if R.current is self.rec and not quiet():
+            self.rec.thread_take_over(channel, what)
+
+
+def install(rec, patcher) -> None:
+    """Listen to the host threads' hand-offs until the recording stops."""
+    listener = rec.state["hand-offs"] = HandOffs(rec)  # held by the recording: host_handoffs holds it weakly
+    patcher.on_undo(listen_to_hand_offs(listener))
 
 
 def patches() -> tuple:
