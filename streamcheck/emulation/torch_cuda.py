@@ -1237,12 +1237,17 @@ class _Nvtx:
         yield
 
 
+class CupyUnderSim(EmulationError, ImportError):
+    """`import cupy` under the sim. An ImportError too, so a program that uses CuPy only when it
+    is installed (`try: import cupy / except ImportError`) takes its other path."""
+
+
 class _RefuseCupy:
     """CuPy cannot run on the sim: its kernels need a GPU. One line at the import."""
 
     def find_spec(self, name, path=None, target=None):
         if name == "cupy" or name.startswith("cupy.") or name == "cupyx" or name.startswith("cupyx."):
-            raise EmulationError(f"import {name} under the sim: CuPy's kernels need a GPU and are not emulated; "
+            raise CupyUnderSim(f"import {name} under the sim: CuPy's kernels need a GPU and are not emulated; "
                                  "check this program on a GPU (streamcheck run --backend gpu), or keep its torch "
                                  "part apart")
         return None
