@@ -508,18 +508,32 @@ def edit(ops, remove=frozenset(), swap=None, drop=frozenset(), swap_at=None) -> 
     device-side waits at the same point of the host's issue order."""
     swap = swap or {}
     swap_at = swap_at or {}
-    names = _Names()
+    by_key = bool(remove or swap)
+    if not by_key and not swap_at:  # occurrences dropped only: the common re-check, kept cheap
+        out = []
+        for index, op in enumerate(ops):
+            if index in drop:
+                if type(op) is not T.StreamCreate:
+                    continue
+                if StreamKind.parse(op.kind).joins_legacy:  # a legacy join removed: the stream made non-blocking
+                    op = replace(op, kind=StreamKind.NON_BLOCKING)
+            out.append(op)
+        return out
+    names = _Names() if by_key else None
+    created: set = set()  # stream ids created so far
     out = []
     next_event = 1 + max((op.event for op in ops if type(op) is T.EventCreate), default=0)
     fresh: dict = {}  # source stream id -> fresh event id
     creates = {op.stream: op for op in ops if type(op) is T.StreamCreate}
     hoisted: set = set()  # streams a replacement uses before the trace created them (recorded lazily)
-    by_key = bool(remove or swap)
     for index, op in enumerate(ops):
         kind = type(op)
-        if kind is T.StreamCreate and op.stream in hoisted:
-            continue
-        names.see(op)
+        if kind is T.StreamCreate:
+            if op.stream in hoisted:
+                continue
+            created.add(op.stream)
+        if names is not None:
+            names.see(op)
         if kind is T.StreamCreate and (index in drop or (remove and legacy_join_key(op) in remove)):
             if StreamKind.parse(op.kind).joins_legacy:
                 out.append(replace(op, kind=StreamKind.NON_BLOCKING))
@@ -533,10 +547,12 @@ def edit(ops, remove=frozenset(), swap=None, drop=frozenset(), swap_at=None) -> 
             plan = swap_at.get(index) or (swap.get(key) if key is not None else None)
             if plan is not None:
                 for stream in set(plan.records) | {w[0] for w in plan.waits}:
-                    if stream not in names.streams and stream in creates:
+                    if stream not in created and stream in creates:
                         hoisted.add(stream)
+                        created.add(stream)
                         out.append(creates[stream])
-                        names.see(creates[stream])
+                        if names is not None:
+                            names.see(creates[stream])
                 for stream in plan.records:
                     event = fresh.get(stream)
                     if event is None:
@@ -1198,10 +1214,13 @@ COVER_CANDIDATES = 3  # later syncs tried as the one that gives the same order (
 
 
 def _covered_by(ops, base: _Base, sync: Sync, syncs, numbers: dict, alone_clean: dict) -> tuple:
-    """Why a sync that adds order is still redundant alone: a later sync gives that order before
-    anything relies on it (removing both makes a race; those ordering the same actor are tried
-    first), nothing of another actor touches the bytes it orders, or the later syncs together
+    """Why a sync that adds order is still redundant alone: nothing of another actor touches the
+    bytes it orders, a later sync gives that order before anything relies on it (removing both
+    makes a race; those ordering the same actor are tried first), or the later syncs together
     give its order. Returns (reason, checks made)."""
+    if not _shares_bytes(ops, sync):  # then no pair can depend on it, with or without another sync
+        return ("it orders no shared bytes: no bytes accessed before it are accessed after it by another stream "
+                "or host thread, one side a write"), 0
     first = sync.indexes[0]
     actor = _ordered_actor(ops[first])
     later = [s for s in syncs if s is not sync and s.kind != "legacy join" and s.indexes[-1] > first]
@@ -1220,9 +1239,6 @@ def _covered_by(ops, base: _Base, sync: Sync, syncs, numbers: dict, alone_clean:
             number = numbers[other.key][0]
             return (f"covered: #{number} ({other.what}, {other.site}) gives the same order before anything "
                     "relies on it (removing both makes a race)"), tried
-    if not _shares_bytes(ops, sync):
-        return ("it orders no shared bytes: no bytes accessed before it are accessed after it by another stream "
-                "or host thread, one side a write"), tried
     keys = {s.key for s in later}
     tried += 2
     if not _findings(edit(ops, remove=keys | {sync.key})) - _findings(edit(ops, remove=keys)) - base.findings:
@@ -1256,12 +1272,13 @@ def _shares_bytes(ops, sync: Sync) -> bool:
     side a write (a read then a write counts as much as two writes). Without that, no pair of
     accesses can depend on it: one actor's own accesses are ordered by stream order or program
     order (conservative: True when unsure)."""
-    before: list = []  # accesses issued before the latest occurrence passed
+    before: dict = {}  # buffer -> {(actor, write): {(start, stop)}}, issued before the latest occurrence passed
     since: list = []  # accesses issued after it
     occurrences = set(sync.indexes)
     for index, op in enumerate(ops):
         if index in occurrences:
-            before += since
+            for buf, start, stop, write, who in since:
+                before.setdefault(buf, {}).setdefault((who, write), set()).add((start, stop))
             since = []
         touched = _touches(op)
         if touched is None:
@@ -1270,8 +1287,9 @@ def _shares_bytes(ops, sync: Sync) -> bool:
             continue
         who = _access_actor(op)
         for buf, start, stop, write in touched:
-            if any(b == buf and s < stop and start < e and (w or write) and a != who for b, s, e, w, a in before):
-                return True
+            for (actor, wrote), ranges in before.get(buf, {}).items():
+                if actor != who and (wrote or write) and any(s < stop and start < e for s, e in ranges):
+                    return True
             since.append((buf, start, stop, write, who))
     return False
 
