@@ -13,6 +13,7 @@ Exit status: 0 reproduced and fixed, 1 not reproduced, 2 bad usage / environment
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import time
@@ -56,15 +57,42 @@ def strike_hold(strike: dict) -> dict:
 
 
 def side_by_side_text(left: str, right: str, titles=("reference", "candidate"), width: int = 44) -> str:
-    """Two texts in columns, line by line; `≠` marks lines that differ."""
+    """Two texts in columns, line by line; `≠` marks lines that differ, `…` ends a line cut to the column."""
     a, b = left.split("\n"), right.split("\n")
     rows = [f"  {titles[0]:<{width}} | {titles[1]}", "  " + "-" * width + "-+-" + "-" * width]
     for i in range(max(len(a), len(b))):
         la = a[i] if i < len(a) else ""
         lb = b[i] if i < len(b) else ""
         mark = " " if la == lb else "≠"
-        rows.append(f"{mark} {la[:width]:<{width}} | {lb[:width]}")
+        rows.append(f"{mark} {_cut(la, width):<{width}} | {_cut(lb, width)}")
     return "\n".join(rows)
+
+
+def _cut(line: str, width: int) -> str:
+    return line if len(line) <= width else line[:width - 1] + "…"
+
+
+def _same_file_problem(args) -> Optional[str]:
+    """Two outputs named the same file: the second write would replace the first."""
+    named = [(option, os.path.abspath(path)) for option, path in
+             (("--json", args.json if args.json != STDOUT else None), ("--trace", args.trace),
+              ("--timeline", timeline_file(args.timeline) if args.timeline else None)) if path]
+    for i, (option, path) in enumerate(named):
+        for other, other_path in named[i + 1:]:
+            if path == other_path:
+                return (f"{option} and {other} both name {path}; one would overwrite the other: give each its own "
+                        "file")
+    return None
+
+
+def _transformers_problem() -> Optional[str]:
+    """The runs load a transformers Llama: without it, one line saying what to install."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return ("the fixture model is a transformers Llama, and transformers is not installed here: "
+                "pip install 'transformers>=5.0,<6' (a dependency of streamcheck: pip install -e . installs it)")
+    return None
 
 
 def _usage_problem(args) -> Optional[str]:
@@ -72,7 +100,8 @@ def _usage_problem(args) -> Optional[str]:
         return "--tokens must be at least 1"
     # Checked before minutes of runs, not after them.
     return (timeline_problem(args.timeline) or output_problem("--trace", args.trace, "race.json")
-            or output_problem("--json", args.json, "repro.json"))
+            or output_problem("--json", args.json, "repro.json") or _same_file_problem(args)
+            or _transformers_problem())
 
 
 @contextmanager
