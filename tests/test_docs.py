@@ -178,3 +178,13 @@ def test_device_api_guide_race_without_the_wait_is_what_its_comment_says(example
 
 def test_readme_leads_to_the_device_api_guide():
     assert "(docs/device-api.md)" in (ROOT / "README.md").read_text()
+
+
+def test_plugin_doc_options_table_has_every_option(pytester):
+    # What `pytest --help` lists is what the table must explain (the --no- switches share their option's row).
+    shown = pytester.runpytest_inprocess("--help", "-p", "no:hypothesispytest").stdout.str()
+    options = set(re.findall(r"^\s+(--streamcheck-[a-z-]+)", shown, re.M))
+    assert "--streamcheck-seed" in options and "--streamcheck-library" in options
+    rows = [line for line in PLUGIN_DOC.read_text().splitlines() if line.startswith("| `--streamcheck-")]
+    documented = {option for row in rows for option in re.findall(r"`(--streamcheck-[a-z-]+)", row.split(" | ")[0])}
+    assert options == documented
