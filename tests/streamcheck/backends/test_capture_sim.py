@@ -179,6 +179,27 @@ def test_missing_join_inside_the_graph_reads_the_previous_step_under_some_seeds(
     assert 10 <= len(stale) <= 190, stale
 
 
+@pytest.mark.parametrize("in_graph", [False, True], ids=["launch", "graph-node"])
+def test_a_delay_holds_a_graphs_node_for_exactly_its_steps_of_host_calls_as_a_launch(in_graph):
+    # steps=3: what the held launch put on stream A (the kernel; for a graph also its start and
+    # end markers) runs once the third later host call is issued, not one call later.
+    dev = Device("sim", check=False, policy="delay", streams=["A"], steps=3)
+    a, b = dev.stream("A"), dev.stream("B")
+    x, y = dev.alloc((1,), fill=0.0, name="x"), dev.alloc((1,), fill=0.0, name="y")
+    if in_graph:
+        a.begin_capture()
+    dev.launch(set_to(1.0), (x,), stream=a, writes=[x])
+    if in_graph:
+        a.end_capture().launch(a)
+    held = dev.backend.pending()
+    pending = [held]
+    for _ in range(4):
+        dev.launch(set_to(2.0), (y,), stream=b, writes=[y])
+        pending.append(dev.backend.pending())
+    assert held >= 1 and pending == [held, held, held, 0, 0]
+    np.testing.assert_array_equal(dev.host_read(x), [1.0])
+
+
 def test_delay_on_a_captured_stream_holds_its_nodes_inside_every_launch():
     previous = [2.0 * t * (t + 2.0) for t in range(STEPS)]  # y from step t-1 (0 at first)
     assert decode("delay", streams=["A"], steps=2, join_mm=False)[0] == previous
