@@ -21,10 +21,9 @@ Not followed: locks made before listening began, or through a name bound before 
 package (their internal locks would order threads by the interleaving that happened to run);
 queue.SimpleQueue and concurrent.futures (C types and their own locks).
 
-Who hears them: listeners (a recording, streamcheck/record/adapters/threads.py; a Device,
-streamcheck/device/), objects with `hand_off(channel, what)` and `take_over(channel, what)`
-that record core.trace.HandOff / TakeOver for the calling thread if it is one of theirs. The
-standard library's classes are patched while at least one listener listens.
+Who hears them: listeners (`Listener`: a recording, streamcheck/record/adapters/threads.py; a
+Device, streamcheck/device/api.py), each of which records core.trace.HandOff / TakeOver into
+its own trace. The standard library's classes are patched while at least one listener listens.
 """
 from __future__ import annotations
 
@@ -35,7 +34,7 @@ import sys
 import threading
 import weakref
 
-from .core.trace import USER, SiteResolver
+from .core.trace import USER, HandOff, SiteResolver, TakeOver
 
 _ORIGINAL_RLOCK = threading.RLock  # read at import, before any patch
 _channels = itertools.count(1)  # one numbering for every listener: a channel names one hand-off point
@@ -58,7 +57,33 @@ _task_channels = weakref.WeakKeyDictionary()  # Queue -> its task_done channel
 _barriers = weakref.WeakKeyDictionary()  # Barrier -> [arrivals so far, {generation: [channel, passes]}]
 
 
-def listen(listener):
+class Listener:
+    """Hears hand-offs for one trace. It records a hand-off by a thread it knows (`knows_caller`: one
+    that issued work into the trace, or took over from one that did: a thread with nothing in the
+    trace hands over nothing of it), and a take-over of a channel one of those handed off through
+    (the others order nothing of the trace's); `record(kind, channel, what)` records the operation
+    for the calling thread, which it knows from then on."""
+
+    def __init__(self):
+        self._handed: set = set()  # channels a known thread handed off through
+
+    def knows_caller(self) -> bool:
+        raise NotImplementedError
+
+    def record(self, kind, channel: int, what: str) -> None:
+        raise NotImplementedError
+
+    def hand_off(self, channel: int, what: str) -> None:
+        if self.knows_caller():
+            self._handed.add(channel)
+            self.record(HandOff, channel, what)
+
+    def take_over(self, channel: int, what: str) -> None:
+        if channel in self._handed:
+            self.record(TakeOver, channel, what)
+
+
+def listen(listener: Listener):
     """Make `listener` hear hand-offs (held weakly); returns a function that stops it. The
     standard library is patched from the first listener on, and restored after the last."""
     ref = weakref.ref(listener)

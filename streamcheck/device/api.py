@@ -60,7 +60,7 @@ from ..core import trace as T
 from ..core.capture import CaptureError, CapturedGraph, CaptureTracker
 from ..core.hb import Checker, PeerAccessError, format_report, peer_access_error
 from ..core.trace import CallSite, StreamKind
-from ..host_handoffs import listen as listen_to_hand_offs
+from ..host_handoffs import Listener, listen as listen_to_hand_offs
 from .objects import Buffer, DeviceError, KernelError, Region, UndeclaredWriteError, caller_site
 
 # The public names are listed once, in streamcheck/device/__init__.py (__all__).
@@ -1078,28 +1078,23 @@ class Device:
             raise DeviceError(f"{what} at {site}: event `{event.name}` was destroyed; create a new one")
 
 
-class _HandOffs:
-    """Records the hand-offs host_handoffs hears (HandOff / TakeOver) for `device`, made by the
-    host threads it knows (its creator, its Device.thread threads, threads that used it), once
-    it has more than one: a program without threads gets no such operations."""
+class _HandOffs(Listener):
+    """The device's ear for host threads' hand-offs (host_handoffs.Listener): the threads it knows
+    are its creator, its Device.thread threads and the threads that used it."""
 
     def __init__(self, device: Device):
+        super().__init__()
         self._device = weakref.ref(device)
 
-    def hand_off(self, channel: int, what: str) -> None:
-        self._record(T.HandOff, channel, what)
-
-    def take_over(self, channel: int, what: str) -> None:
-        self._record(T.TakeOver, channel, what)
-
-    def _record(self, kind, channel: int, what: str) -> None:
+    def knows_caller(self) -> bool:
         dev = self._device()
-        if dev is None or len(dev._threads) < 2:
-            return
-        with dev._lock:
-            tid = dev._threads.get(threading.get_ident())
-            if tid is not None:
-                dev._record(kind(tid, caller_site(), channel=channel, what=what))
+        return dev is not None and threading.get_ident() in dev._threads
+
+    def record(self, kind, channel: int, what: str) -> None:
+        dev = self._device()
+        if dev is not None:
+            with dev._lock:
+                dev._record(kind(dev._thread_id(), caller_site(), channel=channel, what=what))
 
 
 class DeviceThread(threading.Thread):

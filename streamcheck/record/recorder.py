@@ -965,13 +965,14 @@ class Recorder:
     def thread_joined(self, child: int) -> None:
         self.record(T.ThreadJoin(self.tid(), self.site(), child=child))
 
-    def thread_hand_off(self, channel: int, what: str) -> None:
-        """The calling thread hands over through `channel` (host_handoffs.py: Event.set, a put, ...)."""
-        self.record(T.HandOff(self.tid(), self.site(), channel=channel, what=what))
+    def knows_thread(self) -> bool:
+        """Whether the calling thread issued recorded work (or was started or reached by the recording)."""
+        return threading.get_ident() in self._threads
 
-    def thread_take_over(self, channel: int, what: str) -> None:
-        """The calling thread takes over what `channel` handed over (a wait that returned True, ...)."""
-        self.record(T.TakeOver(self.tid(), self.site(), channel=channel, what=what))
+    def thread_hand_over(self, kind, channel: int, what: str) -> None:
+        """A hand-off between host threads (host_handoffs.py): `kind` is T.HandOff (Event.set, a put,
+        a release, ...) or T.TakeOver (a wait that returned True, the get of the item, an acquire, ...)."""
+        self.record(kind(self.tid(), self.site(), channel=channel, what=what))
 
 
 __all__ = ["Recorder", "Gpu", "current", "inside", "depth", "captured_work", "format_capture_errors"]

@@ -579,13 +579,32 @@ def test_an_event_wait_that_timed_out_orders_nothing(dev):
     t.join()
 
 
-def test_a_program_without_threads_records_no_hand_offs(dev):
-    ev, q = threading.Event(), queue.Queue()
-    ev.set()
-    ev.wait()
-    q.put(1)
-    q.get()
+def test_hand_offs_between_threads_that_never_used_the_device_are_not_recorded(dev):
+    ev = threading.Event()
+    stranger = threading.Thread(target=ev.set)
+    stranger.start()
+    stranger.join()
+    assert ev.wait(5)
     assert not any(isinstance(op, (T.HandOff, T.TakeOver)) for op in dev.trace.ops)
+
+
+def test_a_thread_the_device_did_not_start_is_ordered_by_the_hand_off_it_took_over(dev):
+    """A plain threading.Thread is ordered with nothing until it takes over from one of the device's
+    threads: then it is known, and what it does is ordered after the hand-off."""
+    x = dev.alloc(4, name="x", fill=0.0)
+    q = queue.Queue()
+    dev.host_write(x, 2.0)
+    q.put("x is filled")
+
+    def plain():
+        q.get(timeout=5)
+        dev.host_write(x, 1.0)
+
+    t = threading.Thread(target=plain)
+    t.start()
+    t.join()
+    assert dev.races == [], dev.report()
+    assert dev.get(x).tolist() == [1.0] * 4
 
 
 def test_public_types_are_exported():

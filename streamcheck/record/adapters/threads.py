@@ -30,7 +30,7 @@ from __future__ import annotations
 import sys
 import threading
 
-from ...host_handoffs import listen as listen_to_hand_offs
+from ...host_handoffs import Listener, listen as listen_to_hand_offs
 from .. import recorder as R
 from ..gpu import is_suppressed
 from .patching import Patch, forwarding, quiet
@@ -212,20 +212,21 @@ def _join(orig):
     return forwarding(orig, join)
 
 
-class HandOffs:
-    """Hears host_handoffs' hand-offs for recording `rec` while it is the one recording, outside
-    recorded operations and streamcheck's own work (patching.quiet)."""
+class HandOffs(Listener):
+    """The recording's ear for host threads' hand-offs (host_handoffs.Listener) while it is the one
+    recording, outside recorded operations and streamcheck's own work (patching.quiet); the threads
+    it knows are those that issued recorded work."""
 
     def __init__(self, rec):
+        super().__init__()
         self.rec = rec
 
-    def hand_off(self, channel: int, what: str) -> None:
-        if R.current is self.rec and not quiet():
-            self.rec.thread_hand_off(channel, what)
+    def knows_caller(self) -> bool:
+        return self.rec.knows_thread()
 
-    def take_over(self, channel: int, what: str) -> None:
+    def record(self, kind, channel: int, what: str) -> None:
         if R.current is self.rec and not quiet():
-            self.rec.thread_take_over(channel, what)
+            self.rec.thread_hand_over(kind, channel, what)
 
 
 def install(rec, patcher) -> None:
