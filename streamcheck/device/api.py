@@ -566,6 +566,23 @@ class Device:
             self.backend.launch(stream, kernel, tuple(args), name, site)
             self.backend.tick()
 
+    def sleep(self, steps: int, stream: Optional[Stream] = None, name: str = "sleep") -> None:
+        """A kernel that only spins: `stream` is held for `steps` host calls (the sim's time),
+        as `torch.cuda._sleep` holds a GPU stream. A host synchronize that waits for it ends the
+        hold (no host call passes while the host is blocked). Touches no memory."""
+        site = caller_site()
+        if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 0:
+            raise DeviceError(f"sleep at {site}: steps must be an integer >= 0, got {steps!r}")
+        stream = self._stream_or_default(stream, "sleep", site)
+        sleep = getattr(self.backend, "sleep", None)
+        if sleep is None:
+            raise DeviceError(f"sleep at {site}: the {self.backend.name} backend cannot hold a stream; use the sim")
+        with self._lock:
+            self._record_work(T.Launch(self._thread_id(), site, stream=stream.id, name=name, reads=(), writes=()),
+                              stream)
+            sleep(stream, int(steps), name)
+            self.backend.tick()
+
     def _peer_check(self, name: str, site: CallSite, stream: Stream, reads, writes) -> Optional[PeerAccessError]:
         """The PeerAccessError a kernel on `stream` touching `reads`/`writes` would fault with."""
         touched = [(r.buffer.name, r.buffer.site, r.buffer.device_index) for r in list(reads) + list(writes)]

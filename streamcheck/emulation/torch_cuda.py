@@ -595,8 +595,7 @@ class Emulation:
         """torch.cuda._sleep: the current stream spins; on the sim, held for host steps."""
         self.enter()
         steps = max(1, min(64, int(cycles) // SLEEP_CYCLES_PER_STEP))
-        self.device.launch(_spin, stream=self.current_stream().device_stream, name="torch.cuda._sleep",
-                           hold=steps)
+        self.device.sleep(steps, self.current_stream().device_stream, name="torch.cuda._sleep")
 
     # --- allocation ----------------------------------------------------------------------
     def empty(self, shape, stride, dtype, index: int, stream=None) -> CudaTensor:
@@ -1122,10 +1121,6 @@ _MISSING = object()
 _RANDOM_FACTORIES = frozenset({"rand", "randn", "randint", "randperm", "normal", "rand_like", "randn_like",
                                "randint_like", "bernoulli", "multinomial"})
 _COPYING_FACTORIES = frozenset({"tensor", "as_tensor", "asarray", "from_numpy"})
-
-
-def _spin(*_):
-    """torch.cuda._sleep's kernel: nothing to compute; the sim holds its stream."""
 
 
 def _same_view(a, b) -> bool:

@@ -73,7 +73,7 @@ _BOOKKEEPING = -(1 << 62)  # issued_at of a graph's end marker: "long ago", so n
 
 class _Pending:
     """One operation waiting on its stream. Policies read `stream`, `stream_name`,
-    `name`, `kind` ("launch", "copy", "record", "wait", "graph"), `site` and `issued_at`.
+    `name`, `kind` ("launch", "copy", "record", "wait", "graph", "sleep"), `site` and `issued_at`.
     `trace_index`: the trace index of its call; (graph launch's index, node index) for
     a graph node; None for a graph's end marker."""
 
@@ -252,6 +252,7 @@ class SimBackend(Backend):
         self.op_times: dict[int, tuple] = {}
         self._step = 0
         self._pending = 0
+        self._sleeping = 0  # sleep operations pending (Device.sleep): only then does _ready look for them
         self._streams: dict[int, _SimStream] = {}
         self._order: list[_SimStream] = []
         self._devices: dict[int, _SimDevice] = {}
@@ -350,6 +351,18 @@ class SimBackend(Backend):
                 read_only.append(i)
         self._issue_work(stream, self._run_kernel, (kernel, args, tuple(read_only), name, site, stream), name,
                          "launch")
+
+    def sleep(self, stream, steps: int, name: str) -> None:
+        """A spin kernel: held until `steps` more host calls were issued after it (a host
+        synchronize that waits for it releases it, as delays are released)."""
+        if self._capturing(stream) is not None:
+            self._held.setdefault(self._capturing(stream), []).append((None, (), name, "launch"))
+            return
+        if self.policy.name == "sequential":
+            steps = 0  # every operation completes when issued (CUDA_LAUNCH_BLOCKING=1): the spin too
+        sim, _ = self._enqueue(stream, None, (), name, "sleep")
+        sim.queue[-1].release = self.now + 1 + steps
+        self._sleeping += 1
 
     def _capturing(self, stream) -> Optional[int]:
         """The graph `stream` captures into, or None (one attribute test while nothing captures)."""
@@ -541,6 +554,9 @@ class SimBackend(Backend):
                     break
             if blocked:
                 continue
+            if self._sleeping and op.kind == "sleep" and now < op.release and (need is None or
+                                                                            op.seq > need.get(sim, 0)):
+                continue
             if hold is not None:
                 if release_at is not None:
                     release = op.release
@@ -559,6 +575,8 @@ class SimBackend(Backend):
         op = sim.queue.popleft()
         self._pending -= 1
         run = op.run
+        if op.kind == "sleep":
+            self._sleeping -= 1
         if self._starting is not None:
             self._starting(op)
         try:
