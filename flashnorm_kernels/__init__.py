@@ -19,6 +19,20 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
+TRANSFORMERS = "transformers>=5.0,<6"  # as pyproject.toml's dependencies name it
+
+
+def transformers_missing() -> str:
+    """Why the parts that load Hugging Face models cannot run here ("" when they can): one line
+    saying what to install, for the commands to print instead of an ImportError's traceback."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return (f"transformers is not installed here: pip install '{TRANSFORMERS}' (a dependency of streamcheck: "
+                "pip install -e . installs it)")
+    return ""
+
+
 def __getattr__(name):
     module = _EXPORTS.get(name)
     if module is None:

@@ -70,6 +70,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _flashify(args) -> int:
+    from . import transformers_missing
+
+    missing = transformers_missing()
+    if missing:  # the fold loads and saves the checkpoint with transformers
+        print(f"flashnorm flashify: error: {missing}", file=sys.stderr)
+        return 2
     # Imported here so `flashnorm --help` does not pay for torch.
     from .checkpoint import flashify_checkpoint
     from .fold import FlashNormError

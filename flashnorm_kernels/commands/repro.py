@@ -87,12 +87,10 @@ def _same_file_problem(args) -> Optional[str]:
 
 def _transformers_problem() -> Optional[str]:
     """The runs load a transformers Llama: without it, one line saying what to install."""
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
-        return ("the fixture model is a transformers Llama, and transformers is not installed here: "
-                "pip install 'transformers>=5.0,<6' (a dependency of streamcheck: pip install -e . installs it)")
-    return None
+    from .. import transformers_missing
+
+    missing = transformers_missing()
+    return f"the fixture model is a transformers Llama, and {missing}" if missing else None
 
 
 def _usage_problem(args) -> Optional[str]:

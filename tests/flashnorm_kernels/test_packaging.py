@@ -93,3 +93,14 @@ def test_repro_runs_from_the_installed_wheel_outside_the_repository(wheel, tmp_p
     assert result.returncode == 0, result.stdout + result.stderr
     assert "RAW race on `layers.0.input_layernorm.Y`" in result.stdout
     assert "result: reproduced (stale reads, race reported) and fixed" in result.stdout
+
+
+def test_the_transformers_line_names_what_the_package_requires():
+    # The quickstart's `pip install -e .` must bring transformers (the repro runs a transformers Llama), and the
+    # line printed where it is missing names the same requirement.
+    from flashnorm_kernels import TRANSFORMERS
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert TRANSFORMERS in dependencies

@@ -53,3 +53,12 @@ def test_without_transformers_the_repro_says_what_to_install_in_one_line():
     assert result.stderr == ("streamcheck repro: the fixture model is a transformers Llama, and transformers is not "
                              "installed here: pip install 'transformers>=5.0,<6' (a dependency of streamcheck: "
                              "pip install -e . installs it)\n")
+
+
+def test_without_transformers_flashify_says_what_to_install_in_one_line(tmp_path):
+    program = ("import sys; sys.modules['transformers'] = None; from flashnorm_kernels.cli import main; "
+               f"sys.exit(main(['flashify', {str(tmp_path / 'src')!r}, {str(tmp_path / 'dst')!r}]))")
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == ("flashnorm flashify: error: transformers is not installed here: pip install "
+                             "'transformers>=5.0,<6' (a dependency of streamcheck: pip install -e . installs it)\n")
