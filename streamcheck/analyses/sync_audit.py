@@ -680,7 +680,11 @@ class SyncEdits:
             return None
         occurrence = self.issued[key] = self.issued.get(key, 0) + 1
         self._decided = key
-        return self._edited(key, occurrence)
+        plan = self._edited(key, occurrence)
+        if plan is not None and any(event == SYNCED_EVENT for _, _, event in plan.waits):
+            plan = _Swap(plan.records, tuple((stream, source, op.event if event == SYNCED_EVENT else event)
+                                             for stream, source, event in plan.waits))
+        return plan
 
     def stream_create(self, op):
         """`op` itself, or made non-blocking when its implicit legacy join is removed."""

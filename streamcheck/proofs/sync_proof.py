@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from ..analyses.sync_audit import Audit, Verdict, audit
+from ..analyses.sync_audit import Audit, Verdict, audit, occurrences_phrase
 from .confirm import MAX_RACES, Confirmation, confirm
 from ..device import Device
 from ..plugin.results import compare
@@ -41,8 +41,9 @@ class Proof:
         if self.removable is None:
             lines.append(f"  not claimed: {self.why}")
         else:
-            edits = [f"#{n} skipped" for n in self.audit.removed]
-            edits += [f"#{n} replaced by its device-side wait" for n in self.audit.replaced]
+            edits = [f"#{f.number} skipped{_where(f, f.removed_at)}" for f in self.audit.findings if f.removed_at]
+            edits += [f"#{f.number} replaced by its device-side wait{_where(f, f.replaced_at)}"
+                      for f in self.audit.findings if f.replaced_at]
             bad = [(s, p) for s, p in self.runs if p]
             if self.removable:
                 lines.append(f"  removable on this run: with {', '.join(edits)}, {len(self.runs)} reruns under delays "
@@ -54,6 +55,13 @@ class Proof:
         for number, confirmation in self.confirmations:
             lines.append(f"  #{number} skipped alone: {confirmation.format()}")
         return "\n".join(lines)
+
+
+def _where(finding, occurrences: tuple) -> str:
+    """"" where every occurrence, else " at occurrences 1, 2 of 3" and the like."""
+    if len(occurrences) == finding.sync.count:
+        return ""
+    return " " + occurrences_phrase(occurrences, finding.sync.count)
 
 
 def _run(program: Callable, device: Device):
@@ -73,7 +81,8 @@ def prove(program: Callable, *, schedules: int = PROOF_SCHEDULES, seed: int = 0,
     reference = Device("sim", policy="sequential")
     want, issued = _run(program, reference)
     result = audit(reference.trace.ops[:issued])
-    all_keys = {f.sync.key for f in result.findings}
+    # Each synchronization as often as the recorded run issued it (queries are never edited).
+    counts = {f.sync.key: f.sync.count for f in result.findings if f.sync.kind != "query"}
     base = {race.key for race in result.races}
     runs = []
     removable: Optional[bool] = None
@@ -89,9 +98,10 @@ def prove(program: Callable, *, schedules: int = PROOF_SCHEDULES, seed: int = 0,
             device.edit_syncs(edits)
             got, _ = _run(program, device)
             label = f"{policy} seed {seed + i}"
-            if edits.met != all_keys:
+            if not edits.same_path(counts):
                 removable, why = None, ("the rerun issued other synchronizations than the recorded run (the program "
-                                        "is not deterministic between runs: its call sites differ); nothing claimed")
+                                        "is not deterministic between runs: its call sites or their counts differ); "
+                                        "nothing claimed")
                 runs = []
                 break
             new = [race for race in device.races if race.key not in base]

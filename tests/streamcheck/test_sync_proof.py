@@ -304,3 +304,126 @@ def test_a_sync_torch_makes_inside_cxx_is_unskipped_and_the_proof_names_it(monke
     line = unskipped_line(result, map(str, rerun.edits.unskipped))
     assert line.startswith(f"not claimed: the rerun could not skip #{late.number} (stream synchronize at ")
     assert f":{late.sync.site.line})" in line and "inside C++" in line
+
+
+# --- the proof revokes "removable" (issue 31 §5's rule) -------------------------------------
+
+def test_the_proof_revokes_removable_when_an_edited_rerun_races_though_its_values_agree():
+    """The recorded run consumes on A (the synchronize orders nothing anything needs); the
+    reruns consume on B, so with the synchronize skipped B reads `x` unordered. The values do
+    not show it (the program returns a constant): the race alone must revoke "removable"."""
+    runs = []
+
+    def program(dev):
+        runs.append(None)
+        a, b = dev.stream("A"), dev.stream("B")
+        x, z = dev.alloc((4,), name="x", fill=0), dev.alloc((4,), name="z", fill=0)
+        dev.launch(produce, [x], stream=a, writes=[x], name="produce")
+        a.synchronize()
+        dev.launch(consume, [x, z], stream=a if len(runs) == 1 else b, reads=[x], writes=[z], name="consume")
+        dev.synchronize()
+        return [1.0]
+
+    proof = prove(program, schedules=2)
+    assert proof.audit.removed, proof.format()
+    assert proof.removable is False, proof.format()
+    assert all("new race(s): RAW race on `x`" in problem for _, problem in proof.runs), proof.runs
+    assert "NOT removable: 2 of 2 edited reruns went wrong" in proof.format()
+
+
+def test_the_proof_revokes_removable_when_an_edited_reruns_values_differ_without_a_race():
+    """The reruns return another value than the sequential reference (the program's result
+    depends on how often it ran): no race, but the values alone must revoke "removable"."""
+    runs = []
+
+    def program(dev):
+        runs.append(None)
+        a = dev.stream("A")
+        x = dev.alloc((4,), name="x", fill=0)
+        dev.launch(produce, [x], stream=a, writes=[x], name="produce")
+        a.synchronize()
+        a.synchronize()  # the second is redundant: the rerun skips it
+        return [float(len(runs) > 1)]
+
+    proof = prove(program, schedules=2)
+    assert proof.audit.removed, proof.format()
+    assert proof.removable is False, proof.format()
+    assert all(problem and "race" not in problem for _, problem in proof.runs), proof.runs
+
+
+# --- occurrences -----------------------------------------------------------------------------
+
+def advance(x):
+    x[:] = x + 1
+
+
+def decode_loop(dev):
+    """Synchronizes after every step; the host reads after the last one only."""
+    s = dev.stream("S")
+    x, out = dev.alloc((4,), name="x", fill=0), dev.alloc((4,), name="out", fill=0)
+    for _ in range(3):
+        dev.launch(advance, [x], stream=s, reads=[x], writes=[x], name="step")
+        dev.launch(consume, [x, out], stream=s, reads=[x], writes=[out], name="consume")
+        s.synchronize()
+    return dev.host_read(out)
+
+
+def test_the_proof_skips_occurrences_and_says_which():
+    proof = prove(decode_loop)
+    (finding,) = proof.audit.findings
+    assert (finding.kept, finding.removed_at) == ((3,), (1, 2)), proof.format()
+    assert proof.removable is True and len(proof.runs) == 8, proof.format()
+    assert "with #1 skipped at occurrences 1, 2 of 3, 8 reruns" in proof.format()
+    # Its needed occurrence skipped alone strikes: the host reads `out` before the stream wrote it.
+    ((number, confirmation),) = proof.confirmations
+    assert number == 1 and confirmation.confirmed, proof.format()
+
+
+def test_a_rerun_that_issues_a_sync_another_number_of_times_is_claimed_nothing_of():
+    runs = []
+
+    def program(dev):
+        runs.append(None)
+        s = dev.stream("S")
+        x = dev.alloc((4,), name="x", fill=0)
+        for _ in range(3 if len(runs) == 1 else 2):  # the reruns take one step less
+            dev.launch(produce, [x], stream=s, writes=[x], name="produce")
+            s.synchronize()
+        return dev.host_read(x)
+
+    proof = prove(program, schedules=2)
+    assert proof.removable is None and "counts differ" in proof.why, proof.format()
+
+
+def test_the_recorder_skips_occurrences_of_a_sync(monkeypatch):
+    """The GPU proof's reruns: the recorder counts each sync's occurrences as the program makes
+    them and skips only those the minimal set drops (here all but the last of three)."""
+    def program(rec):
+        a = FakeStream(0x10)
+        rec.sid(a)
+        rec.gpu.current = a
+        rec.alloc(0x1000, 256)
+        x = FakeArray(0x1000, 256)
+        made = []
+        for step in range(3):
+            rec.launch("produce", lambda: None, stream=a, writes=[x])
+            rec.stream_sync(a, lambda step=step: made.append(step))
+        # The host reads `x` (pinned memory, say) after the loop: only the last synchronize orders it.
+        rec.record(T.HostAccess(rec.tid(), rec.site(), reads=(rec.range_of(x),), name="host read"))
+        return made
+
+    first = R.Recorder(FakeGpu())
+    monkeypatch.setattr(R, "current", first)
+    assert program(first) == [0, 1, 2]
+    result = audit(first.trace)
+    (finding,) = result.findings
+    assert (finding.kept, finding.removed_at) == ((3,), (1, 2)), result.format()
+
+    rerun = R.Recorder(FakeGpu())
+    rerun.gpu.driver = Driver()
+    rerun.edits = SyncEdits.from_json(result.edits().to_json())  # as `streamcheck run --skip-syncs` gets it
+    rerun.edits.start(rerun.trace.ops)
+    monkeypatch.setattr(R, "current", rerun)
+    assert program(rerun) == [2]  # the first two synchronizes were not made, the last was
+    assert rerun.edits.every_edit_met and not rerun.edits.unskipped
+    assert rerun.races == []

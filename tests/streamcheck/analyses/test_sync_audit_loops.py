@@ -229,3 +229,22 @@ def test_edits_skip_occurrences_not_whole_sites():
     again = SyncEdits.from_json(edits.to_json())
     assert again.remove == {result.findings[0].sync.key: frozenset({1, 2})}
     assert again.counts == {result.findings[0].sync.key: 3}
+
+
+@pytest.mark.parametrize("name", PATTERNS)
+def test_the_sim_proof_skips_the_occurrences_the_set_drops_and_the_reruns_agree(name):
+    """The minimal set of each pattern, executed: the reruns skip (or replace) exactly those
+    occurrences under delays and random schedules, and give the sequential run's values with no
+    race."""
+    from streamcheck.proofs.sync_proof import prove
+
+    program, want, _ = PATTERNS[name]
+    proof = prove(program, schedules=4)
+    assert [(f.kept, f.replaced_at, f.removed_at) for f in proof.audit.findings] == [w[2:] for w in want]
+    assert proof.removable is True and len(proof.runs) == 4, proof.format()
+    edits = proof.audit.edits()
+    rerun = Device("sim", policy="delay", seed=1)
+    rerun.edit_syncs(edits)
+    program(rerun)
+    host_syncs = sum(1 for op in rerun.trace if type(op) in (T.StreamSync, T.DeviceSync))
+    assert host_syncs == sum(len(f.kept) for f in proof.audit.findings if f.sync.host_blocking), proof.format()
