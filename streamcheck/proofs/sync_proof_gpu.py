@@ -96,9 +96,21 @@ def unskipped_line(audit, keys) -> str:
             "needs a stream or event the rerun cannot name yet")
 
 
+def _numbered(finding, occurrences: tuple, how: str) -> str:
+    """"#3", "#3 (as its device-side wait)", "#2 (at occurrences 1, 2 of 3)": the reruns skip
+    occurrences, not only whole sites."""
+    from ..analyses.sync_audit import occurrences_phrase
+
+    notes = [how] if how else []
+    if len(occurrences) != finding.sync.count:
+        notes.append(occurrences_phrase(occurrences, finding.sync.count))
+    return f"#{finding.number}" + (f" ({', '.join(notes)})" if notes else "")
+
+
 def prove(audit, races, script: str, script_args=(), *, seed: int = 0) -> GpuProof:
     """`audit`: the recorded run's sync audit; `races`: its races (they are allowed again)."""
-    numbers = [f"#{n}" for n in audit.removed] + [f"#{n} (as its device-side wait)" for n in audit.replaced]
+    numbers = [_numbered(f, f.removed_at, "") for f in audit.findings if f.removed_at]
+    numbers += [_numbered(f, f.replaced_at, "as its device-side wait") for f in audit.findings if f.replaced_at]
     if not numbers:
         return GpuProof(None, ("not claimed: the minimal set is every synchronization, nothing to skip",))
     edits = audit.edits().to_json()

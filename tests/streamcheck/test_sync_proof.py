@@ -427,3 +427,34 @@ def test_the_recorder_skips_occurrences_of_a_sync(monkeypatch):
     assert program(rerun) == [2]  # the first two synchronizes were not made, the last was
     assert rerun.edits.every_edit_met and not rerun.edits.unskipped
     assert rerun.races == []
+
+
+def test_a_torch_rerun_skips_occurrences_and_counts_a_made_call_once(monkeypatch):
+    """torch decides at the Python entry point and reports a call that was made through its
+    callback afterwards: the occurrence is counted once, so the rerun skips the first two of
+    three synchronizes and makes the last."""
+    def program(rec, torch):
+        a = torch.stream(0x10)
+        rec.register_stream(0x10, rec.site())
+        rec.alloc(0x1000, 256)
+        x = FakeArray(0x1000, 256)
+        for _ in range(3):
+            rec.launch("step", lambda: None, stream=a, reads=[x], writes=[x])
+            a.synchronize()
+        rec.record(T.HostAccess(rec.tid(), rec.site(), reads=(rec.range_of(x),), name="host read"))
+        return torch.made
+
+    torch = FakeTorch(monkeypatch)
+    first, patcher = torch_recording(monkeypatch, torch)
+    assert program(first, torch) == ["synchronize 0x10"] * 3
+    patcher.restore()
+    result = audit(first.trace)
+    (finding,) = result.findings
+    assert (finding.kept, finding.removed_at) == ((3,), (1, 2)), result.format()
+
+    torch = FakeTorch(monkeypatch)
+    rerun, patcher = torch_recording(monkeypatch, torch, edits=result.edits())
+    assert program(rerun, torch) == ["synchronize 0x10"]
+    patcher.restore()
+    assert rerun.edits.issued == {finding.sync.key: 3} and rerun.edits.every_edit_met
+    assert not rerun.edits.unskipped and rerun.races == []
