@@ -43,7 +43,8 @@ import sys
 import threading
 import traceback
 import types
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Optional
 
 from ..atomic_files import write_text
 from ..record.gpu import MAX_DELAY_US
@@ -228,89 +229,172 @@ def strike_hints(races, seed: int, script: str, script_args) -> list:
     return lines
 
 
+class _Refused(Exception):
+    """A usage problem found before the script runs: one line, exit status 2."""
+
+
 def run(args) -> int:
-    script = args.script
-    if os.path.isdir(script):
-        print(f"streamcheck run: {script} is a directory, not a Python script; give the script's path, e.g. "
-              f"streamcheck run {os.path.join(script, 'main.py')}", file=sys.stderr)
+    """The pipeline: read the script, refuse bad usage, record the script (the one recording stage
+    so far: on the GPU), report, confirm, audit, prove, write the outputs."""
+    try:
+        source = _read_script(args.script)
+        probe, edits = _check_usage(args)
+    except _Refused as exc:
+        print(f"streamcheck run: {exc}", file=sys.stderr)
         return 2
+    unavailable = _without_gpu(args)
+    if unavailable is not None:
+        return unavailable
+    recorded = record_on_gpu(args, source, probe=probe, edits=edits)
+    sys.stdout.flush()
+    session = recorded.session
+    if session is None:
+        print("streamcheck: the program imported neither CuPy nor torch; nothing was recorded", file=sys.stderr)
+        return recorded.status
+    print_report(args, session, probe)
+    verdicts = confirm_races(args, session)
+    sync_audit = audit_syncs(args, session) if probe is None else None
+    proof = prove_audit(args, sync_audit, session.races)
+    write_outputs(args, session, verdicts, sync_audit, proof, edits)
+    return exit_status(args, session, recorded.status)
+
+
+# Before the run: every usage problem is found before the script starts.
+
+def _read_script(script: str) -> bytes:
+    if os.path.isdir(script):
+        raise _Refused(f"{script} is a directory, not a Python script; give the script's path, e.g. "
+                       f"streamcheck run {os.path.join(script, 'main.py')}")
     try:
         with open(script, "rb") as f:
-            source = f.read()
+            return f.read()
     except OSError as exc:
         # What `python script.py` says and returns for a file it cannot open.
-        print(f"streamcheck run: can't open file {os.path.abspath(script)!r}: [Errno {exc.errno}] {exc.strerror}",
-              file=sys.stderr)
-        return 2
+        raise _Refused(f"can't open file {os.path.abspath(script)!r}: [Errno {exc.errno}] {exc.strerror}") from None
 
-    from ..proofs import confirm_gpu
-    from ..record.gpu import cuda_device_present, gpu_library_installed
 
+def _check_usage(args):
+    """(probe, edits): the rerun modes' inputs, each None outside its mode; raises _Refused."""
     if args.confirm_max is not None and not args.confirm:
-        print("streamcheck run: --confirm-max limits --confirm; add --confirm (or drop --confirm-max)", file=sys.stderr)
-        return 2
+        raise _Refused("--confirm-max limits --confirm; add --confirm (or drop --confirm-max)")
     missing = [path for path in args.library if not os.path.exists(path)]
     if missing:
-        print(f"streamcheck run: --library {missing[0]}: no such file or directory; give your wrappers' directory "
-              "or file", file=sys.stderr)
-        return 2
-    probe = None
-    if args.confirm_probe is not None:
-        try:
-            probe = confirm_gpu.Probe(confirm_gpu.ProbeSpec.from_json(args.confirm_probe))
-        except ValueError as exc:
-            print(f"streamcheck run: {exc}", file=sys.stderr)
-            return 2
-        if args.delay_us or args.confirm:
-            print("streamcheck run: --confirm-probe is one confirmation rerun: nothing else is delayed in it, and "
-                  "it confirms nothing itself; drop --delay-us and --confirm", file=sys.stderr)
-            return 2
-
-    edits = None
+        raise _Refused(f"--library {missing[0]}: no such file or directory; give your wrappers' directory or file")
+    probe = _confirmation_rerun(args)
     if args.prove and not args.audit_syncs:
-        print("streamcheck run: --prove proves the sync audit's minimal set; add --audit-syncs", file=sys.stderr)
-        return 2
-    if args.skip_syncs is not None:
-        from ..analyses.sync_audit import SyncEdits
-
-        try:
-            edits = SyncEdits.from_json(args.skip_syncs)
-        except ValueError as exc:
-            print(f"streamcheck run: {exc}", file=sys.stderr)
-            return 2
+        raise _Refused("--prove proves the sync audit's minimal set; add --audit-syncs")
+    edits = _proof_rerun(args)
     problem = (timeline_problem(args.timeline) or output_problem("--trace", args.trace, "race.json")
                or output_problem("--json", args.json, "races.json") or output_problem("--ops-json", args.ops_json,
                                                                                         "ops.json"))
-    if problem:  # before the run, not after it
-        print(f"streamcheck run: {problem}", file=sys.stderr)
-        return 2
+    if problem:
+        raise _Refused(problem)
+    return probe, edits
 
-    if not (cuda_device_present() and gpu_library_installed()):
-        if args.skip_without_gpu:
-            print(f"streamcheck run: skipped {script}: no GPU here (no CUDA device, or neither CuPy nor a CUDA build "
-                  "of torch installed); --skip-without-gpu exits 0", file=sys.stderr)
-            return 0
-        print("streamcheck run: needs an NVIDIA GPU and CuPy (pip install 'streamcheck[gpu]') or a CUDA build of "
-              "torch; none found here (no CUDA device, or neither library installed). Programs written against the "
-              "device API can be checked on the CPU with Device('sim')."
-              + (" --confirm reruns the script on the GPU, so it needs one too." if args.confirm else ""),
-              file=sys.stderr)
-        return 2
 
-    from ..record import instrument
+# The rerun modes: a run that is one rerun of another's --confirm or --prove.
+
+def _confirmation_rerun(args):
+    """--confirm-probe JSON (one rerun of --confirm, its replay line): the Probe this recording runs."""
+    if args.confirm_probe is None:
+        return None
+    from ..proofs import confirm_gpu
+
+    try:
+        probe = confirm_gpu.Probe(confirm_gpu.ProbeSpec.from_json(args.confirm_probe))
+    except ValueError as exc:
+        raise _Refused(str(exc)) from None
+    if args.delay_us or args.confirm:
+        raise _Refused("--confirm-probe is one confirmation rerun: nothing else is delayed in it, and it confirms "
+                       "nothing itself; drop --delay-us and --confirm")
+    return probe
+
+
+def _proof_rerun(args):
+    """--skip-syncs JSON (one rerun of --prove): the synchronizations this recording skips."""
+    if args.skip_syncs is None:
+        return None
+    from ..analyses.sync_audit import SyncEdits
+
+    try:
+        return SyncEdits.from_json(args.skip_syncs)
+    except ValueError as exc:
+        raise _Refused(str(exc)) from None
+
+
+def _finish_confirmation_rerun(probe, session) -> None:
+    """What the probe saw, written for the run that asked for this rerun, and its one line."""
+    from ..proofs import confirm_gpu
+
+    result = probe.result(session.races)
+    confirm_gpu.write_result(result)
+    print(confirm_gpu.probe_line(result), file=sys.stderr)
+
+
+# The recording stage: a function that runs the script and returns Recorded.
+
+@dataclass(frozen=True)
+class Recorded:
+    """What a recording stage returns: the script's own exit status, and its recording (None when
+    the script imported no library that records). The recording answers what the later stages
+    ask: races, trace, checker, findings, errors, refused, unpatched, libraries, summary(), report()."""
+
+    status: int
+    session: Optional[object]
+
+
+def _without_gpu(args) -> Optional[int]:
+    """The GPU recording's precondition: None with a GPU, else the exit status after one line."""
+    from ..record.gpu import cuda_device_present, gpu_library_installed
+
+    if cuda_device_present() and gpu_library_installed():
+        return None
+    if args.skip_without_gpu:
+        print(f"streamcheck run: skipped {args.script}: no GPU here (no CUDA device, or neither CuPy nor a CUDA build "
+              "of torch installed); --skip-without-gpu exits 0", file=sys.stderr)
+        return 0
+    print("streamcheck run: needs an NVIDIA GPU and CuPy (pip install 'streamcheck[gpu]') or a CUDA build of "
+          "torch; none found here (no CUDA device, or neither library installed). Programs written against the "
+          "device API can be checked on the CPU with Device('sim')."
+          + (" --confirm reruns the script on the GPU, so it needs one too." if args.confirm else ""),
+          file=sys.stderr)
+    return 2
+
+
+def record_on_gpu(args, source: bytes, probe=None, edits=None) -> Recorded:
+    """The script on the GPU, recorded by instrument() from its import of CuPy or torch on (CuPy
+    reads its environment then), with the delays asked for and a rerun mode's probe or edits."""
     from ..core.trace import set_site_settings, site_settings
+    from ..record import instrument
 
     sites_before = set_site_settings(replace(site_settings(), libraries=tuple(args.library)))
-
-    # The recording starts when the script imports CuPy or torch: CuPy reads its environment then.
     span = _ScriptSpan() if args.time_script else None
     hook = instrument.StartAtImport(delay_us=args.delay_us, delay_streams=args.delay_stream,
                                     delay_kernels=args.delay_kernel, seed=args.seed, warm_up=not args.no_warm_up,
                                     probe=probe, edits=edits, on_start=span.begin if span else None)
+
+    def print_span():
+        if span is not None and span.started:
+            print(f"{span.prefix}{span.stop():.1f} us", file=sys.stderr)
+
+    def stop_recording():
+        hook.remove()
+        instrument.stop()
+        set_site_settings(sites_before)
+
+    status = run_as_main(source, args.script, args.args, stop_recording, after_script=print_span)
+    return Recorded(status, hook.session)
+
+
+def run_as_main(source: bytes, script: str, script_args, stop_recording, after_script=None) -> int:
+    """Run the script in this process as `python script.py args...` would (module `__main__`,
+    sys.argv and sys.path[0] alike, STREAMCHECK_RUN=1) and return its exit status.
+    `stop_recording` runs before the script's globals are released, so their frees are not
+    recorded; `after_script` right after its last line, before its threads are joined."""
     before = set(threading.enumerate())
     saved_argv, saved_path0, saved_main = sys.argv, sys.path[0] if sys.path else None, sys.modules.get("__main__")
     os.environ["STREAMCHECK_RUN"] = "1"
-    sys.argv = [script] + list(args.args)
+    sys.argv = [script] + list(script_args)
     if sys.path:
         sys.path[0] = os.path.dirname(os.path.abspath(script))
     else:
@@ -326,8 +410,8 @@ def run(args) -> int:
     try:
         code = compile(source, script, "exec", dont_inherit=True)
         exec(code, main.__dict__)
-        if span is not None and span.started:
-            print(f"{span.prefix}{span.stop():.1f} us", file=sys.stderr)
+        if after_script is not None:
+            after_script()
         # Like interpreter exit: wait for the script's non-daemon threads before the report.
         for thread in set(threading.enumerate()) - before:
             if not thread.daemon and thread is not threading.current_thread():
@@ -339,9 +423,7 @@ def run(args) -> int:
         status = 130 if isinstance(exc, KeyboardInterrupt) else 1
         failure = exc
     finally:
-        hook.remove()
-        instrument.stop()
-        set_site_settings(sites_before)
+        stop_recording()
         sys.argv = saved_argv
         if saved_path0 is not None:
             sys.path[0] = saved_path0
@@ -349,68 +431,74 @@ def run(args) -> int:
             sys.modules["__main__"] = saved_main
         os.environ.pop("STREAMCHECK_RUN", None)
     del main, failure  # the script's arrays are freed after recording stopped
+    return status
 
-    sys.stdout.flush()
-    session = hook.session
-    if session is None:
-        print("streamcheck: the program imported neither CuPy nor torch; nothing was recorded", file=sys.stderr)
-        return status
-    races = session.races
+
+# After the recording: one function per stage.
+
+def print_report(args, session, probe) -> None:
+    """The recording's summary, what was not intercepted, the race report; then a confirmation
+    rerun's verdict, or how to make the races strike."""
     print(session.summary(), file=sys.stderr)
     for problem in session.unpatched:
         print(f"streamcheck: not intercepted: {problem}", file=sys.stderr)
     print(session.report(width=report_width(sys.stderr)), file=sys.stderr)
     if probe is not None:
-        result = probe.result(session.races)
-        confirm_gpu.write_result(result)
-        print(confirm_gpu.probe_line(result), file=sys.stderr)
-    elif races and args.delay_us == 0 and not args.confirm:
-        for line in strike_hints(races, args.seed, script, args.args):
+        _finish_confirmation_rerun(probe, session)
+    elif session.races and args.delay_us == 0 and not args.confirm:
+        for line in strike_hints(session.races, args.seed, args.script, args.args):
             print(line, file=sys.stderr)
-    verdicts = []
-    if args.confirm and races:
-        limit = confirm_gpu.MAX_RACES if args.confirm_max is None else args.confirm_max
-        print(f"streamcheck: confirming {min(len(races), limit)} of {len(races)} race(s): the script rerun with a "
-              "delay before each race's first access (again if a rerun says what to change)", file=sys.stderr)
-        verdicts = confirm_gpu.confirm_races(session.checker, session.trace, races, script, args.args,
-                                             seed=args.seed, warm_up=not args.no_warm_up, max_races=limit)
-        for i, verdict in enumerate(verdicts, 1):
-            race = verdict.race
-            print(f"streamcheck: race {i} ({race.kind} on `{race.buffer}`, {race.first.site} -> {race.second.site}): "
-                  f"{verdict.format()}", file=sys.stderr)
-    sync_audit = None
-    if args.audit_syncs and probe is None:
-        from ..analyses.sync_audit import audit
 
-        sync_audit = audit(session.trace)
-        print(sync_audit.format(width=report_width(sys.stderr)), file=sys.stderr)
-    proof = None
-    if args.prove and sync_audit is not None:  # before --json, which holds it too
-        from ..proofs import sync_proof_gpu
 
-        print("streamcheck: proving the audit's minimal set: the script rerun with the removable synchronizations "
-              "skipped, under delays, then timed", file=sys.stderr)
-        proof = sync_proof_gpu.prove(sync_audit, races, script, args.args, seed=args.seed)
-        print(proof.format(), file=sys.stderr)
+def confirm_races(args, session) -> list:
+    """--confirm: each distinct race's verdict from reruns of the script (docs/confirm.md)."""
+    races = session.races
+    if not (args.confirm and races):
+        return []
+    from ..proofs import confirm_gpu
+
+    limit = confirm_gpu.MAX_RACES if args.confirm_max is None else args.confirm_max
+    print(f"streamcheck: confirming {min(len(races), limit)} of {len(races)} race(s): the script rerun with a "
+          "delay before each race's first access (again if a rerun says what to change)", file=sys.stderr)
+    verdicts = confirm_gpu.confirm_races(session.checker, session.trace, races, args.script, args.args,
+                                         seed=args.seed, warm_up=not args.no_warm_up, max_races=limit)
+    for i, verdict in enumerate(verdicts, 1):
+        race = verdict.race
+        print(f"streamcheck: race {i} ({race.kind} on `{race.buffer}`, {race.first.site} -> {race.second.site}): "
+              f"{verdict.format()}", file=sys.stderr)
+    return verdicts
+
+
+def audit_syncs(args, session):
+    """--audit-syncs: the sync audit of the recorded trace (docs/sync-audit.md), or None."""
+    if not args.audit_syncs:
+        return None
+    from ..analyses.sync_audit import audit
+
+    result = audit(session.trace)
+    print(result.format(width=report_width(sys.stderr)), file=sys.stderr)
+    return result
+
+
+def prove_audit(args, sync_audit, races):
+    """--prove: the audit's minimal set proven by reruns of the script without the removable
+    synchronizations, or None."""
+    if not args.prove or sync_audit is None:
+        return None
+    from ..proofs import sync_proof_gpu
+
+    print("streamcheck: proving the audit's minimal set: the script rerun with the removable synchronizations "
+          "skipped, under delays, then timed", file=sys.stderr)
+    proof = sync_proof_gpu.prove(sync_audit, races, args.script, args.args, seed=args.seed)
+    print(proof.format(), file=sys.stderr)
+    return proof
+
+
+def write_outputs(args, session, verdicts, sync_audit, proof, edits) -> None:
+    """--json, --ops-json, --trace and --timeline."""
+    races = session.races
     if args.json:
-        import json
-
-        data = [race.to_dict() for race in races]  # core.hb.reports_to_json's entries
-        for entry, verdict in zip(data, verdicts):  # each gains what its confirmation found
-            entry["confirmation"] = verdict.to_dict()
-        if sync_audit is not None or edits is not None:  # one report: the races, then the audit
-            data = {"races": data}
-            if sync_audit is not None:
-                data["sync_audit"] = sync_audit.to_dict()
-            if proof is not None:
-                data["sync_proof"] = proof.to_dict()
-            if edits is not None:  # what this rerun of --prove could skip, and whether it took the same path
-                data["skip_syncs"] = {"unskipped": sorted(map(str, edits.unskipped)),
-                                      "same_path": edits.every_edit_met}
-        if args.json == STDOUT:
-            print(json.dumps(data, indent=2))
-        else:
-            write_text(args.json, json.dumps(data, indent=2))  # whole or absent, even if killed
+        _write_json(args.json, races, verdicts, sync_audit, proof, edits)
     if args.ops_json:
         write_text(args.ops_json, session.trace.to_json())
     if sync_audit is not None and args.trace:
@@ -425,6 +513,31 @@ def run(args) -> int:
             draw_races(session, races, None, args.timeline)
     elif args.trace or args.timeline:
         draw_races(session, races, args.trace, args.timeline)
+
+
+def _write_json(path: str, races, verdicts, sync_audit, proof, edits) -> None:
+    import json
+
+    data = [race.to_dict() for race in races]  # core.hb.reports_to_json's entries
+    for entry, verdict in zip(data, verdicts):  # each gains what its confirmation found
+        entry["confirmation"] = verdict.to_dict()
+    if sync_audit is not None or edits is not None:  # one report: the races, then the audit
+        data = {"races": data}
+        if sync_audit is not None:
+            data["sync_audit"] = sync_audit.to_dict()
+        if proof is not None:
+            data["sync_proof"] = proof.to_dict()
+        if edits is not None:  # what this rerun of --prove could skip, and whether it took the same path
+            data["skip_syncs"] = {"unskipped": sorted(map(str, edits.unskipped)), "same_path": edits.every_edit_met}
+    if path == STDOUT:
+        print(json.dumps(data, indent=2))
+    else:
+        write_text(path, json.dumps(data, indent=2))  # whole or absent, even if killed
+
+
+def exit_status(args, session, status: int) -> int:
+    """INTERNAL_ERROR after the recorder's own errors (each printed), --error-exitcode's when
+    something was found, else the script's own."""
     if session.errors:
         for line in internal_error_lines(session):
             print(line, file=sys.stderr)
