@@ -153,6 +153,11 @@ class Finding:
         """The occurrences that are not redundant alone."""
         return tuple(n for n, verdict in enumerate(self.at, 1) if verdict is not Verdict.REDUNDANT)
 
+    def occurrence(self, index: int) -> tuple:
+        """(verdict, reason) of the occurrence at trace index `index`."""
+        verdict = self.at[self.sync.indexes.index(index)]
+        return verdict, (self.others if verdict is not self.verdict and self.others else self.reason)
+
     @property
     def where(self) -> str:
         """Where a site needed at some occurrences only is needed, with the change that follows;

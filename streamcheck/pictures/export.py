@@ -40,13 +40,11 @@ def _clock_note(model: Model) -> str:
 
 
 def _audit_marks(audit) -> dict:
-    """trace index -> its synchronization's finding, for the ones the audit's minimal set drops
-    or replaces by a device-side wait."""
+    """trace index -> its synchronization's finding, for the occurrences the audit's minimal set
+    drops or replaces by a device-side wait (a line in a loop may keep some occurrences)."""
     if audit is None:
         return {}
-    going = set(audit.removed) | set(audit.replaced)
-    return {index: finding for finding in audit.findings if finding.number in going
-            for index in finding.sync.indexes}
+    return audit.edited_occurrences()
 
 
 def to_chrome_trace(source, audit=None) -> dict:
@@ -85,11 +83,11 @@ def to_chrome_trace(source, audit=None) -> dict:
                  "pid": PID, "tid": tids[s.lane], "args": args}
         finding = marks.get(index)
         if finding is not None:
-            event["name"] = f"[{finding.verdict.value} #{finding.number}] {s.name}"
+            verdict, reason = finding.occurrence(index)  # this occurrence's own
+            event["name"] = f"[{verdict.value} #{finding.number}] {s.name}"
             event["cname"] = "yellow"
             event["cat"] += ",sync audit"
-            args["sync audit"] = {"number": finding.number, "verdict": finding.verdict.value,
-                                  "reason": finding.reason,
+            args["sync audit"] = {"number": finding.number, "verdict": verdict.value, "reason": reason,
                                   "replacement": [r.describe() for r in finding.replacement]}
         if index in roles:
             event["name"] = RACE_PREFIX + s.name

@@ -458,3 +458,18 @@ def test_a_torch_rerun_skips_occurrences_and_counts_a_made_call_once(monkeypatch
     patcher.restore()
     assert rerun.edits.issued == {finding.sync.key: 3} and rerun.edits.every_edit_met
     assert not rerun.edits.unskipped and rerun.races == []
+
+
+def test_the_perfetto_trace_marks_only_the_occurrences_the_minimal_set_drops():
+    from streamcheck.pictures.export import to_chrome_trace
+
+    dev = Device("sim", policy="sequential")
+    decode_loop(dev)
+    result = audit(dev.trace)
+    (finding,) = result.findings
+    assert finding.removed_at == (1, 2)
+    events = to_chrome_trace(dev, audit=result)["traceEvents"]
+    marked = [e for e in events if "sync audit" in e.get("args", {})]
+    # The two dropped occurrences, each with its own verdict; the kept last one unmarked.
+    assert len(marked) == 2 and all(e["name"].startswith("[redundant #1]") for e in marked), marked
+    assert all(e["args"]["sync audit"]["reason"] == finding.others for e in marked)
