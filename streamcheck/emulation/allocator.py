@@ -132,10 +132,14 @@ class CachingAllocator:
         for entry in self._deferred:
             block, events = entry
             if all(event.query() for event in events):
+                self.device.free(block.buffer, self._stream_of(block))
                 self._file(block)
             else:
                 waiting.append(entry)
         self._deferred = waiting
+
+    def _stream_of(self, block):
+        return self.device._stream_objects[block.stream]
 
     def _file(self, block) -> None:
         self._free.setdefault((block.device_index, block.stream, block.pool, block.buffer.nbytes), []).append(block)
@@ -158,9 +162,10 @@ class CachingAllocator:
                 # a capture into the same pool gets it again (torch.cuda.graph(pool=...)).
                 self._file(_Returned(buffer, stream.id, pool, index))
                 continue
-            self.device.free(buffer, stream)  # ordered on the block's stream, as the allocator's reuse is
             block = _Returned(buffer, stream.id, pool, index)
             if used_on:
+                # record_stream: torch records an event on each stream that used the block and frees
+                # it only once a query says every one has passed; that query orders the free.
                 events = []
                 for other in used_on:
                     event = self.device.event(name="record_stream")
@@ -168,6 +173,7 @@ class CachingAllocator:
                     events.append(event)
                 self._deferred.append((block, events))
             else:
+                self.device.free(buffer, stream)  # ordered on the block's stream, as the allocator's reuse is
                 self._file(block)
 
     def empty_cache(self) -> None:

@@ -28,6 +28,7 @@ class ScriptRun:
     status: int
     device: object
     notices: list = field(default_factory=list)
+    capture_errors: list = field(default_factory=list)
     refused: str = ""
     error: str = ""
     timed_out: str = ""
@@ -100,7 +101,8 @@ def run_script(path: str, argv=(), *, policy="sequential", seed: int = 0, check:
         _forget_modules(before, folder)
     emulation = box.get("emulation")
     return ScriptRun(stdout=tee.getvalue(), status=status, device=box.get("device"),
-                     notices=list(emulation.notices) if emulation is not None else [], refused=refused,
+                     notices=list(emulation.notices) if emulation is not None else [],
+                     capture_errors=list(emulation.capture_errors) if emulation is not None else [], refused=refused,
                      error=error, timed_out=timed_out)
 
 

@@ -43,6 +43,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from ..core.capture import CaptureError
+from ..core.trace import skip_wrapper_frames
 from ..device.objects import Region, caller_site
 from ..record.adapters.torch_ops import operator_accesses, operator_schema
 from .allocator import CachingAllocator, rounded
@@ -50,6 +52,10 @@ from .allocator import CachingAllocator, rounded
 CUDA_DEFAULT_SEED = 67280421310721  # torch's default seed of a CUDA generator
 SLEEP_CYCLES_PER_STEP = 1_000_000  # torch.cuda._sleep: cycles per host step its stream is held
 TOTAL_MEMORY = 80 * (1 << 30)  # the emulated device's memory (reported; never enforced)
+
+
+# torch.ops.aten.X(...) calls go through OpOverload.__call__: a forwarding frame, not the user's library call.
+skip_wrapper_frames(torch._ops.__file__, "__call__")
 
 
 class EmulationError(RuntimeError):
@@ -378,7 +384,11 @@ class EmulatedGraph:
         emulation.enter()
         self._stream = emulation.current_stream()
         self._pool = pool if pool is not None else emulation.new_pool()
-        self._stream.device_stream.begin_capture(capture_error_mode)
+        try:
+            self._stream.device_stream.begin_capture(capture_error_mode)
+        except CaptureError as exc:
+            emulation.capture_errors.append(exc)
+            raise
         emulation.capture_pools[self._stream.device_stream.id] = self._pool
 
     def capture_end(self) -> None:
@@ -386,6 +396,9 @@ class EmulatedGraph:
         emulation.enter()
         try:
             self._graph = self._stream.device_stream.end_capture()
+        except CaptureError as exc:  # the program gets it, as torch raises CUDA's error; the run names it
+            emulation.capture_errors.append(exc)
+            raise
         finally:
             emulation.capture_pools.pop(self._stream.device_stream.id, None)
 
@@ -486,6 +499,7 @@ class Emulation:
         self.device = device
         self.allocator = CachingAllocator(device)
         self.notices: list = []
+        self.capture_errors: list = []  # core.capture.CaptureError the program got from a capture
         self.capture_pools: dict = {}  # capturing device stream id -> graph pool
         self._pools = 0
         self._streams = 0
