@@ -17,6 +17,7 @@ import pytest
 from flashnorm_kernels.commands import fuzz as fuzz_command
 from flashnorm_kernels.commands.fuzz import Example, Progress, Tally, run_example
 from streamcheck import cli
+from tests.sigint import sigint_from_a_terminal
 
 TIMES = re.compile(r"in [\d.]+ s \([\d.]+ examples/s\)")
 # A token with every field, for the refused-field tests (the talk's plan, a delay schedule).
@@ -175,8 +176,9 @@ SIGINT_SCRIPT = textwrap.dedent("""
 
 def test_a_real_sigint_still_prints_the_table(tmp_path):
     env = {**os.environ, "COLUMNS": "1000"}
-    result = subprocess.run([sys.executable, "-c", SIGINT_SCRIPT], capture_output=True, text=True, env=env,
-                            cwd=tmp_path, timeout=300)
+    with sigint_from_a_terminal():
+        result = subprocess.run([sys.executable, "-c", SIGINT_SCRIPT], capture_output=True, text=True, env=env,
+                                cwd=tmp_path, timeout=300)
     assert result.returncode == 130, result.stderr
     assert "Traceback" not in result.stderr
     # The signal lands while the 21st example runs: 20 or 21 finished, never the 5000 asked for.
