@@ -1,6 +1,7 @@
 """The architecture, checked: the analysis core imports nothing outside itself, the tool never
-imports its subject, and no import cycle exists anywhere in streamcheck/ or flashnorm_kernels/,
-counting imports inside functions as well as at module level (docs/architecture.md)."""
+imports its subject, each layer's folder imports only the layers its row in docs/architecture.md
+lists, and no import cycle exists anywhere in streamcheck/ or flashnorm_kernels/, counting imports
+inside functions as well as at module level."""
 from __future__ import annotations
 
 import ast
@@ -13,6 +14,28 @@ CORE = "streamcheck.core"
 # What the core may import besides itself: the standard library and numpy, nothing that
 # touches a GPU, a framework, or the rest of streamcheck.
 CORE_THIRD_PARTY = {"numpy"}
+# What each layer's folder may import besides itself and the leaves (docs/architecture.md's table).
+# Layers not named here (plugin/, commands/, cli.py, strategies.py) sit above them all.
+LEAVES = ("streamcheck.atomic_files", "streamcheck.timeout", "streamcheck.interrupts")
+# Beside the core: modules every layer may use, each importing only the core (checked below).
+BESIDE_THE_CORE = ("streamcheck.host_handoffs",)
+MAY_IMPORT = {
+    "streamcheck.analyses": ("streamcheck.core",),
+    "streamcheck.pictures": ("streamcheck.core",),
+    "streamcheck.device": ("streamcheck.core",),
+    "streamcheck.record": ("streamcheck.core", "streamcheck.device"),
+    "streamcheck.proofs": ("streamcheck.core", "streamcheck.analyses", "streamcheck.device", "streamcheck.record",
+                           "streamcheck.plugin.results"),
+}
+# Imports against those rules the tree has, each with its reason; a new one fails the test.
+CROSSINGS = {
+    ("streamcheck.device.backends", "streamcheck.record.gpu"): "gpu_available: the GPU plumbing both GPU paths share",
+    ("streamcheck.device.backends.cupy_backend", "streamcheck.record.gpu"): "the bounded spin, capture modes, warm-up",
+    ("streamcheck.device.backends.cupy_backend", "streamcheck.proofs.confirm_gpu"):
+        "the cupy backend runs confirmation's probe (lazily, only when a rerun asks for one)",
+}
+# Nothing below the CLI imports it.
+ABOVE_ALL = ("streamcheck.cli", "streamcheck.commands", "streamcheck.__main__")
 
 
 def _modules() -> dict:
@@ -128,6 +151,53 @@ def test_the_tool_never_imports_its_subject():
 
 def test_no_import_cycles():
     assert _cycles(_internal_edges()) == []
+
+
+def _within(name: str, prefixes) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def _layer_violations(edges: dict) -> list:
+    """`a imports b` for every edge a layer's rule does not allow."""
+    bad = []
+    for module, targets in sorted(edges.items()):
+        if not module.startswith("streamcheck"):
+            continue  # the subject plugs into the CLI (its commands) like any package
+        layer = next((layer for layer in MAY_IMPORT if _within(module, (layer,))), None)
+        for target in sorted(targets):
+            if not target.startswith("streamcheck") or _within(target, LEAVES + BESIDE_THE_CORE) \
+                    or (module, target) in CROSSINGS:
+                continue
+            below_the_cli = not _within(module, ABOVE_ALL)
+            if below_the_cli and _within(target, ABOVE_ALL):
+                bad.append(f"{module} imports {target}")
+            elif layer and not _within(target, (layer,) + MAY_IMPORT[layer]):
+                bad.append(f"{module} imports {target}")
+    return bad
+
+
+def test_each_layer_imports_only_the_layers_below_it():
+    edges = _internal_edges()
+    assert _layer_violations(edges) == []
+    beside = {f"{m} imports {t}" for m in BESIDE_THE_CORE for t in edges[m] if not _within(t, (CORE,))}
+    assert beside == set()
+
+
+def test_the_layer_rules_see_an_import_across_layers():
+    # A picture that needs the device API, a proof that runs the CLI, a recorder that runs reruns.
+    edges = {"streamcheck.pictures.export": {"streamcheck.device.api", "streamcheck.core.trace"},
+             "streamcheck.proofs.confirm": {"streamcheck.commands.run"},
+             "streamcheck.record.recorder": {"streamcheck.proofs.confirm_gpu", "streamcheck.atomic_files"},
+             "streamcheck.device.backends.sim": {"streamcheck.record.gpu"}}
+    assert _layer_violations(edges) == ["streamcheck.device.backends.sim imports streamcheck.record.gpu",
+                                        "streamcheck.pictures.export imports streamcheck.device.api",
+                                        "streamcheck.proofs.confirm imports streamcheck.commands.run",
+                                        "streamcheck.record.recorder imports streamcheck.proofs.confirm_gpu"]
+    assert all((a, b) in _internal_edges_or_none() for a, b in CROSSINGS), "a crossing the tree no longer has"
+
+
+def _internal_edges_or_none() -> set:
+    return {(a, b) for a, targets in _internal_edges().items() for b in targets}
 
 
 def test_imports_inside_functions_count_and_the_cycle_finder_finds_cycles():

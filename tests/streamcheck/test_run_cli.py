@@ -16,7 +16,7 @@ import pytest
 from streamcheck import cli
 from streamcheck.commands import run as run_command
 from streamcheck.pictures.timeline_model import RACE_CONTEXT
-from tests.streamcheck.test_export import trace_event_errors
+from tests.streamcheck.pictures.test_export import trace_event_errors
 from streamcheck.device.backends.cupy_backend import MAX_DELAY_US, _Policy
 from streamcheck.core.schedule import Delay
 from streamcheck.record.kernel_access import kernel_signature, param_names
@@ -298,7 +298,7 @@ def test_the_strike_hint_names_the_race_directed_delay_of_each_first_access():
 
 RACY = """
 import streamcheck.record.recorder as R
-from tests.streamcheck.test_recorder import FakeArray, FakeStream
+from tests.streamcheck.record.test_recorder import FakeArray, FakeStream
 
 rec = R.current
 s1, s2 = FakeStream(0x10), FakeStream(0x20)
@@ -320,7 +320,7 @@ def fake_gpu(monkeypatch):
     as the import hook would start it, and the script records through it (streamcheck.record.recorder.current)."""
     from streamcheck.record import instrument
     from streamcheck.record import recorder as R
-    from tests.streamcheck.test_recorder import FakeGpu
+    from tests.streamcheck.record.test_recorder import FakeGpu
 
     monkeypatch.setattr("streamcheck.record.gpu.cuda_device_present", lambda: True)
     monkeypatch.setattr("streamcheck.record.gpu.gpu_library_installed", lambda: True)

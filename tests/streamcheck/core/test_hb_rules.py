@@ -744,7 +744,7 @@ def test_json_round_trips():
     assert data == reports_to_dicts(races) == [r.to_dict() for r in races]
     first = data[0]
     assert first["kind"] == "RAW" and first["buffer"] == "out" and first["count"] == 2
-    # Paths relative to the working directory (tests/streamcheck/test_export.py checks site_path itself).
+    # Paths relative to the working directory (tests/streamcheck/pictures/test_export.py checks site_path itself).
     assert first["first"] == {"actor": "stream A", "name": "matmul", "site": site_path(sites["matmul"]), "write": True,
                               "function": "flashnorm_bug", "innermost": None, "stack": []}
     assert first["second"]["site"] == site_path(sites["post_scale"])

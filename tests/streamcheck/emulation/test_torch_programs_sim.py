@@ -1,5 +1,5 @@
 """The PyTorch bug programs of tests/gpu_programs/torch/ on the sim, on this CPU: the same
-headers as on a GPU (tests/streamcheck/adapters/test_torch_programs_gpu.py) decide what each must
+headers as on a GPU (tests/streamcheck/record/adapters/test_torch_programs_gpu.py) decide what each must
 show.
 
 - A racy program reports a race of each expected kind between two of its own lines, and its
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.streamcheck.adapters.test_torch_programs_gpu import PROGRAMS, USES_CUPY, parse_header
+from tests.streamcheck.record.adapters.test_torch_programs_gpu import PROGRAMS, USES_CUPY, parse_header
 
 from streamcheck.emulation.script import run_script
 

@@ -18,7 +18,7 @@ from streamcheck.core.trace import (Alloc, CallSite, CopyKind, DeviceSync, Event
                                     Launch, PeerAccess, Range, StreamCreate, StreamKind, StreamWait, Trace,
                                     op_to_dict)
 from streamcheck.device import Device, DeviceError
-from tests.streamcheck.test_confirm import copy_into, put
+from tests.streamcheck.proofs.test_confirm import copy_into, put
 
 RANKS = 2
 

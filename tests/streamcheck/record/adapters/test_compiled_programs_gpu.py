@@ -20,7 +20,7 @@ import re
 
 import pytest
 
-from tests.streamcheck.adapters.test_torch_programs_gpu import (DELAY_US, PROGRAMS, assert_ran_cleanly, missing_gpu,
+from tests.streamcheck.record.adapters.test_torch_programs_gpu import (DELAY_US, PROGRAMS, assert_ran_cleanly, missing_gpu,
                                                                 own_races, parse_header, streamcheck_run)
 
 USES_COMPILED = re.compile(r"^@compiled$", re.M)

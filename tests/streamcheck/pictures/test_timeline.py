@@ -13,7 +13,7 @@ from streamcheck.pictures.timeline import render_timeline  # noqa: E402
 
 
 
-from tests.streamcheck.test_export import implicit_join as _implicit_join, matmul, postscale, rms  # noqa: E402  (one home)
+from tests.streamcheck.pictures.test_export import implicit_join as _implicit_join, matmul, postscale, rms  # noqa: E402  (one home)
 
 
 def implicit_join(post="C", steps=8, join=False):

@@ -15,7 +15,7 @@ from streamcheck.record import recorder as R
 from streamcheck.record.adapters import torch_inductor
 from streamcheck.record.adapters.patching import Patcher
 from streamcheck.core import trace as T
-from tests.streamcheck.adapters.test_triton_launch import STREAM_A, STREAM_B, FakeJIT, GradGpu, Tensor, ops, tl
+from tests.streamcheck.record.adapters.test_triton_launch import STREAM_A, STREAM_B, FakeJIT, GradGpu, Tensor, ops, tl
 
 
 @FakeJIT

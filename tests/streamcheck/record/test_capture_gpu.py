@@ -3,7 +3,7 @@
 GPU tests (marked gpu) run the graph scripts of tests/gpu_programs/ under `streamcheck run`
 as users do, and compare a fork/join graph on Device("cupy") with the sim:
 
-    pytest -m gpu tests/streamcheck/test_capture_gpu.py
+    pytest -m gpu tests/streamcheck/record/test_capture_gpu.py
 
 The CPU tests (unmarked) drive the same recording and backend code with stand-ins for
 CuPy's streams, runtime and Graph: which graph id a launch gets, what is recorded when

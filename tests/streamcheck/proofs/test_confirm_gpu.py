@@ -7,7 +7,7 @@ classics) and tests/gpu_programs/torch/ (PyTorch bugs rebuilt from public projec
 - A clean program reports nothing to confirm and reruns nothing.
 - Confirmation never changes the exit status: the same as the run without --confirm.
 
-    pytest -m gpu tests/streamcheck/test_confirm_gpu.py
+    pytest -m gpu tests/streamcheck/proofs/test_confirm_gpu.py
 """
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def test_a_replay_line_repeats_the_confirmation(tmp_path):
 
 # --- the device API on Device("cupy"): the sim's confirmation patterns, timed on the GPU --------
 from streamcheck.proofs.confirm_gpu import confirm_device_races  # noqa: E402
-from tests.streamcheck.test_confirm import PAIRS, free_in_use  # noqa: E402
+from tests.streamcheck.proofs.test_confirm import PAIRS, free_in_use  # noqa: E402
 
 
 @pytest.mark.parametrize("racy, kinds", [pytest.param(p[1], p[3], id=p[0]) for p in PAIRS]

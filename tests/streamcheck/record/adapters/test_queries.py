@@ -6,7 +6,7 @@ from __future__ import annotations
 from streamcheck.record.adapters import cupy_streams, torch_runtime
 from streamcheck.analyses.sync_audit import Verdict, audit
 from streamcheck.core import trace as T
-from tests.streamcheck.test_recorder import FakeArray, FakeStream, rec  # noqa: F401 (rec: the fixture)
+from tests.streamcheck.record.test_recorder import FakeArray, FakeStream, rec  # noqa: F401 (rec: the fixture)
 
 
 def _write_then_read(rec, poll):

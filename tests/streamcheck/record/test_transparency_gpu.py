@@ -21,7 +21,7 @@ Wall times (the second plain run and the streamcheck run) are printed as a Markd
 the session ends and, if STREAMCHECK_TRANSPARENCY_LOG names a file, written there (under xdist,
 one file per worker, suffixed with the worker's id):
 
-    STREAMCHECK_TRANSPARENCY_LOG=transparency.md pytest -m gpu -s tests/streamcheck/test_transparency_gpu.py
+    STREAMCHECK_TRANSPARENCY_LOG=transparency.md pytest -m gpu -s tests/streamcheck/record/test_transparency_gpu.py
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from streamcheck.record import recorder as R
 from streamcheck.cli import main
 from streamcheck.proofs.confirm_gpu import Probe, ProbeSpec, confirm_races, judge, plan_probe
 from streamcheck.record.gpu import MAX_DELAY_US
-from tests.streamcheck.test_recorder import FakeArray, FakeGpu, FakeStream
+from tests.streamcheck.record.test_recorder import FakeArray, FakeGpu, FakeStream
 
 
 class LoggingDriver:
@@ -274,7 +274,7 @@ def _graph_program(rec, second_in_graph=False):
     `second_in_graph`, a forked node of the same graph reads it without a join)."""
     from streamcheck.record.adapters import cupy_graphs
     from streamcheck.core import trace as T
-    from tests.streamcheck.test_recorder import FakeGraph
+    from tests.streamcheck.record.test_recorder import FakeGraph
 
     gpu = rec.gpu
     origin, side, other = FakeStream(0x10), FakeStream(0x30), FakeStream(0x20)
@@ -334,7 +334,7 @@ def test_nodes_of_two_graphs_sharing_bytes_are_targeted_at_the_two_launches_that
     the first graph's launch right before the second graph's launch that raced with it."""
     from streamcheck.core.trace import GraphLaunch
     from streamcheck.device import Device
-    from tests.streamcheck.backends.test_capture_sim import STEPS, graphs_sharing_bytes_replayed_on_two_streams
+    from tests.streamcheck.device.backends.test_capture_sim import STEPS, graphs_sharing_bytes_replayed_on_two_streams
 
     dev = Device("sim")
     graphs_sharing_bytes_replayed_on_two_streams(dev, fixed=False)

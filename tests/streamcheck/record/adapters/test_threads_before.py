@@ -17,7 +17,7 @@ from streamcheck.record import recorder as R  # noqa: E402
 from streamcheck.record.adapters import threads, torch_ops, torch_runtime  # noqa: E402
 from streamcheck.record.adapters.patching import Patcher  # noqa: E402
 from streamcheck.core import trace as T  # noqa: E402
-from tests.streamcheck.adapters.test_torch_ops import CpuStandsInForCuda, stand_in_gpu  # noqa: E402
+from tests.streamcheck.record.adapters.test_torch_ops import CpuStandsInForCuda, stand_in_gpu  # noqa: E402
 
 A = 0x10  # torch's current stream (cudaStream_t)
 needs_312 = pytest.mark.skipif(not threads.REACHES_RUNNING_THREADS,

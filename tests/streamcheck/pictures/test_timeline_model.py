@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from streamcheck.pictures import export, timeline_model
 from streamcheck.pictures.export import to_chrome_trace
 from streamcheck.pictures.timeline_model import build_model
-from tests.streamcheck.test_export import captured_missing_join, implicit_join, trace_event_errors
+from tests.streamcheck.pictures.test_export import captured_missing_join, implicit_join, trace_event_errors
 
 MODEL_SOURCE = Path(timeline_model.__file__)
 

@@ -3,7 +3,7 @@ another stream read the stale value, for a RawKernel producer and for library ca
 (cupy.matmul through cuBLAS); per-thread default streams are one stream per host thread; the
 seed-chosen delay sets follow the sim's rule.
 
-    pytest -m gpu tests/streamcheck/test_instrument_gpu.py
+    pytest -m gpu tests/streamcheck/record/test_instrument_gpu.py
 """
 from __future__ import annotations
 

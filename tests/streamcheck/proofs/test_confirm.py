@@ -11,7 +11,7 @@ import pytest
 from streamcheck.proofs.confirm import Confirmation, confirm, confirm_races
 from streamcheck.core.schedule import Confirm, ScheduleError, Target
 from streamcheck.device import Device
-from tests.streamcheck.backends.test_sim_rules import decode_steps, legacy_consumer, three_writes
+from tests.streamcheck.device.backends.test_sim_rules import decode_steps, legacy_consumer, three_writes
 
 
 def put(value, name="produce"):

@@ -12,7 +12,7 @@ from streamcheck.core import trace as T
 from streamcheck.device import Device
 from streamcheck.proofs.sync_proof import prove
 from tests.streamcheck.fake_torch import FAKE_TORCH_DIR, FakeTorch
-from tests.streamcheck.test_recorder import FakeArray, FakeGpu, FakeStream
+from tests.streamcheck.record.test_recorder import FakeArray, FakeGpu, FakeStream
 
 
 def produce(x):

@@ -18,7 +18,7 @@ from streamcheck.record.adapters import triton_launch
 from streamcheck.record.adapters.patching import Patcher
 from streamcheck.core import trace as T
 from streamcheck.record.triton_access import analyze
-from tests.streamcheck.test_recorder import FakeArray, FakeGpu, FakeStream
+from tests.streamcheck.record.test_recorder import FakeArray, FakeGpu, FakeStream
 
 tl = None  # the kernels below are parsed, never run: `tl` is only a name in them
 

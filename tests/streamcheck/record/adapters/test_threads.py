@@ -16,8 +16,8 @@ from streamcheck.core.hb import format_report
 from streamcheck.record import recorder as R
 from streamcheck.record.adapters import threads
 from streamcheck.record.adapters.patching import Patcher
-from tests.streamcheck.test_device_api import HAND_OFFS, hand_off_by, nothing
-from tests.streamcheck.test_recorder import FakeArray, FakeGpu, FakeStream, launch
+from tests.streamcheck.device.test_device_api import HAND_OFFS, hand_off_by, nothing
+from tests.streamcheck.record.test_recorder import FakeArray, FakeGpu, FakeStream, launch
 
 S1, S2 = FakeStream(0x10), FakeStream(0x20)
 
