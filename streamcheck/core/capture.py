@@ -2,7 +2,7 @@
 errors CUDA raises for captures it cannot turn into a graph.
 
 Pure bookkeeping over trace records, shared by the happens-before checker (hb.py) and the
-simulated device (backends/sim.py), so both agree on what a capture contains. The rules
+simulated device (device/backends/sim.py), so both agree on what a capture contains. The rules
 (CUDA programming guide, "Stream Capture"; docs/cuda-rules.md section 8):
 - work issued to a capturing stream is recorded as graph nodes, not executed;
 - a stream joins a capture by waiting on an event recorded inside it (a fork); every

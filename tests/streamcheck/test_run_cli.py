@@ -1,7 +1,7 @@
 """`streamcheck run` and the instrumentation's CPU-testable parts (no GPU needed).
 
 The GPU behaviour (races reported, values wrong under delay) is in
-backends/test_cupy_backend_gpu.py; here: usage errors, the no-GPU exit, missing scripts,
+device/backends/test_cupy_backend_gpu.py; here: usage errors, the no-GPU exit, missing scripts,
 lazy imports, and the pure pieces (CUDA signature parsing, delay targeting).
 """
 from __future__ import annotations
