@@ -129,10 +129,15 @@ def _from_stdlib() -> bool:
 
 
 def _channel_of(obj, table) -> int:
+    """`obj`'s channel in `table`; a fresh one each time for an object a weak table cannot hold (a
+    subclass with __slots__ or without a hash): its hand-offs then order nothing, and it works as ever."""
     with _state:
-        channel = table.get(obj)
-        if channel is None:
-            channel = table[obj] = next(_channels)
+        try:
+            channel = table.get(obj)
+            if channel is None:
+                channel = table[obj] = next(_channels)
+        except TypeError:
+            return next(_channels)
         return channel
 
 
@@ -161,7 +166,10 @@ def _queue_put(orig):
             return orig(self, item, block, timeout)
         channel = next(_channels)
         with _state:
-            _queued.setdefault(self, {}).setdefault(id(item), [item]).append(channel)
+            try:
+                _queued.setdefault(self, {}).setdefault(id(item), [item]).append(channel)
+            except TypeError:  # a queue a weak table cannot hold (see _channel_of): not followed
+                return orig(self, item, block, timeout)
         _hand_off(channel, "Queue.put")  # before the item can be got
         try:
             return orig(self, item, block, timeout)
@@ -173,7 +181,7 @@ def _queue_put(orig):
 
 
 def _forget(q, item, channel) -> None:
-    in_flight = _queued.get(q, {})
+    in_flight = _in_flight(q)
     entry = in_flight.get(id(item))
     if entry is not None and channel in entry[1:]:
         entry.remove(channel)
@@ -181,12 +189,19 @@ def _forget(q, item, channel) -> None:
             del in_flight[id(item)]
 
 
+def _in_flight(q) -> dict:
+    try:
+        return _queued.get(q, {})
+    except TypeError:
+        return {}
+
+
 def _queue_get(orig):
     def get(self, block=True, timeout=None):
         item = orig(self, block, timeout)
         if _listeners:
             with _state:
-                entry = _queued.get(self, {}).get(id(item))
+                entry = _in_flight(self).get(id(item))
                 channels = entry[1:] if entry is not None and entry[0] is item else []
                 if channels:
                     _forget(self, item, channels[0])
@@ -239,6 +254,8 @@ class _FollowedLock:
         self.release()
 
     def __getattr__(self, name):
+        if name == "_lock":  # not set yet (a copy being made): no lock to forward to
+            raise AttributeError(name)
         return getattr(self._lock, name)
 
     def __repr__(self):

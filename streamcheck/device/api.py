@@ -66,6 +66,9 @@ from .objects import Buffer, DeviceError, KernelError, Region, UndeclaredWriteEr
 # The public names are listed once, in streamcheck/device/__init__.py (__all__).
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_to_all")
+# The device each host thread joined last (made it, was started by it, used it): the one that hears
+# its hand-offs (_HandOffs).
+_joined = threading.local()
 
 
 def _type_name(obj) -> str:
@@ -283,6 +286,7 @@ class Device:
         self._lock = threading.RLock()
         self._next = {"stream": 1, "event": 1, "buffer": 1, "graph": 1}
         self._threads: dict = {threading.get_ident(): 0}
+        _joined.device = weakref.ref(self)
         self._per_thread: dict[int, Stream] = {}
         # Named "legacy" for delay targets; recorded without a name so reports say
         # "legacy default stream".
@@ -302,6 +306,7 @@ class Device:
         if tid is None:
             # A thread we did not see start: unordered with everything (conservative).
             tid = self._threads[threading.get_ident()] = len(self._threads)
+            _joined.device = weakref.ref(self)
             self._record(T.ThreadStart(tid, caller_site(), parent=None))
         return tid
 
@@ -1097,7 +1102,9 @@ class Device:
 
 class _HandOffs(Listener):
     """The device's ear for host threads' hand-offs (host_handoffs.Listener): the threads it knows
-    are its creator, its Device.thread threads and the threads that used it."""
+    are its creator, its Device.thread threads and the threads that used it, each as long as this
+    is the device it joined last (`_joined`): a device whose program ended, not yet collected,
+    must not hear the next program's device, made in the same thread."""
 
     def __init__(self, device: Device):
         super().__init__()
@@ -1105,7 +1112,8 @@ class _HandOffs(Listener):
 
     def knows_caller(self) -> bool:
         dev = self._device()
-        return dev is not None and threading.get_ident() in dev._threads
+        joined = getattr(_joined, "device", None)
+        return dev is not None and joined is not None and joined() is dev
 
     def record(self, kind, channel: int, what: str) -> None:
         dev = self._device()
@@ -1164,6 +1172,7 @@ class DeviceThread(threading.Thread):
         with dev._lock:
             del dev._threads[("pending", self._tid)]
             dev._threads[threading.get_ident()] = self._tid
+        _joined.device = weakref.ref(dev)
         try:
             super().run()
         except BaseException as exc:

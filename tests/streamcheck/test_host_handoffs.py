@@ -174,3 +174,18 @@ def test_the_standard_library_is_restored_after_the_last_listener_stops():
     assert first.heard == [] and [c[1] for c in second.calls()] == ["Event.set"]
     stop_second()
     assert (threading.Event.set, queue.Queue.get, threading.Lock, threading.Condition.__init__) == originals
+
+
+def test_primitives_a_weak_table_cannot_hold_work_as_ever_and_order_nothing(listener):
+    class UnhashableQueue(queue.Queue):
+        __hash__ = None
+
+    class UnhashableEvent(threading.Event):
+        __hash__ = None
+
+    q, ev = UnhashableQueue(), UnhashableEvent()
+    q.put(1)
+    assert q.get() == 1
+    ev.set()
+    assert ev.wait(1) is True
+    assert listener.edges() == []

@@ -607,6 +607,29 @@ def test_a_thread_the_device_did_not_start_is_ordered_by_the_hand_off_it_took_ov
     assert dev.get(x).tolist() == [1.0] * 4
 
 
+def queue_program(dev):
+    """The main thread hands x to a worker through a queue; the worker doubles it."""
+    x = dev.alloc(4, name="x", fill=0.0)
+    q = queue.Queue()
+    t = dev.thread(lambda: (q.get(timeout=5), dev.host_write(x, 2.0)))
+    t.start()
+    dev.host_write(x, 1.0)
+    q.put("x is yours")
+    t.join()
+    return dev.get(x).tolist()
+
+
+def test_a_device_whose_program_ended_does_not_hear_the_next_programs_hand_offs():
+    first = Device("sim")
+    assert queue_program(first) == [2.0] * 4 and first.races == []
+    recorded = len(first.trace.ops)
+    second = Device("sim")  # the next program in the same thread, the first device still alive
+    assert queue_program(second) == [2.0] * 4 and second.races == [], second.report()
+    assert len(first.trace.ops) == recorded
+    assert [op.what for op in second.trace.ops if isinstance(op, (T.HandOff, T.TakeOver))] == ["Queue.put",
+                                                                                                 "Queue.get"]
+
+
 def test_public_types_are_exported():
     dev = Device("sim")
     assert isinstance(dev.stream("A"), Stream) and isinstance(dev.event(), Event)
