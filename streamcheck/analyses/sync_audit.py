@@ -350,8 +350,8 @@ def _why_host_stays(finding: Finding) -> str:
         return "a query that returned done: the program's loop or branch on it depends on timing"
     if finding.verdict is Verdict.NECESSARY:
         return "its device-side replacement, checked in the trace, does not order every race it prevents"
-    return ("redundant alone, but needed once the removable ones are gone; a device-side wait does not replace it "
-            "(the host itself relies on the order)")
+    return ("redundant alone, but needed once the removable ones are gone: without it the set races between streams "
+            "(a device-side replacement for it was not tried)")
 
 
 def _race_line(race: Race) -> str:
@@ -597,9 +597,10 @@ class SyncEdits:
 
     def __init__(self, remove=(), swap=None, counts=None):
         self.remove = _occurrence_sets(remove)
-        self.swap = {key: (plan if isinstance(plan, tuple) and len(plan) == 2 and isinstance(plan[0], _Swap)
-                           else (plan, None)) for key, plan in (swap or {}).items()}
-        self.swap = {key: (plan, frozenset(at) if at is not None else None) for key, (plan, at) in self.swap.items()}
+        self.swap = {}  # key -> (_Swap, occurrences or None for every one)
+        for key, plan in (swap or {}).items():
+            plan, at = plan if not isinstance(plan, _Swap) else (plan, None)
+            self.swap[key] = (plan, frozenset(at) if at is not None else None)
         self.counts = dict(counts or {})
         self.issued: dict = {}  # key -> occurrences issued so far
         self.unskipped: set = set()  # keys a recorder could not skip (a library reported the call after it ran)
