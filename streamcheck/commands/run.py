@@ -51,6 +51,8 @@ from ..record.gpu import MAX_DELAY_US
 from . import STDOUT, output_problem, report_width, timeline_file, timeline_problem
 
 INTERNAL_ERROR = 3  # the recording is incomplete: a refused record can hide a race
+BACKENDS = ("auto", "gpu", "sim")
+DEFAULT_SCHEDULES = 4  # sim: reruns after the reference (each a fresh run of the script)
 
 
 def _delay_us(text: str) -> float:
@@ -71,6 +73,26 @@ def _exit_code(text: str) -> int:
         raise argparse.ArgumentTypeError(f"must be an integer in [0, 255], got {text!r}") from None
     if not 0 <= value <= 255:
         raise argparse.ArgumentTypeError(f"must be an integer in [0, 255], got {text}")
+    return value
+
+
+def _policies(text: str) -> tuple:
+    from .run_sim import POLICIES
+
+    names = tuple(name.strip() for name in text.split(","))
+    bad = [name for name in names if name not in POLICIES]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"policies are {', '.join(POLICIES)} (comma-separated), got {text!r}")
+    return names
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}")
     return value
 
 
@@ -104,6 +126,21 @@ def register(subparsers) -> None:
                "See docs/instrument.md for what can and cannot be seen. Exit status: the script's own, or "
                "--error-exitcode's when something was found; 2 bad usage or no GPU (0 with --skip-without-gpu); "
                "3 an internal error of the recorder (the check is incomplete).")
+    p.add_argument("--backend", choices=BACKENDS, default="auto",
+                   help="gpu: record the script on an NVIDIA GPU; sim: run it on the CPU with CUDA emulated "
+                        "(torch programs, unmodified; docs/emulation.md); auto (default): the GPU where there is "
+                        "one, else the sim, saying so")
+    p.add_argument("--schedules", type=_count, default=None, metavar="N",
+                   help=f"sim: after the sequential reference, rerun the script under N schedules (default "
+                        f"{DEFAULT_SCHEDULES}) and compare its output with the reference's")
+    p.add_argument("--policy", type=_policies, default=None, metavar="P[,P...]",
+                   help="sim: the schedules' policies, in turn: delay, random, pct (default all three)")
+    p.add_argument("--delay-steps", type=_count, default=8, metavar="N",
+                   help="sim: how many host calls a delayed operation is held (default 8)")
+    p.add_argument("--devices", type=_count, default=1, metavar="N",
+                   help="sim: how many CUDA devices to emulate (cuda:0 .. cuda:N-1; default 1)")
+    p.add_argument("--timeout", type=_seconds, default=300.0, metavar="S",
+                   help="sim: seconds each run of the script may take before it is interrupted (default 300)")
     p.add_argument("--delay-us", type=_delay_us, default=0.0, metavar="N",
                    help=f"spin N microseconds (<= {MAX_DELAY_US}) on targeted streams before each launch or copy")
     p.add_argument("--delay-stream", action="append", default=[], metavar="NAME",
@@ -234,17 +271,22 @@ class _Refused(Exception):
 
 
 def run(args) -> int:
-    """The pipeline: read the script, refuse bad usage, record the script (the one recording stage
-    so far: on the GPU), report, confirm, audit, prove, write the outputs."""
+    """The pipeline: read the script, refuse bad usage, record the script (on the GPU, or on the
+    sim with CUDA emulated), report, compare schedules (sim), confirm, audit, prove, write the
+    outputs."""
     try:
         source = _read_script(args.script)
-        probe, edits = _check_usage(args)
+        backend, why = _choose_backend(args)
+        probe, edits = _check_usage(args, backend)
     except _Refused as exc:
         print(f"streamcheck run: {exc}", file=sys.stderr)
         return 2
-    unavailable = _without_gpu(args)
-    if unavailable is not None:
-        return unavailable
+    if why:
+        print(why, file=sys.stderr)
+    if backend is None:  # no GPU and --skip-without-gpu
+        return 0
+    if backend == "sim":
+        return _run_on_sim(args, source)
     recorded = record_on_gpu(args, source, probe=probe, edits=edits)
     sys.stdout.flush()
     session = recorded.session
@@ -257,6 +299,26 @@ def run(args) -> int:
     proof = prove_audit(args, sync_audit, session.races)
     write_outputs(args, session, verdicts, sync_audit, proof, edits)
     return exit_status(args, session, recorded.status)
+
+
+def _run_on_sim(args, source: bytes) -> int:
+    """The same pipeline with the sim's stages: the sequential reference, then its schedules."""
+    from . import run_sim
+
+    recorded, reference = run_sim.record_on_sim(args, source)
+    session = recorded.session
+    if session is None:  # a surface the sim does not model: said in one line
+        return recorded.status
+    print_report(args, session, None, sim=True)
+    outcomes = run_sim.compare_schedules(args, reference)
+    verdicts = run_sim.confirm_races_on_sim(args, session) if args.confirm and session.races else []
+    sync_audit = audit_syncs(args, session)
+    proof = run_sim.prove_on_sim(args) if args.prove else None
+    write_outputs(args, session, verdicts, sync_audit, proof, None)
+    status = exit_status(args, session, recorded.status)
+    if any(o.difference for o in outcomes) and args.error_exitcode is not None:
+        return args.error_exitcode
+    return status
 
 
 # Before the run: every usage problem is found before the script starts.
@@ -273,8 +335,60 @@ def _read_script(script: str) -> bytes:
         raise _Refused(f"can't open file {os.path.abspath(script)!r}: [Errno {exc.errno}] {exc.strerror}") from None
 
 
-def _check_usage(args):
+def _choose_backend(args) -> tuple:
+    """("gpu" or "sim", the line that says why, printed once usage is checked). auto: the GPU
+    where there is one, else the sim; None when there is no GPU and --skip-without-gpu asks to
+    skip. Raises _Refused for --backend gpu without a GPU."""
+    if args.backend == "sim":
+        return "sim", ""
+    from ..record.gpu import cuda_device_present, gpu_library_installed
+
+    if cuda_device_present() and gpu_library_installed():
+        return "gpu", ""
+    if args.skip_without_gpu:
+        return None, (f"streamcheck run: skipped {args.script}: no GPU here (no CUDA device, or neither CuPy nor a "
+                      "CUDA build of torch installed); --skip-without-gpu exits 0")
+    if args.backend == "gpu":
+        raise _Refused("--backend gpu needs an NVIDIA GPU and CuPy (pip install 'streamcheck[gpu]') or a CUDA build "
+                       "of torch; none found here (no CUDA device, or neither library installed). --backend sim runs "
+                       "torch programs on the CPU with CUDA emulated." +
+                       (" --confirm reruns the script on the GPU, so it needs one too." if args.confirm else ""))
+    return "sim", ("streamcheck run: no GPU here: running on the sim (CUDA emulated on the CPU); --backend gpu "
+                   "requires a GPU")
+
+
+_GPU_ONLY = (("delay_us", "--delay-us", "delays on the sim are host steps: --delay-steps N"),
+             ("confirm_probe", "--confirm-probe", ""), ("skip_syncs", "--skip-syncs", ""),
+             ("time_script", "--time-script", ""), ("no_warm_up", "--no-warm-up", "the sim needs no warm-up"))
+_SIM_ONLY = (("schedules", "--schedules"), ("policy", "--policy"))
+
+
+def _check_backend_options(args, backend: str) -> None:
+    if backend == "sim":
+        for attr, option, instead in _GPU_ONLY:
+            if getattr(args, attr):
+                raise _Refused(f"{option} is for the GPU backend, not the sim" + (f"; {instead}" if instead else ""))
+        if args.schedules is None:
+            args.schedules = DEFAULT_SCHEDULES
+        if args.policy is None:
+            from .run_sim import POLICIES
+
+            args.policy = POLICIES
+        if "all" in args.delay_stream and len(args.delay_stream) > 1:
+            raise _Refused("--delay-stream all names every stream; drop the other --delay-stream names")
+        return
+    for attr, option in _SIM_ONLY:
+        if getattr(args, attr) is not None:
+            raise _Refused(f"{option} reruns the script under sim schedules; add --backend sim (on a GPU, make races "
+                           "strike with --delay-stream / --delay-us)")
+    if args.devices != 1:
+        raise _Refused("--devices sets how many devices the sim emulates; on a GPU the script sees the machine's")
+
+
+def _check_usage(args, backend: Optional[str] = "gpu"):
     """(probe, edits): the rerun modes' inputs, each None outside its mode; raises _Refused."""
+    if backend is not None:
+        _check_backend_options(args, backend)
     if args.confirm_max is not None and not args.confirm:
         raise _Refused("--confirm-max limits --confirm; add --confirm (or drop --confirm-max)")
     missing = [path for path in args.library if not os.path.exists(path)]
@@ -341,24 +455,6 @@ class Recorded:
 
     status: int
     session: Optional[object]
-
-
-def _without_gpu(args) -> Optional[int]:
-    """The GPU recording's precondition: None with a GPU, else the exit status after one line."""
-    from ..record.gpu import cuda_device_present, gpu_library_installed
-
-    if cuda_device_present() and gpu_library_installed():
-        return None
-    if args.skip_without_gpu:
-        print(f"streamcheck run: skipped {args.script}: no GPU here (no CUDA device, or neither CuPy nor a CUDA build "
-              "of torch installed); --skip-without-gpu exits 0", file=sys.stderr)
-        return 0
-    print("streamcheck run: needs an NVIDIA GPU and CuPy (pip install 'streamcheck[gpu]') or a CUDA build of "
-          "torch; none found here (no CUDA device, or neither library installed). Programs written against the "
-          "device API can be checked on the CPU with Device('sim')."
-          + (" --confirm reruns the script on the GPU, so it needs one too." if args.confirm else ""),
-          file=sys.stderr)
-    return 2
 
 
 def record_on_gpu(args, source: bytes, probe=None, edits=None) -> Recorded:
@@ -436,13 +532,19 @@ def run_as_main(source: bytes, script: str, script_args, stop_recording, after_s
 
 # After the recording: one function per stage.
 
-def print_report(args, session, probe) -> None:
+def print_report(args, session, probe, sim: bool = False) -> None:
     """The recording's summary, what was not intercepted, the race report; then a confirmation
     rerun's verdict, or how to make the races strike."""
     print(session.summary(), file=sys.stderr)
     for problem in session.unpatched:
         print(f"streamcheck: not intercepted: {problem}", file=sys.stderr)
     print(session.report(width=report_width(sys.stderr)), file=sys.stderr)
+    if sim:
+        if session.races and not args.confirm:
+            print(f"streamcheck: to make them strike, the schedules rerun the script ({args.schedules} now; "
+                  "--schedules N); --confirm holds each race's first access until its second ran",
+                  file=sys.stderr)
+        return
     if probe is not None:
         _finish_confirmation_rerun(probe, session)
     elif session.races and args.delay_us == 0 and not args.confirm:

@@ -56,10 +56,11 @@ class _Tee(io.TextIOBase):
 
 
 def run_script(path: str, argv=(), *, policy="sequential", seed: int = 0, check: bool = True, devices: int = 1,
-               echo: bool = False, timeout: Optional[float] = None, **policy_params) -> ScriptRun:
+               echo: bool = False, timeout: Optional[float] = None, device=None, **policy_params) -> ScriptRun:
     """Run the script at `path` once on a fresh sim device with `policy` (and its seed and
-    parameters). `echo`: its output also goes to this process's stdout. `timeout`: seconds
-    before the run is interrupted (None: no limit)."""
+    parameters), or on `device` (a sim Device a rerun built: confirmation, the sync proof).
+    `echo`: its output also goes to this process's stdout. `timeout`: seconds before the run is
+    interrupted (None: no limit; always None with `device`, whose thread is the caller's)."""
     from ..device import Device
     from .torch_cuda import Emulation, EmulationError
 
@@ -68,9 +69,11 @@ def run_script(path: str, argv=(), *, policy="sequential", seed: int = 0, check:
     tee = _Tee(sys.stdout if echo else None)
     box: dict = {}
 
+    given = device
+
     def body():
-        device = box["device"] = Device("sim", check=check, policy=policy, seed=seed, devices=devices,
-                                        **policy_params)
+        device = box["device"] = given if given is not None else Device(
+            "sim", check=check, policy=policy, seed=seed, devices=devices, **policy_params)
         emulation = box["emulation"] = Emulation(device)
         with emulation:
             runpy.run_path(path, run_name="__main__")
@@ -83,7 +86,7 @@ def run_script(path: str, argv=(), *, policy="sequential", seed: int = 0, check:
     try:
         with contextlib.redirect_stdout(tee):
             try:
-                run_with_timeout(body, timeout, name="streamcheck run (sim)")
+                run_with_timeout(body, None if given is not None else timeout, name="streamcheck run (sim)")
             except SystemExit as exc:
                 status = _exit_status(exc.code)
             except EmulationError as exc:

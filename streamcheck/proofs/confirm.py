@@ -52,6 +52,11 @@ class Confirmation:
     held: str = ""  # "held <first> until <second> ran"
     replay: str = ""  # a Device(...) line that repeats the directed rerun decision by decision
 
+    def to_dict(self) -> dict:
+        """As the GPU's verdicts (confirm_gpu.Verdict.to_dict), for `streamcheck run --json`."""
+        return {"kind": self.race.kind, "first": str(self.race.first.site), "second": str(self.race.second.site),
+                "confirmed": self.confirmed, "text": self.format(), "replay": self.replay, "backend": "sim"}
+
     def format(self) -> str:
         tail = f" ({self.held}; replay: {self.replay})" if self.held else ""
         if not self.confirmed:

@@ -36,6 +36,13 @@ class Proof:
     confirmations: tuple  # (finding number, Confirmation) for necessary syncs skipped alone
     why: str = ""  # why nothing is claimed
 
+    def to_dict(self) -> dict:
+        """For `streamcheck run --json` (its GPU twin: sync_proof_gpu.GpuProof.to_dict)."""
+        return {"backend": "sim", "removable": self.removable, "why": self.why,
+                "runs": [{"schedule": schedule, "problem": problem} for schedule, problem in self.runs],
+                "confirmations": [{"finding": number, **confirmation.to_dict()}
+                                  for number, confirmation in self.confirmations]}
+
     def format(self) -> str:
         lines = [self.audit.format(), "", "proof on execution (sim):"]
         if self.removable is None:

@@ -99,22 +99,33 @@ def test_missing_script_exits_2_like_python(tmp_path, capsys):
 def test_script_arguments_are_not_taken_as_options(script, monkeypatch, capsys):
     monkeypatch.setattr("streamcheck.record.gpu.cuda_device_present", lambda: False)
     # `--delay-us` after the script belongs to the script; the run still stops at the GPU check.
-    assert cli.main(["run", script, "--delay-us", "-5"]) == 2
+    assert cli.main(["run", "--backend", "gpu", script, "--delay-us", "-5"]) == 2
     assert "needs an NVIDIA GPU" in capsys.readouterr().err
 
 
 # --- no GPU -------------------------------------------------------------------------------
 
-def test_no_gpu_exits_2_with_a_clear_message(script, monkeypatch, capsys):
+def test_backend_gpu_without_a_gpu_exits_2_with_a_clear_message(script, monkeypatch, capsys):
     monkeypatch.setattr("streamcheck.record.gpu.cuda_device_present", lambda: False)
-    assert cli.main(["run", "--error-exitcode", "1", script]) == 2
+    assert cli.main(["run", "--backend", "gpu", "--error-exitcode", "1", script]) == 2
     captured = capsys.readouterr()
-    assert "needs an NVIDIA GPU and CuPy" in captured.err
+    (line,) = captured.err.splitlines()
+    assert "--backend gpu needs an NVIDIA GPU and CuPy" in line and "--backend sim" in line
     assert "ran" not in captured.out  # the script did not run half-checked
 
 
-def test_without_cupy_end_to_end(script):
-    proc = python(NO_CUPY + f"from streamcheck.cli import main; sys.exit(main(['run', {script!r}]))")
+def test_without_a_gpu_auto_runs_the_script_on_the_sim_and_says_so(script, monkeypatch, capsys):
+    monkeypatch.setattr("streamcheck.record.gpu.cuda_device_present", lambda: False)
+    assert cli.main(["run", "--schedules", "0", script]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == "ran\n"
+    assert captured.err.splitlines()[0] == ("streamcheck run: no GPU here: running on the sim (CUDA emulated on the "
+                                            "CPU); --backend gpu requires a GPU")
+    assert "streamcheck: no races found" in captured.err
+
+
+def test_backend_gpu_without_cupy_end_to_end(script):
+    proc = python(NO_CUPY + f"from streamcheck.cli import main; sys.exit(main(['run', '--backend', 'gpu', {script!r}]))")
     assert proc.returncode == 2, proc.stderr
     assert "needs an NVIDIA GPU and CuPy" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -123,8 +134,8 @@ def test_without_cupy_end_to_end(script):
 def test_console_script_entry_point_without_cupy(script):
     # The same through `python -m streamcheck.cli`, as CI machines run it.
     proc = subprocess.run([sys.executable, "-c", NO_CUPY + "import runpy; runpy.run_module('streamcheck.cli', "
-                           "run_name='__main__')", "run", script], capture_output=True, text=True, cwd=ROOT,
-                          timeout=120)
+                           "run_name='__main__')", "run", "--backend", "gpu", script], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
     assert proc.returncode == 2
     assert "needs an NVIDIA GPU and CuPy" in proc.stderr
 

@@ -1,0 +1,205 @@
+"""`streamcheck run --backend sim`: the script's CUDA emulated on the CPU (streamcheck/emulation),
+as the recording stage of run.py's pipeline, and the stages only the sim has: schedules that
+rerun the script and compare its output, and the sim's halves of --confirm and --prove.
+
+The recording stage runs the script once sequentially (the reference: every operation executes
+when issued) with the happens-before checker on. Then `--schedules N` reruns, each on a fresh
+sim device under one of `--policy` (delay, random, pct; seeds `--seed`, `--seed`+1, ...), compare
+the script's standard output with the reference's and print, for each that differs, the line
+that replays it. Before them, a second sequential run checks that the script is deterministic:
+if its output differs, no schedule is compared (a difference would mean nothing).
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Optional
+
+POLICIES = ("delay", "random", "pct")
+
+
+class SimRecording:
+    """A sim run as run.py's later stages ask a recording: races, trace, checker, findings,
+    errors, refused, unpatched, libraries, summary(), report()."""
+
+    def __init__(self, run, script: str):
+        self.run = run
+        self.device = run.device
+        self.script = script
+        self.trace = run.device.trace
+        self.checker = run.device.checker
+        self.races = run.device.races
+        self.errors: list = []  # the emulation records through the device API: no record can be refused
+        self.refused: list = []
+        self.unpatched: list = []
+        self.libraries = ("torch (emulated on the sim)",)
+        seen = {str(e) for e in self.checker.capture_errors} if self.checker is not None else set()
+        self.capture_errors = list(self.checker.capture_errors) if self.checker is not None else []
+        self.capture_errors += [e for e in run.capture_errors if str(e) not in seen]
+
+    @property
+    def findings(self) -> int:
+        return len(self.races) + len(self.capture_errors)
+
+    def summary(self) -> str:
+        streams = len(self.device._stream_objects)
+        return (f"streamcheck: ran {self.script} on the sim (CUDA emulated on the CPU), sequentially: "
+                f"{len(self.trace)} operations on {streams} stream(s)")
+
+    def report(self, width: Optional[int] = None) -> str:
+        from ..core.hb import format_report
+        from ..record.recorder import format_capture_errors
+
+        lines = [format_report(self.races, width=width)]
+        if self.capture_errors:
+            lines.append(format_capture_errors(self.capture_errors))
+        lines.extend(f"streamcheck: note: {text}" for text in self.run.notices)
+        return "\n".join(lines)
+
+
+def record_on_sim(args, source: bytes):
+    """The recording stage on the sim: the script once, sequentially, checked. Returns run.py's
+    Recorded; a surface the sim does not model ends the run with its one line (exit 2)."""
+    from ..core.trace import set_site_settings, site_settings
+    from ..emulation.script import run_script
+    from .run import Recorded
+    from dataclasses import replace
+
+    sites_before = set_site_settings(replace(site_settings(), libraries=tuple(args.library)))
+    try:
+        run = run_script(args.script, args.args, policy="sequential", devices=args.devices, echo=True,
+                         timeout=args.timeout)
+    finally:
+        set_site_settings(sites_before)
+    sys.stdout.flush()
+    if run.error:
+        print(run.error, end="", file=sys.stderr)
+    if run.refused:
+        print(f"streamcheck run: {run.refused}", file=sys.stderr)
+        return Recorded(2, None), run
+    if run.timed_out:
+        print(f"streamcheck run: the script {run.timed_out}; the limit is --timeout", file=sys.stderr)
+    return Recorded(run.status, SimRecording(run, args.script)), run
+
+
+@dataclass(frozen=True)
+class ScheduleOutcome:
+    label: str  # "random seed 3"
+    replay: str  # the command line that reruns exactly this schedule
+    difference: str  # "" when the output matched the reference
+
+
+def _schedule_params(policy: str, args) -> dict:
+    if policy != "delay":
+        return {}
+    params = {"steps": args.delay_steps}
+    if args.delay_stream and args.delay_stream != ["all"]:
+        params["streams"] = list(args.delay_stream)
+    if args.delay_kernel:
+        params["kernels"] = list(args.delay_kernel)
+    return params
+
+
+def _replay(args, policy: str, seed: int) -> str:
+    import shlex
+
+    parts = ["streamcheck", "run", "--backend", "sim", "--schedules", "1", "--policy", policy, "--seed", str(seed)]
+    if policy == "delay":
+        parts += ["--delay-steps", str(args.delay_steps)]
+        parts += [x for name in args.delay_stream for x in ("--delay-stream", name)]
+        parts += [x for name in args.delay_kernel for x in ("--delay-kernel", name)]
+    if args.devices != 1:
+        parts += ["--devices", str(args.devices)]
+    return " ".join(shlex.quote(p) for p in parts + [args.script, *args.args])
+
+
+def _first_difference(want: str, got: str) -> str:
+    """Where two outputs part, as a user reads it: the first differing line of each."""
+    a, b = want.splitlines(), got.splitlines()
+    for number, (x, y) in enumerate(zip(a, b), start=1):
+        if x != y:
+            return f"line {number}: {_short(y)!r} (the reference printed {_short(x)!r})"
+    if len(a) != len(b):
+        return f"{len(b)} lines (the reference printed {len(a)})"
+    return ""
+
+
+def _short(line: str, limit: int = 160) -> str:
+    return line if len(line) <= limit else line[:limit] + " ..."
+
+
+def compare_schedules(args, reference) -> list:
+    """--schedules N: reruns under the chosen policies, each output compared with the reference's."""
+    from ..emulation.script import run_script
+
+    if args.schedules == 0:
+        return []
+    policies = args.policy
+    again = run_script(args.script, args.args, policy="sequential", check=False, devices=args.devices,
+                       timeout=args.timeout)
+    if again.stdout != reference.stdout or again.status != reference.status:
+        print(f"streamcheck: the script is not deterministic: a second sequential run printed other output "
+              f"({_first_difference(reference.stdout, again.stdout)}); its {args.schedules} schedule(s) are not "
+              "compared (a difference would not be the schedule's)", file=sys.stderr)
+        return []
+    outcomes = []
+    for i in range(args.schedules):
+        policy, seed = policies[i % len(policies)], args.seed + i
+        run = run_script(args.script, args.args, policy=policy, seed=seed, check=False, devices=args.devices,
+                         timeout=args.timeout, **_schedule_params(policy, args))
+        if run.timed_out:
+            difference = f"did not finish: it {run.timed_out}"
+        elif run.refused or run.error:
+            difference = f"raised: {(run.refused or run.error.strip().splitlines()[-1])}"
+        elif run.status != reference.status:
+            difference = f"exited {run.status} (the reference exited {reference.status})"
+        else:
+            difference = _first_difference(reference.stdout, run.stdout)
+        outcomes.append(ScheduleOutcome(f"{policy} seed {seed}", _replay(args, policy, seed), difference))
+    wrong = [o for o in outcomes if o.difference]
+    print(f"streamcheck: {len(outcomes)} schedule(s) on the sim ({', '.join(policies)}): "
+          f"{len(wrong)} printed other output than the sequential reference", file=sys.stderr)
+    for o in wrong:
+        print(f"streamcheck: schedule {o.label}: {o.difference}\n  replay: {o.replay}", file=sys.stderr)
+    return outcomes
+
+
+def script_program(args):
+    """The script as a device-API program (a callable taking a sim Device and returning its
+    output), for the sim's confirmation and proof reruns."""
+    from ..emulation.script import run_script
+
+    def program(device):
+        run = run_script(args.script, args.args, device=device)
+        if run.refused or run.error:
+            raise RuntimeError(run.refused or run.error.strip().splitlines()[-1])
+        return run.stdout
+
+    return program
+
+
+def confirm_races_on_sim(args, recording) -> list:
+    """--confirm on the sim: each race's first access held until its second ran (docs/confirm.md)."""
+    from ..proofs.confirm import MAX_RACES, confirm_races
+
+    races = recording.races
+    limit = MAX_RACES if args.confirm_max is None else args.confirm_max
+    print(f"streamcheck: confirming {min(len(races), limit)} of {len(races)} race(s) on the sim: the script rerun "
+          "with each race's first access held until its second ran", file=sys.stderr)
+    verdicts = confirm_races(script_program(args), races, max_races=limit)
+    for i, verdict in enumerate(verdicts, 1):
+        race = verdict.race
+        print(f"streamcheck: race {i} ({race.kind} on `{race.buffer}`, {race.first.site} -> {race.second.site}): "
+              f"{verdict.format()}", file=sys.stderr)
+    return list(verdicts)
+
+
+def prove_on_sim(args):
+    """--prove on the sim: the audit's minimal set, rerun with the removable syncs skipped."""
+    from ..proofs.sync_proof import prove
+
+    print("streamcheck: proving the audit's minimal set on the sim: the script rerun with the removable "
+          "synchronizations skipped, under delays and random schedules", file=sys.stderr)
+    proof = prove(script_program(args), seed=args.seed)
+    print(proof.format(), file=sys.stderr)
+    return proof
