@@ -249,7 +249,8 @@ def _check_count(name: str, value, what: str) -> int:
 
 
 def attach(model, devices, plan: Optional[SyncPlan] = None, *, max_tokens: int = 256,
-           dtype: Optional[str] = None, cancel: bool = False, prefill_rows: Optional[int] = None) -> Attachment:
+           dtype: Optional[str] = None, cancel: bool = False, prefill_rows: Optional[int] = None,
+           kernels: str = "auto") -> Attachment:
     """Route every norm → projection group of `model` through the dual-stream pipeline.
 
     `devices`: one Device, or several run in lockstep (the first feeds the model; the
@@ -258,18 +259,25 @@ def attach(model, devices, plan: Optional[SyncPlan] = None, *, max_tokens: int =
     (hf_cuda.py) on a model whose parameters are on that GPU, computing in the model's
     dtype; `prefill_rows` (default hf_cuda.PREFILL_ROWS) is where steps switch to the
     pre-scaled single-stream path. `max_tokens`: the most rows one step takes (batch ×
-    tokens of that step, the prompt's included).
+    tokens of that step, the prompt's included). `kernels` (CUDA path only): "cupy" (the
+    CUDA C kernels through CuPy; without CuPy, an ImportError that says how to install it),
+    "torch" (torch operators on torch.cuda.Stream()s: no CuPy needed, so it also runs on
+    streamcheck's emulated CUDA device; a plan with blocking side streams is refused), or
+    "auto" (the default): CuPy where it imports, else torch (hf_cuda, "Kernel paths").
     `cancel=True`: FlashNorm Prop 3. `cancel.cancellable_projections(model)` decides which
     of the projections fed by each `input_layernorm` skip its 1/RMS scale (q_proj, k_proj
     of QK-norm models); a model that does not qualify raises cancel.NotCancellableError
     before anything is attached. Device API only."""
     if _is_cuda(devices):
         return _attach_cuda(model, devices, plan, max_tokens=max_tokens, dtype=dtype, cancel=cancel,
-                            prefill_rows=prefill_rows)
+                            prefill_rows=prefill_rows, kernels=kernels)
     if not isinstance(cancel, bool):
         raise ValueError(f"flashnorm attach: cancel must be True or False, got {cancel!r}")
     if prefill_rows is not None:
         raise ValueError("flashnorm attach: prefill_rows applies to the CUDA path (attach(model, 'cuda')) only")
+    if kernels != "auto":
+        raise ValueError(f"flashnorm attach: kernels={kernels!r} applies to the CUDA path (attach(model, 'cuda')) "
+                         "only; a streamcheck Device runs its own kernels")
     cancellation = cancellable_projections(model) if cancel else None  # raises before anything changes
     devices = [devices] if isinstance(devices, Device) else list(devices)
     if not devices or not all(isinstance(d, Device) for d in devices):
@@ -291,7 +299,7 @@ def attach(model, devices, plan: Optional[SyncPlan] = None, *, max_tokens: int =
     return Attachment(model, devices, groups, originals, cancellation)
 
 
-def _attach_cuda(model, devices, plan, *, max_tokens, dtype, cancel, prefill_rows) -> Attachment:
+def _attach_cuda(model, devices, plan, *, max_tokens, dtype, cancel, prefill_rows, kernels) -> Attachment:
     from . import hf_cuda
 
     what = f"flashnorm attach(model, {str(devices)!r})"
@@ -303,17 +311,25 @@ def _attach_cuda(model, devices, plan, *, max_tokens, dtype, cancel, prefill_row
                          "Device for it")
     max_tokens = _check_count("max_tokens", max_tokens, what)
     prefill_rows = _check_count("prefill_rows", hf_cuda.PREFILL_ROWS if prefill_rows is None else prefill_rows, what)
-    # In this order, each before anything is replaced: the layout, the dtype, the device, CuPy.
+    if kernels not in hf_cuda.KERNEL_PATHS:
+        raise ValueError(f"{what}: kernels must be one of {', '.join(repr(k) for k in hf_cuda.KERNEL_PATHS)}, "
+                         f"got {kernels!r}")
+    # In this order, each before anything is replaced: the layout, the dtype, the device, the
+    # kernel path (CuPy imported for "cupy"), the plan against that path.
     found = _checked_groups(model, what)
     hf_cuda.compute_dtype([lin for *_, linears in found for lin in linears], dtype)
     device = hf_cuda.cuda_device(model, devices)
-    hf_cuda.import_cupy()
-    from . import kernels_cuda
+    kernels = hf_cuda.kernel_path(kernels)
+    if kernels == "cupy":
+        from . import kernels_cuda
 
-    kernels_cuda.compile_kernels()  # NVRTC and the module load now, not in the first step or a capture
+        kernels_cuda.compile_kernels()  # NVRTC and the module load now, not in the first step or a capture
+    else:
+        hf_cuda.check_torch_plan(plan)
     gain_style = layout_for(getattr(model.config, "model_type", None)).gain
     groups = [hf_cuda.CudaNormProjection(_group_name(norm_path), norm, linears, gain_style, eps=_norm_eps(norm),
-                                         plan=plan, max_tokens=max_tokens, prefill_rows=prefill_rows)
+                                         plan=plan, max_tokens=max_tokens, prefill_rows=prefill_rows,
+                                         kernels=kernels)
               for norm_path, norm, proj_paths, linears in found]
     originals = _replace(model, groups, found, RoutedProjection)
     torch.cuda.synchronize(device)  # W* folded before the first step, whatever stream it runs on

@@ -5,7 +5,7 @@ Each norm → projection group of the model (fold.norm_groups) becomes a `CudaNo
 working on the model's own CUDA tensors, in the model's dtype (bf16, fp16, fp32):
 
     torch's current stream ──fork_a──► A: Y = x·W*ᵀ (torch.mm, cuBLAS) ──join_mm──┐
-                           └─fork_b──► B: r = 1/RMS(x) (kernels_cuda.rms) ─join_rms─┴─► post-scale ──join_back──► caller
+                           └─fork_b──► B: r = 1/RMS(x) (the RMS kernel) ─join_rms─┴─► post-scale ──join_back──► caller
 
 W* = W·g is folded once at attach (fp64, cast to the model's dtype); the model's parameters are
 not touched. The plan (plan.SyncPlan) decides which edges exist, exactly as
@@ -14,14 +14,28 @@ whatever stream torch issues on (the default stream, a user stream, a graph-capt
 torch's later ops (attention) are ordered after the post-scale by join_back. plan.caller_kind
 is not used here: the caller's kind is the kind of torch's current stream.
 
+Kernel paths (attach(..., kernels=)): the RMS and the post-scale are either
+- "cupy": the CUDA C kernels of kernels_cuda (cuda/deferred_norm.cu) through CuPy, streams A
+  and B CuPy streams (blocking or not, as plan.side_kind says) seen by torch as
+  torch.cuda.ExternalStream; hold_matmul spins with streamcheck's SpinDelay;
+- "torch": torch operators (square, mean, add_, sqrt_, reciprocal_ into r; one mul per
+  output), streams A and B torch.cuda.Stream() from torch's pool; hold_matmul is
+  torch.cuda._sleep on A. No CuPy, so it also runs on streamcheck's emulated CUDA device (the
+  sim, on the CPU). Same numerics as far as torch allows: fp32 accumulation, one rounding
+  into the model's dtype; the reduction order (so r's last bit) may differ. torch's pool
+  streams are all non-blocking, so a plan with side_kind="blocking" is refused
+  (check_torch_plan), never run on non-blocking streams;
+- "auto" (the default): CuPy where `import cupy` succeeds, else torch.
+Both paths issue the same matmul, events and waits, in the same order, for every plan.
+
 Buffers and copies. Y [rows, Σ out] and r [rows] are allocated once and reused every step, as
 inference engines preallocate them (so a post-scale that reads Y too early reads the previous
 step's projection, the one-step lag); the `war` edge keeps the next step's matmul from
 overwriting Y while this step's post-scale still reads it. The post-scale writes each output
 into a fresh torch tensor allocated on the caller's stream: no device copy at all, and nothing
 handed to torch is ever overwritten by a later step (transformers' caches may keep v_proj's
-output itself, not a copy). Activations cross to CuPy as views of the same bytes
-(kernels_cuda.cupy_view); nothing goes through host memory.
+output itself, not a copy). On the CuPy path activations cross to CuPy as views of the same
+bytes (kernels_cuda.cupy_view); nothing goes through host memory.
 
 Prefill. A step of M >= `prefill_rows` rows (default PREFILL_ROWS = 256) does not take the
 dual-stream path: the post-scale pass over the n-wide output costs more than the overlap saves.
@@ -35,7 +49,7 @@ baseline of benchmarks/bench_norm_proj.py). Every step, prefill or decode, takes
 `max_tokens` rows (batch × tokens of that step), else a ValueError names max_tokens.
 
 Inference only (the matmul writes Y through `out=`): run under torch.no_grad() or
-torch.inference_mode(). CuPy is imported when a group is built, never at import.
+torch.inference_mode(). CuPy is imported when a CuPy group is built, never at import.
 
 torch.compile. Dynamo cannot trace a step (CuPy kernels, events, the held input), so while it
 compiles (torch.compiler.is_compiling()) each projection is the custom operator
@@ -52,6 +66,7 @@ as the eager one, the talk's missing join included.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import sys
 import weakref
@@ -71,6 +86,7 @@ from .plan import EDGES, SyncPlan
 
 PREFILL_ROWS = 256  # rows from which a step takes the pre-scaled single-stream path (module docstring: why 256)
 KERNEL_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+KERNEL_PATHS = ("auto", "cupy", "torch")  # attach(kernels=): module docstring, "Kernel paths"
 _FOLD_ROWS = 8192  # rows folded at a time: bounds the fp64 temporary of a vocab × hidden lm_head
 
 
@@ -86,6 +102,42 @@ def import_cupy():
         raise ImportError("flashnorm attach(model, 'cuda'): the CUDA path launches its kernels through CuPy, "
                           "which is not installed here: pip install 'streamcheck[gpu]'") from exc
     return cupy
+
+
+def kernel_path(kernels: str) -> str:
+    """"cupy" or "torch": which kernels run the RMS and the post-scale (module docstring,
+    "Kernel paths"). "auto" is CuPy where it imports, else torch's operators. Only "cupy"
+    imports CuPy (or says how to install it)."""
+    if kernels not in KERNEL_PATHS:
+        raise ValueError(f"flashnorm attach(model, 'cuda'): kernels must be one of "
+                         f"{', '.join(repr(k) for k in KERNEL_PATHS)}, got {kernels!r}")
+    if kernels == "cupy":
+        import_cupy()
+        return "cupy"
+    if kernels == "torch":
+        return "torch"
+    try:
+        import cupy  # noqa: F401
+    except ImportError:  # not installed, or refused (streamcheck's emulated CUDA device)
+        return "torch"
+    return "cupy"
+
+
+def check_torch_plan(plan: SyncPlan) -> None:
+    """Refuse a plan the torch kernel path cannot run as written (never a silently different one)."""
+    if plan.side_kind == "blocking":
+        # torch.cuda.Stream() takes its streams from a pool created cudaStreamNonBlocking and
+        # has no flag for a blocking one: the legacy stream's implicit joins cannot be had.
+        raise FlashNormError("flashnorm attach(model, 'cuda', kernels='torch'): the plan has blocking side streams "
+                             "(side_kind='blocking'), which torch cannot make (torch.cuda.Stream() streams are "
+                             "non-blocking); use kernels='cupy' (on a GPU with CuPy) or side_kind='non_blocking'")
+
+
+def sleep_cycles(us: float, device) -> int:
+    """torch.cuda._sleep's cycles for `us` µs at the device's rated SM clock (kHz), at least
+    `us` µs of spinning (an unknown clock is taken as 2 GHz, as SpinDelay does)."""
+    khz = getattr(torch.cuda.get_device_properties(device), "clock_rate", 0) or 2_000_000
+    return max(1, int(us * khz / 1000))
 
 
 def compute_dtype(linears, requested=None) -> torch.dtype:
@@ -127,8 +179,9 @@ def cuda_device(model, devices) -> torch.device:
 
 @dataclass(frozen=True)
 class MatmulHold:
-    """A bounded spin (streamcheck.record.gpu.SpinDelay) on stream A before the matmul of the
-    `after`-th step and every `every`-th after it (the one strike rule, core.schedule.strikes)."""
+    """A bounded spin (SpinDelay, or torch.cuda._sleep on the torch path) on stream A before the
+    matmul of the `after`-th step and every `every`-th after it (the one strike rule,
+    core.schedule.strikes)."""
 
     us: float
     after: int = 0
@@ -141,11 +194,13 @@ class CudaNormProjection(StepPerInput):
     after another on the same tensor: one step serves all)."""
 
     def __init__(self, name: str, norm, linears, gain_style: str, *, eps: float, plan: SyncPlan, max_tokens: int,
-                 prefill_rows: int = PREFILL_ROWS):
-        cupy = import_cupy()
-        from . import kernels_cuda
-
-        self._kernels = kernels_cuda
+                 prefill_rows: int = PREFILL_ROWS, kernels: str = "cupy"):
+        if kernels not in ("cupy", "torch"):
+            raise ValueError(f"CudaNormProjection: kernels must be 'cupy' or 'torch' (attach resolves 'auto'), got "
+                             f"{kernels!r}")
+        if kernels == "torch":
+            check_torch_plan(plan)
+        self.kernels = kernels
         self.name = name
         self.plan = plan
         self.eps = float(eps)
@@ -171,15 +226,26 @@ class CudaNormProjection(StepPerInput):
         self.rows = max(0, min(self.max_tokens, self.prefill_rows - 1))
         self.y = torch.empty((self.rows, stops[-1]), dtype=self.dtype, device=self.device)
         self.r = torch.empty((self.rows,), dtype=torch.float32, device=self.device)
-        self._y = kernels_cuda.cupy_view(self.y) if self.rows else None  # CuPy views of the same bytes
-        self._r = kernels_cuda.cupy_view(self.r) if self.rows else None
-        self._cupy_device = cupy.cuda.Device(self.device.index)
-        with self._cupy_device:
-            non_blocking = plan.side_kind == "non_blocking"
-            self._side = {"A": cupy.cuda.Stream(non_blocking=non_blocking),
-                          "B": cupy.cuda.Stream(non_blocking=non_blocking)}
-        self.stream_a = torch.cuda.ExternalStream(self._side["A"].ptr, device=self.device)
-        self.stream_b = torch.cuda.ExternalStream(self._side["B"].ptr, device=self.device)
+        if kernels == "cupy":
+            cupy = import_cupy()
+            from . import kernels_cuda
+
+            self._kernels = kernels_cuda
+            self._y = kernels_cuda.cupy_view(self.y) if self.rows else None  # CuPy views of the same bytes
+            self._r = kernels_cuda.cupy_view(self.r) if self.rows else None
+            self._cupy_device = cupy.cuda.Device(self.device.index)
+            with self._cupy_device:
+                non_blocking = plan.side_kind == "non_blocking"
+                self._side = {"A": cupy.cuda.Stream(non_blocking=non_blocking),
+                              "B": cupy.cuda.Stream(non_blocking=non_blocking)}
+            self.stream_a = torch.cuda.ExternalStream(self._side["A"].ptr, device=self.device)
+            self.stream_b = torch.cuda.ExternalStream(self._side["B"].ptr, device=self.device)
+        else:
+            # torch's own (non-blocking) pool streams, A created first.
+            self._kernels = self._y = self._r = self._side = None
+            self._cupy_device = contextlib.nullcontext()
+            self.stream_a = torch.cuda.Stream(self.device)
+            self.stream_b = torch.cuda.Stream(self.device)
         # In EDGES order, as the pipeline: the same events, recorded and waited in the same order.
         self._events = {edge: torch.cuda.Event() for edge in EDGES if plan.has(edge)}
         self._war_stream: Optional[int] = None  # handle of the stream `war` was last recorded on
@@ -196,12 +262,15 @@ class CudaNormProjection(StepPerInput):
     def hold_matmul(self, us: float, *, after: int = 0, every: int = 1) -> None:
         """Spin `us` µs (bounded by streamcheck.record.gpu.MAX_DELAY_US) on stream A before the matmul of
         step `after` and every `every`-th step after it, so that a post-scale that does not wait
-        for the matmul reads the previous step's Y. `us=0` removes the hold."""
+        for the matmul reads the previous step's Y. `us=0` removes the hold. The CuPy path
+        spins with streamcheck's SpinDelay, the torch path with torch.cuda._sleep (cycles at
+        the rated clock: at least `us` µs; streamcheck's emulated device holds A for host steps
+        instead, one per million cycles, at least one)."""
         if isinstance(us, bool) or not isinstance(us, (int, float)) or not 0 <= us <= MAX_DELAY_US:
             raise ValueError(f"hold_matmul: us must be in [0, {MAX_DELAY_US}] µs (the spin kernel's cap), got {us!r}")
         after, every = check_strike_pattern(after, every)
         self.hold = MatmulHold(float(us), after, every) if us else None
-        if us:
+        if us and self.kernels == "cupy":
             SpinDelay.get()  # NVRTC and the module load now, not inside the step it strikes
 
     def forget_previous_step(self) -> None:
@@ -261,12 +330,11 @@ class CudaNormProjection(StepPerInput):
             dst.wait_event(event)
 
     def _deferred(self, x, m: int) -> list:
-        kernels, kernel_dtype = self._kernels, self.kernel_dtype
+        kernel_dtype = self.kernel_dtype
         caller = torch.cuda.current_stream(self.device)
         a, b = self.stream_a, self.stream_b
         where = self.plan.post_stream
         post = {"caller": caller, "A": a, "B": b}[where]
-        post_cupy = kernels.cupy_stream(caller.cuda_stream) if where == "caller" else self._side[where]
         declare = self.declare
         # Fresh outputs, allocated on the caller's stream (the caching allocator ties them to it).
         outs = [torch.empty((m, n), dtype=self.dtype, device=self.device) for n in self.out_features]
@@ -282,20 +350,17 @@ class CudaNormProjection(StepPerInput):
         self._edge("fork_b", caller, b)
         with self._cupy_device:
             if self.hold is not None and strikes(self.steps, self.hold.after, self.hold.every):
-                SpinDelay.get().enqueue(self._side["A"], self.hold.us)  # before the matmul, on A
+                self._hold_a(a)  # before the matmul, on A
             with torch.cuda.stream(a):
                 torch.mm(x, self.weight.t(), out=self.y[:m])
             if declare:  # named as the recorder names them in eager
                 declare(reads=(x, self.weight), writes=(self.y[:m],), stream=a, name="aten.mm.out")
-            with self._side["B"]:
-                kernels.rms(kernels.cupy_view(x), self._r[:m], eps=self.eps, dtype=kernel_dtype)
+            self._rms(x, m, b)
             if declare:
                 declare(reads=(x,), writes=(self.r[:m],), stream=b, name=f"rms_{kernel_dtype}")
             self._edge("join_mm", a, post)
             self._edge("join_rms", b, post)
-            with post_cupy:
-                kernels.postscale(self._y[:m], self._r[:m], *[kernels.cupy_view(o) for o in outs],
-                                  columns=self.columns, dtype=kernel_dtype)
+            self._postscale(m, outs, post)
             if declare:
                 declare(reads=(self.y[:m], self.r[:m]), writes=outs, stream=post, name=f"postscale_{kernel_dtype}")
         self._edge("join_back", post, caller)
@@ -307,9 +372,49 @@ class CudaNormProjection(StepPerInput):
                 out.add_(bias)  # W·(x/rms) + b: the bias is outside the deferred scale
         return outs
 
+    # --- the kernels of one path (self.kernels) -----------------------------------------------
+    def _hold_a(self, a) -> None:
+        if self.kernels == "cupy":
+            SpinDelay.get().enqueue(self._side["A"], self.hold.us)
+        else:
+            with torch.cuda.stream(a):
+                torch.cuda._sleep(sleep_cycles(self.hold.us, self.device))
+
+    def _rms(self, x, m: int, b) -> None:
+        """r[:m] = 1/RMS(x) on stream B."""
+        if self.kernels == "cupy":
+            kernels = self._kernels
+            with self._side["B"]:
+                kernels.rms(kernels.cupy_view(x), self._r[:m], eps=self.eps, dtype=self.kernel_dtype)
+            return
+        r = self.r[:m]
+        with torch.cuda.stream(b):  # its temporaries come from B's pool and die there: no cross-stream reuse
+            # As rms_<t>: the squares summed in fp32, eps inside the sqrt, an IEEE sqrt and a
+            # division (not rsqrt's approximation). torch's reduction order differs from the
+            # kernel's warp shuffles, so r may differ from the CuPy path's in the last bit.
+            torch.mean(torch.square(x.float()), dim=1, out=r)
+            r.add_(self.eps).sqrt_().reciprocal_()
+
+    def _postscale(self, m: int, outs, post) -> None:
+        """outs[i] = Y[:m, columns[i]] · r[:m] on the plan's post-scale stream."""
+        if self.kernels == "cupy":
+            kernels = self._kernels
+            where = self.plan.post_stream
+            post_cupy = kernels.cupy_stream(post.cuda_stream) if where == "caller" else self._side[where]
+            with post_cupy:
+                kernels.postscale(self._y[:m], self._r[:m], *[kernels.cupy_view(o) for o in outs],
+                                  columns=self.columns, dtype=self.kernel_dtype)
+            return
+        scale = self.r[:m, None]
+        with torch.cuda.stream(post):
+            for out, (start, stop) in zip(outs, self.columns):
+                # Y (model dtype) times r (fp32) computes in fp32 and is rounded once into out's
+                # dtype, as postscale_<t>.
+                torch.mul(self.y[:m, start:stop], scale, out=out)
+
     def __repr__(self) -> str:
         return (f"CudaNormProjection({self.name!r}, in={self.in_features}, out={list(self.out_features)}, "
-                f"{self.kernel_dtype} on {self.device}, max_tokens={self.max_tokens}, "
+                f"{self.kernel_dtype} on {self.device}, {self.kernels} kernels, max_tokens={self.max_tokens}, "
                 f"prefill_rows={self.prefill_rows}, {self.plan.describe()})")
 
 
