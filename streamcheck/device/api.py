@@ -462,8 +462,8 @@ class Device:
         buffer of the same size whose bytes this one gets, as they were last written (a caching
         allocator handing a freed block to its next allocation: pending work on them still runs)."""
         site = caller_site()
-        if reuse is not None and (not isinstance(reuse, Buffer) or reuse.device is not self or not reuse.freed):
-            raise DeviceError(f"alloc at {site}: reuse= takes a freed Buffer of this device, got {reuse!r}")
+        if reuse is not None:
+            return self._realloc(reuse, shape, dtype, name, device, site)
         name = self._name(name, "alloc", site)
         device = self._device_index(device, f"alloc {name!r}", site)
         if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
@@ -498,13 +498,28 @@ class Device:
             buf = Buffer(self, id, shape, dtype, name or f"buffer{id}", site, device)
             self._buffers[id] = buf
             self._record(T.Alloc(self._thread_id(), site, buffer=id, nbytes=buf.nbytes, name=buf.name, device=device))
-            if reuse is not None:
-                if reuse.nbytes != buf.nbytes or reuse.device_index != device:
-                    raise DeviceError(f"alloc {buf.name!r} at {site}: reuse= {reuse!r} holds {reuse.nbytes} bytes on "
-                                      f"cuda:{reuse.device_index}, not {buf.nbytes} on cuda:{device}")
-                buf.storage = reuse.storage.view(buf.dtype).reshape(buf.shape)
-            else:
-                self.backend.alloc(buf, fill)
+            self.backend.alloc(buf, fill)
+            self.backend.tick()
+            return buf
+
+    def _realloc(self, reuse, shape, dtype, name: str, device: int, site: CallSite) -> Buffer:
+        """alloc(reuse=): the freed buffer's bytes as they are, under a new buffer (its shape, dtype
+        and device must be the ones asked for; a caching allocator's hot path, so nothing else)."""
+        if not isinstance(reuse, Buffer) or reuse.device is not self or not reuse.freed:
+            raise DeviceError(f"alloc at {site}: reuse= takes a freed Buffer of this device, got {reuse!r}")
+        if isinstance(shape, int):
+            shape = (shape,)
+        if tuple(shape) != reuse.shape or (dtype is not reuse.dtype and np.dtype(dtype) != reuse.dtype) or \
+                device != reuse.device_index:
+            raise DeviceError(f"alloc at {site}: reuse= {reuse!r} is not shape {tuple(shape)}, dtype {dtype} on "
+                              f"cuda:{device}; a reused buffer keeps its shape, dtype and device")
+        with self._lock:
+            id = self._next["buffer"]
+            self._next["buffer"] += 1
+            buf = Buffer(self, id, reuse.shape, reuse.dtype, name or f"buffer{id}", site, device)
+            self._buffers[id] = buf
+            self._record(T.Alloc(self._thread_id(), site, buffer=id, nbytes=buf.nbytes, name=buf.name, device=device))
+            buf.storage = reuse.storage
             self.backend.tick()
             return buf
 

@@ -6,6 +6,7 @@ the core and numpy, so neither has to import the other.
 """
 from __future__ import annotations
 
+import math
 import os
 from typing import Any, Optional
 
@@ -50,7 +51,7 @@ class Buffer:
         self.dtype = dtype
         self.name = name
         self.site = site
-        self.nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        self.nbytes = math.prod(shape) * dtype.itemsize
         self.freed = False
         self.storage: Any = None  # the backend's array
         self._whole: Optional[Region] = None

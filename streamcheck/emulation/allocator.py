@@ -19,15 +19,13 @@ sizes keep reuse predictable and are what repeated steps of a program ask for).
 """
 from __future__ import annotations
 
-import weakref
 from typing import Optional
 
-from ..core.trace import skip_wrapper_frames
+import numpy as np
 
-# A block's free runs inside weakref.finalize's __call__: a forwarding frame, not the user's library call.
-skip_wrapper_frames(weakref.__file__, "__call__")
 
 _ROUND = 512
+_BYTES = np.dtype(np.uint8)
 
 
 def rounded(nbytes: int) -> int:
@@ -39,15 +37,24 @@ class Block:
     filed under, the graph pool it belongs to (None: eager), and the streams that
     `record_stream` added. Tensors hold their block; pending work holds only the bytes."""
 
-    __slots__ = ("buffer", "bytes", "stream", "pool", "used_on", "device_index", "__weakref__")
+    __slots__ = ("buffer", "bytes", "stream", "pool", "used_on", "device_index", "allocator", "entry", "views")
 
-    def __init__(self, buffer, stream: int, pool, device_index: int):
+    def __init__(self, buffer, stream: int, pool, device_index: int, views=None):
         self.buffer = buffer
+        self.views = {} if views is None else views  # dtype -> a CPU tensor over all the bytes (kept across owners)
         self.bytes = buffer.storage  # the sim keeps a buffer's numpy bytes as its storage
         self.stream = stream
         self.pool = pool
         self.used_on: list = []  # device streams of record_stream calls
         self.device_index = device_index
+        self.allocator = None  # told when the last tensor on the block dies (None: freed already)
+        self.entry = None
+
+    def __del__(self):
+        # Cheaper than weakref.finalize, and a block dies once per tensor operator's temporary.
+        allocator = self.allocator
+        if allocator is not None:
+            allocator._died(self.entry)
 
 
 class CachingAllocator:
@@ -61,7 +68,6 @@ class CachingAllocator:
         self._free: dict = {}  # (device index, stream id, pool, nbytes) -> [Block, ...] ready for reuse
         self._deferred: list = []  # (Block, [events]) freed after record_stream: reusable once every event passed
         self._dead: list = []  # blocks whose last tensor died since the last collect()
-        self._finalizers: dict = {}  # id(block) -> its weakref.finalize (release() frees early)
         self._busy = 0  # inside allocate/collect: a death now only queues
         self.allocated = {}  # device index -> bytes in live blocks
         self.reserved = {}  # device index -> bytes in all blocks, cached ones included
@@ -87,33 +93,30 @@ class CachingAllocator:
         if reused is not None and pool is not None:
             buffer = reused.buffer  # a graph pool's block is never freed: the same buffer, a new owner
         elif reused is not None:
-            buffer = self.device.alloc((size,), "uint8", name=name, device=index, reuse=reused.buffer)
+            buffer = self.device.alloc((size,), _BYTES, name=name, device=index, reuse=reused.buffer)
         else:
-            buffer = self.device.alloc((size,), "uint8", name=name, device=index, fill=0)
+            buffer = self.device.alloc((size,), _BYTES, name=name, device=index, fill=0)
             self.reserved[index] = self.reserved.get(index, 0) + size
             self.peak_reserved[index] = max(self.peak_reserved.get(index, 0), self.reserved[index])
-        block = Block(buffer, stream.id, pool, index)
+        block = Block(buffer, stream.id, pool, index, reused.views if reused is not None else None)
         self.allocated[index] = self.allocated.get(index, 0) + size
         self.peak_allocated[index] = max(self.peak_allocated.get(index, 0), self.allocated[index])
-        finalizer = weakref.finalize(block, self._died, (buffer, stream, pool, block.used_on, index, id(block)))
-        self._finalizers[id(block)] = finalizer
+        block.entry = (buffer, stream, pool, block.used_on, index, block.views)
+        block.allocator = self
         return block
 
     def release(self, block) -> None:
         """Free `block` now, whatever still views it (`untyped_storage().resize_(0)`)."""
-        if block.buffer.freed:
+        if block.allocator is None:
             return
-        finalizer = self._finalizers.pop(id(block), None)
-        if finalizer is not None:
-            entry = finalizer.detach()[2][0]
-            self._dead.append(entry)
+        block.allocator = None
+        self._dead.append(block.entry)
         self.collect()
 
     def _died(self, entry) -> None:
         """The last tensor on a block died. Outside any device call (the usual case: `del x`, a
         temporary dropped at the end of a statement) the free is recorded now, at the user's
         line; inside one (a cycle collected mid-call) it waits for the next entry point."""
-        self._finalizers.pop(entry[-1], None)
         self._dead.append(entry)
         if not self._busy and not self.device._lock._is_owned():
             self.collect()
@@ -155,14 +158,14 @@ class CachingAllocator:
 
     def _collect(self) -> None:
         while self._dead:
-            buffer, stream, pool, used_on, index, _ = self._dead.pop(0)
+            buffer, stream, pool, used_on, index, views = self._dead.pop(0)
             self.allocated[index] -= buffer.nbytes
             if pool is not None:
                 # A graph's block stays the graph's: its replays write it, so it is never freed; only
                 # a capture into the same pool gets it again (torch.cuda.graph(pool=...)).
-                self._file(_Returned(buffer, stream.id, pool, index))
+                self._file(_Returned(buffer, stream.id, pool, index, views))
                 continue
-            block = _Returned(buffer, stream.id, pool, index)
+            block = _Returned(buffer, stream.id, pool, index, views)
             if used_on:
                 # record_stream: torch records an event on each stream that used the block and frees
                 # it only once a query says every one has passed; that query orders the free.
@@ -188,10 +191,11 @@ class CachingAllocator:
 class _Returned:
     """A freed block waiting in a pool: its bytes and where it may be handed out again."""
 
-    __slots__ = ("buffer", "stream", "pool", "device_index", "bytes")
+    __slots__ = ("buffer", "stream", "pool", "device_index", "bytes", "views")
 
-    def __init__(self, buffer, stream: int, pool, device_index: int):
+    def __init__(self, buffer, stream: int, pool, device_index: int, views):
         self.buffer = buffer
+        self.views = views
         self.stream = stream
         self.pool = pool
         self.device_index = device_index

@@ -41,7 +41,6 @@ from typing import Optional
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..core.capture import CaptureError
 from ..core.trace import skip_wrapper_frames
@@ -135,6 +134,67 @@ def _with_suffix(text: str, device: str) -> str:
     return f"{text[:-1]}, {device})"
 
 
+def _flatten(args, kwargs) -> tuple:
+    """The leaves of an operator call (tensors, scalars, None, ...; one level into the lists of
+    `Tensor[]` and `int[]` arguments, the only nesting ATen schemas have), and how to rebuild it.
+    A plain function rather than torch's pytree: it runs for every operator."""
+    flat, shape = [], []
+    for v in args:
+        if type(v) is list or type(v) is tuple:
+            flat.extend(v)
+            shape.append((type(v), len(v)))
+        else:
+            flat.append(v)
+            shape.append(None)
+    keys = tuple(kwargs)
+    for k in keys:
+        v = kwargs[k]
+        if type(v) is list or type(v) is tuple:
+            flat.extend(v)
+            shape.append((type(v), len(v)))
+        else:
+            flat.append(v)
+            shape.append(None)
+    return flat, (tuple(shape), keys)
+
+
+def _unflatten(flat, spec) -> tuple:
+    """(args, kwargs) from _flatten's leaves (or leaves in their place) and its spec."""
+    shape, keys = spec
+    values, i = [], 0
+    for item in shape:
+        if item is None:
+            values.append(flat[i])
+            i += 1
+        else:
+            kind, n = item
+            values.append(kind(flat[i:i + n]))
+            i += n
+    cut = len(shape) - len(keys)
+    return tuple(values[:cut]), dict(zip(keys, values[cut:]))
+
+
+def _leaves(out) -> tuple:
+    """An operator's result as (leaves, rebuild kind): a tensor or value alone, or a tuple/list."""
+    if type(out) is tuple or type(out) is list:
+        return list(out), type(out)
+    return [out], None
+
+
+def _rebuilt(leaves, kind):
+    return leaves[0] if kind is None else kind(leaves)
+
+
+_ITEMSIZE: dict = {}
+
+
+def _itemsize(dtype) -> int:
+    size = _ITEMSIZE.get(dtype)
+    if size is None:
+        size = _ITEMSIZE[dtype] = torch.empty((), dtype=dtype).element_size()
+    return size
+
+
 def _emulated(value) -> bool:
     return type(value) is CudaTensor or type(value) is PinnedTensor
 
@@ -172,9 +232,14 @@ def _elements(shape, stride) -> int:
 
 def _typed(block, dtype, shape, stride, offset: int = 0):
     """A CPU tensor over the block's bytes."""
-    base = torch.from_numpy(block.bytes)
-    if dtype != torch.uint8:
-        base = base.view(dtype)
+    views = getattr(block, "views", None)
+    base = views.get(dtype) if views is not None else None
+    if base is None:
+        base = torch.from_numpy(block.bytes)
+        if dtype != torch.uint8:
+            base = base.view(dtype)
+        if views is not None:
+            views[dtype] = base
     return base.as_strided(shape, stride, offset)
 
 
@@ -615,8 +680,8 @@ class Emulation:
     def empty(self, shape, stride, dtype, index: int, stream=None) -> CudaTensor:
         """A fresh tensor on cuda:index from the caching allocator, filed under `stream`."""
         s = stream if stream is not None else self.current_stream(index)
-        nbytes = _elements(shape, stride) * torch.empty((), dtype=dtype).element_size()
-        pool = self.capture_pools.get(self._capturing_root(s.device_stream))
+        nbytes = _elements(shape, stride) * _itemsize(dtype)
+        pool = self.capture_pools.get(self._capturing_root(s.device_stream)) if self.capture_pools else None
         block = self.allocator.allocate(nbytes, s.device_stream, pool=pool)
         return CudaTensor(_typed(block, dtype, shape, stride), block, torch.device("cuda", index))
 
@@ -635,13 +700,17 @@ class Emulation:
 
     def pinned(self, shape, stride, dtype) -> PinnedTensor:
         self.enter()
-        nbytes = _elements(shape, stride) * torch.empty((), dtype=dtype).element_size()
+        nbytes = _elements(shape, stride) * _itemsize(dtype)
         buffer = self.device.alloc((rounded(nbytes),), "uint8", name="pinned host tensor", fill=0)
         block = _HostBlock(buffer)
         return PinnedTensor(_typed(block, dtype, shape, stride), block)
 
     # --- operators -----------------------------------------------------------------------
     def dispatch(self, func, args, kwargs):
+        with caller_site.held(caller_site()):  # one user call: its allocations, launch and frees share the site
+            return self._dispatch(func, args, kwargs)
+
+    def _dispatch(self, func, args, kwargs):
         self.enter()
         schema = operator_schema(func)
         if schema.view:
@@ -649,7 +718,7 @@ class Emulation:
         name = schema.name
         if name == "aten.record_stream.default":
             return self._record_stream(args[0], args[1])
-        flat, spec = tree_flatten((args, kwargs))
+        flat, spec = _flatten(args, kwargs)
         cuda = next((v for v in flat if type(v) is CudaTensor), None)
         target = _target_device(kwargs)
         if cuda is None and (target is None or target.type != "cuda"):
@@ -660,12 +729,12 @@ class Emulation:
     def _view(self, func, args, kwargs):
         """A view shares its base's block: metadata only, no kernel."""
         base = args[0] if args else next(v for v in kwargs.values() if _emulated(v))
-        flat, spec = tree_flatten((args, kwargs))
-        inner_args, inner_kwargs = tree_unflatten([_inner(v) for v in flat], spec)
+        flat, spec = _flatten(args, kwargs)
+        inner_args, inner_kwargs = _unflatten([_inner(v) for v in flat], spec)
         out = func(*inner_args, **inner_kwargs)
         cls, block, dev = type(base), base._block, base.device
-        leaves, out_spec = tree_flatten(out)
-        return tree_unflatten([cls(v, block, dev) if isinstance(v, torch.Tensor) else v for v in leaves], out_spec)
+        leaves, kind = _leaves(out)
+        return _rebuilt([cls(v, block, dev) if isinstance(v, torch.Tensor) else v for v in leaves], kind)
 
     def _record_stream(self, tensor, s) -> None:
         if type(tensor) is CudaTensor:
@@ -687,7 +756,7 @@ class Emulation:
                     (writes if written else reads).append(region)
         if reads or writes:
             self.device.host_access(reads=reads, writes=writes, name=name)
-        inner_args, inner_kwargs = tree_unflatten([_inner(v) for v in flat], spec)
+        inner_args, inner_kwargs = _unflatten([_inner(v) for v in flat], spec)
         out = func(*inner_args, **inner_kwargs)
         return self._returned(out, args, kwargs, func)
 
@@ -696,7 +765,7 @@ class Emulation:
         written = [t for t, w in operator_accesses(func, args, kwargs) if w and _emulated(t)]
         if not written:
             return out
-        leaves, out_spec = tree_flatten(out)
+        leaves, kind = _leaves(out)
         mapped = []
         for v in leaves:
             if isinstance(v, torch.Tensor):
@@ -704,7 +773,7 @@ class Emulation:
                 mapped.append(same if same is not None else v)
             else:
                 mapped.append(v)
-        return tree_unflatten(mapped, out_spec)
+        return _rebuilt(mapped, kind)
 
     def _device_op(self, func, schema, name, flat, spec, index, args, kwargs):
         s = self.current_stream(index)
@@ -726,7 +795,7 @@ class Emulation:
             host_sides.append("pinned" if non_blocking else "pageable")
         layout = self._layout(func, flat, spec, index, to_host)
         inner_flat = [self._staged(v) for v in flat]
-        inner_args, inner_kwargs = tree_unflatten(inner_flat, spec)
+        inner_args, inner_kwargs = _unflatten(inner_flat, spec)
         if target is not None:
             inner_kwargs = dict(inner_kwargs, device=torch.device("cpu"))
             inner_kwargs.pop("pin_memory", None)
@@ -758,12 +827,12 @@ class Emulation:
             s.device_stream.synchronize()  # pageable memory, or a blocking copy: the host waits
         if layout.in_place:
             return self._written_result(func, args, kwargs, layout, out_leaves)
-        return tree_unflatten(out_leaves, layout.spec)
+        return _rebuilt(out_leaves, layout.spec)
 
     def _written_result(self, func, args, kwargs, layout, out_leaves):
         written = iter([t for t, w in operator_accesses(func, args, kwargs) if w])
         leaves = [next(written) if item == "written" else leaf for item, leaf in zip(layout.leaves, out_leaves)]
-        return tree_unflatten(leaves, layout.spec)
+        return _rebuilt(leaves, layout.spec)
 
     def _staged(self, value):
         """What a kernel gets for an argument: emulated tensors' CPU views; a pageable host
@@ -781,7 +850,7 @@ class Emulation:
         given = inner_kwargs.get("generator")
         if isinstance(given, EmulatedGenerator):
             return given.next_cpu_generator()
-        if torch.Tag.nondeterministic_seeded in func.tags:
+        if _seeded(func):
             return self.generators[index].next_cpu_generator()
         return None
 
@@ -793,7 +862,7 @@ class Emulation:
                            reads=reads, writes=(), name=name)
         s.device_stream.synchronize()
         result = cell[0]
-        leaves, out_spec = tree_flatten(result)
+        leaves, kind = _leaves(result)
         if not any(isinstance(v, torch.Tensor) for v in leaves):
             return result
         # A data-dependent shape (nonzero, masked_select): the result lands in device memory.
@@ -806,7 +875,7 @@ class Emulation:
                 out.append(t)
             else:
                 out.append(v)
-        return tree_unflatten(out, out_spec)
+        return _rebuilt(out, kind)
 
     def _layout(self, func, flat, spec, index, to_host):
         """What the operator returns, from its meta kernel: (shape, stride, dtype) per fresh tensor,
@@ -834,7 +903,7 @@ class Emulation:
                 meta_flat.append(None)
             else:
                 meta_flat.append(v)
-        meta_args, meta_kwargs = tree_unflatten(meta_flat, spec)
+        meta_args, meta_kwargs = _unflatten(meta_flat, spec)
         meta_kwargs = {k: v for k, v in meta_kwargs.items() if k != "pin_memory"}
         try:
             out = func(*meta_args, **meta_kwargs)
@@ -847,7 +916,7 @@ class Emulation:
                 return None
             raise
         written_metas = [m for m, v in zip(meta_flat, flat) if isinstance(m, torch.Tensor)]
-        leaves, out_spec = tree_flatten(out)
+        leaves, out_spec = _leaves(out)
         items, in_place = [], False
         schema = func._schema
         returns = list(schema.returns)
@@ -1206,10 +1275,19 @@ class _Kernel:
             self.cell.append(out)
             return
         if self.targets:
-            leaves = [v for v in tree_flatten(out)[0] if isinstance(v, torch.Tensor)]
+            if type(out) is torch.Tensor and len(self.targets) == 1:
+                self.targets[0].copy_(out)
+                return
+            leaves = [v for v in _leaves(out)[0] if isinstance(v, torch.Tensor)]
             fresh = [v for v in leaves if not any(v is a for a in self.args)]
             for dst, src in zip(self.targets, fresh if len(fresh) == len(self.targets) else leaves):
                 dst.copy_(src)
+
+
+@functools.lru_cache(maxsize=None)
+def _seeded(func) -> bool:
+    """A random operator: it draws from a generator (torch tags them)."""
+    return torch.Tag.nondeterministic_seeded in func.tags
 
 
 @functools.lru_cache(maxsize=None)
