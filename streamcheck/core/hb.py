@@ -317,6 +317,19 @@ class _Thread:
         self.version = 0  # bumped whenever the clock changes, so streams skip redundant joins
 
 
+class _Seen:
+    """What the checker keeps of one Race.key: its first report, how often it was seen, the
+    operations of its first and latest occurrence, and the stream pairs and buffers it folds.
+    One record, so a repeat (the hot case: a race in a loop) hashes its key once."""
+
+    __slots__ = ("race", "count", "witness", "latest", "pairs", "buffers")
+
+    def __init__(self, race: "Race", witness: tuple, pair: tuple, buffer: str):
+        self.race, self.count, self.witness, self.latest = race, 1, witness, None
+        self.pairs = {pair: None}  # (first owner, second owner), first seen first
+        self.buffers = {buffer: None}
+
+
 class _Buffer:
     __slots__ = ("id", "nbytes", "name", "site", "records", "freed_at", "device")
 
@@ -348,11 +361,7 @@ class Checker:
         self._multi = False
         self._peers: set = set()  # (device, peer): kernels on device may access peer's memory
         self.peer_errors: list[PeerAccessError] = []
-        self._races: dict[tuple, Race] = {}  # Race.key -> the first report
-        self._counts: dict[tuple, int] = {}
-        self._folds: dict[tuple, tuple] = {}  # Race.key -> ({(first owner, second owner): None}, {buffer name: None})
-        self._witnesses: dict[tuple, tuple] = {}  # Race.key -> (first op, second op) of its first report
-        self._latest: dict[tuple, tuple] = {}  # Race.key -> the same, of its last repeat
+        self._seen: dict[tuple, _Seen] = {}  # Race.key -> what was seen of it, first reported first
         self._capture = CaptureTracker()
         self._replays: dict = {}  # graph id -> (graph, replays so far, the last launch's site, the one before)
         self._graph_buffers: dict = {}  # active graph id -> buffer id -> _Buffer holding its accesses
@@ -392,21 +401,19 @@ class Checker:
     @property
     def races(self) -> list[Race]:
         out = []
-        for key, race in self._races.items():
-            pairs, buffers = self._folds[key]
-            streams = tuple((self.owner_label(a), self.owner_label(b)) for a, b in pairs)
-            out.append(replace(race, count=self._counts[key], streams=streams, buffers=tuple(buffers)))
+        for seen in self._seen.values():
+            streams = tuple((self.owner_label(a), self.owner_label(b)) for a, b in seen.pairs)
+            out.append(replace(seen.race, count=seen.count, streams=streams, buffers=tuple(seen.buffers)))
         return out
 
     def witness(self, race: Race, latest: bool = False) -> Optional[tuple]:
         """The two trace operations (first, second) of the first time `race` was seen (with
         `latest`, of the last time): the occurrence race-directed confirmation reruns
         (streamcheck.proofs.confirm). None if this checker did not report it."""
-        if latest:
-            found = self._latest.get(race.key)
-            if found is not None:
-                return found
-        return self._witnesses.get(race.key)
+        seen = self._seen.get(race.key)
+        if seen is None:
+            return None
+        return seen.latest if latest and seen.latest is not None else seen.witness
 
     def feed(self, op: Op) -> None:
         handler = self._dispatch.get(type(op))
@@ -456,7 +463,7 @@ class Checker:
     @property
     def distinct_races(self) -> int:
         """How many distinct races were reported so far (cheap: for callers that stop at the first)."""
-        return len(self._races)
+        return len(self._seen)
 
     def thread_owner(self, thread: int) -> Optional[int]:
         """The clock owner of host thread `thread` (None if it has not started)."""
@@ -955,23 +962,20 @@ class Checker:
         key = (kind, first[_OP].site.place, op.site.place)
         if self.on_race is not None:
             self.on_race(first[_OP], op, key)
-        count = self._counts.get(key)
-        if count is not None:
-            self._counts[key] = count + 1
-            self._latest[key] = (first[_OP], op)
-            pairs, buffers = self._folds[key]
-            pairs[(first[_OWNER], owner)] = None
-            buffers[buf.name] = None
+        seen = self._seen.get(key)
+        if seen is not None:
+            seen.count += 1
+            seen.latest = (first[_OP], op)
+            seen.pairs[(first[_OWNER], owner)] = None
+            seen.buffers[buf.name] = None
             return
         first_access = self._access_of(first[_OWNER], first[_OP], first[_WRITE], first[_FREE], first[_REPLAY])
         second = self._access_of(owner, op, write, free, replay)
         edge, hint = self._explain(first, first_access, owner, second, kind, op, buf)
         hint += self._overwritten(first, kind, replay) + self._shared_by_graphs(first, replay)
-        self._counts[key] = 1
-        self._folds[key] = ({(first[_OWNER], owner): None}, {buf.name: None})
-        self._races[key] = Race(kind, buf.name, buf.site, max(start, first[_START]),
-                                min(stop, first[_STOP]), first_access, second, edge, hint)
-        self._witnesses[key] = (first[_OP], op)
+        race = Race(kind, buf.name, buf.site, max(start, first[_START]), min(stop, first[_STOP]), first_access,
+                    second, edge, hint)
+        self._seen[key] = _Seen(race, (first[_OP], op), (first[_OWNER], owner), buf.name)
 
     @staticmethod
     def _hint(src: _Stream, first_access: Access, dst: _Stream, second: Access) -> str:

@@ -14,7 +14,6 @@ import json
 import os
 import sys
 import sysconfig
-import threading
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Optional, Union
 
@@ -99,22 +98,25 @@ def site_path(site: "CallSite", root: Optional[str] = None) -> str:
     """`path:line` with the path relative to `root` (default: the settings' root, else the working
     directory) when the file lies under it, else absolute: a basename alone is ambiguous in a
     repository with two files of that name, and a relative path is what editors and CI resolve."""
-    file = site.file
+    site = site._resolved()
+    file = site._file
     if file.startswith("<"):  # <string>, <stdin>, <unknown>: no file to point at
-        return f"{file}:{site.line}"
+        return f"{file}:{site._line}"
     if root is None:
         root = _site_settings.root
     # Every report names its sites, a race in a loop thousands of times over a handful of files:
     # the path is resolved once per file (abspath, commonpath and a walk of the file system cost
-    # far more than the lookup). The working directory is in the key: relative names depend on it.
-    key = (file, root, os.getcwd())
+    # far more than the lookup). The working directory is in the key where the answer depends on
+    # it: no root to be relative to, or a relative file name.
+    cwd = None if root is not None and os.path.isabs(file) else os.getcwd()
+    key = (file, root, cwd)
     path = _report_paths.get(key)
     if path is None:
-        path = _report_paths[key] = _report_path(file, root if root is not None else key[2])
-    return f"{path}:{site.line}"
+        path = _report_paths[key] = _report_path(file, root if root is not None else cwd)
+    return f"{path}:{site._line}"
 
 
-_report_paths: dict = {}  # (file, root, working directory) -> the file as reports name it
+_report_paths: dict = {}  # (file, root, working directory or None) -> the file as reports name it
 
 
 def _report_path(file: str, root: str) -> str:
@@ -288,20 +290,6 @@ def _library_prefixes() -> tuple:
     return _installed_dirs() + tuple(found)
 
 
-class _HeldSite:
-    __slots__ = ("state", "site", "previous")
-
-    def __init__(self, state, site):
-        self.state, self.site = state, site
-
-    def __enter__(self):
-        self.previous = getattr(self.state, "site", None)
-        self.state.site = self.site
-
-    def __exit__(self, *exc):
-        self.state.site = self.previous
-
-
 class SiteResolver:
     """The site of the call being recorded, from the frames above the caller: those under
     `internal` (path prefixes: the recording machinery) are skipped; library frames come next,
@@ -315,7 +303,6 @@ class SiteResolver:
     def __init__(self, internal, libraries=()):
         self.internal = tuple(internal)
         self.libraries = tuple(libraries)  # more library prefixes (a recording's Gpu knows its own)
-        self._held = threading.local()  # .site: what this thread's calls resolve to while held
         self._kinds: dict = {}  # file name -> MACHINERY, LIBRARY or USER
         self._sites: dict = {}  # (id(code), offset, ...) innermost first -> CallSite
         self._version = _settings_version
@@ -341,16 +328,7 @@ class SiteResolver:
             return LIBRARY
         return USER
 
-    def held(self, site: "CallSite") -> "_HeldSite":
-        """`with resolver.held(site):` this thread's calls resolve to `site`: a layer that turns one
-        user call into several recorded calls (an emulated operator: allocate, launch, free)
-        resolves the user's frame once."""
-        return _HeldSite(self._held, site)
-
     def __call__(self, depth_limit: int = 64) -> CallSite:
-        held = getattr(self._held, "site", None)
-        if held is not None:
-            return held
         if self._version != _settings_version:
             self.kind_of("")
         kinds = self._kinds
