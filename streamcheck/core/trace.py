@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import sysconfig
+import threading
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Optional, Union
 
@@ -290,6 +291,20 @@ def _library_prefixes() -> tuple:
     return _installed_dirs() + tuple(found)
 
 
+class _HeldSite:
+    __slots__ = ("state", "site", "previous")
+
+    def __init__(self, state, site):
+        self.state, self.site = state, site
+
+    def __enter__(self):
+        self.previous = getattr(self.state, "site", None)
+        self.state.site = self.site
+
+    def __exit__(self, *exc):
+        self.state.site = self.previous
+
+
 class SiteResolver:
     """The site of the call being recorded, from the frames above the caller: those under
     `internal` (path prefixes: the recording machinery) are skipped; library frames come next,
@@ -303,6 +318,7 @@ class SiteResolver:
     def __init__(self, internal, libraries=()):
         self.internal = tuple(internal)
         self.libraries = tuple(libraries)  # more library prefixes (a recording's Gpu knows its own)
+        self._held = threading.local()  # .site: what this thread's calls resolve to while held
         self._kinds: dict = {}  # file name -> MACHINERY, LIBRARY or USER
         self._sites: dict = {}  # (id(code), offset, ...) innermost first -> CallSite
         self._version = _settings_version
@@ -328,7 +344,16 @@ class SiteResolver:
             return LIBRARY
         return USER
 
+    def held(self, site: "CallSite") -> "_HeldSite":
+        """`with resolver.held(site):` this thread's calls resolve to `site`: a layer that turns one
+        user call into several recorded calls (an emulated operator: allocate, launch, free)
+        resolves the user's frame once."""
+        return _HeldSite(self._held, site)
+
     def __call__(self, depth_limit: int = 64) -> CallSite:
+        held = getattr(self._held, "site", None)
+        if held is not None:
+            return held
         if self._version != _settings_version:
             self.kind_of("")
         kinds = self._kinds
