@@ -605,7 +605,9 @@ class SyncEdits:
         self.issued: dict = {}  # key -> occurrences issued so far
         self.unskipped: set = set()  # keys a recorder could not skip (a library reported the call after it ran)
         self.names = _Names()
-        self._decided = None  # the key decide() counted last, until its op is recorded (see recorded_anyway)
+        # The key decide() counted last, until an op of that key is recorded: the call it let through,
+        # which a library may report after other records (torch's callback), is not counted again.
+        self._decided = None
 
     @property
     def every_edit_met(self) -> bool:
@@ -677,7 +679,8 @@ class SyncEdits:
             self.names.see(op)
 
     def see(self, op) -> None:
-        self._decided = None
+        if self._decided is not None and type(op) in SYNC_OPS and sync_key(op, self.names) == self._decided:
+            self._decided = None  # the call decide() counted, recorded
         self.names.see(op)
 
     def decide(self, op) -> Optional[_Swap]:

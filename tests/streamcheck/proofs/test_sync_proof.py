@@ -2,6 +2,8 @@
 recorder's skipping of syncs for the GPU reruns (Recorder.skipped, SyncEdits as JSON), on a fake GPU."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -473,3 +475,41 @@ def test_the_perfetto_trace_marks_only_the_occurrences_the_minimal_set_drops():
     # The two dropped occurrences, each with its own verdict; the kept last one unmarked.
     assert len(marked) == 2 and all(e["name"].startswith("[redundant #1]") for e in marked), marked
     assert all(e["args"]["sync audit"]["reason"] == finding.others for e in marked)
+
+
+def test_a_call_let_through_is_counted_once_though_other_records_come_before_its_callback(monkeypatch):
+    """Between torch's entry point and the callback that reports the call, other operations may
+    be recorded (an event torch creates on the way): the occurrence is still counted once."""
+    from streamcheck.record.adapters import torch_runtime as TR
+
+    def program(rec, torch):
+        a = torch.stream(0x10)
+        rec.register_stream(0x10, rec.site())
+        rec.alloc(0x1000, 256)
+        x = FakeArray(0x1000, 256)
+        for _ in range(3):
+            rec.launch("step", lambda: None, stream=a, reads=[x], writes=[x])
+            a.synchronize()
+        rec.record(T.HostAccess(rec.tid(), rec.site(), reads=(rec.range_of(x),), name="host read"))
+        return torch.made
+
+    torch = FakeTorch(monkeypatch)
+    first, patcher = torch_recording(monkeypatch, torch)
+    program(first, torch)
+    patcher.restore()
+    result = audit(first.trace)
+
+    torch = FakeTorch(monkeypatch)
+    rerun, patcher = torch_recording(monkeypatch, torch, edits=result.edits())
+    # c10's callback, after an event record of torch's own; compiled as torch's code (a frame in the
+    # fake torch's folder), so that the sites it records are the program's line, as torch's are.
+    scope = {"rerun": rerun, "T": T, "reported": TR._stream_synchronized}
+    exec(compile("def later(stream):\n"
+                 "    rerun.record(T.EventCreate(rerun.tid(), rerun.site(), event=999, name=\"torch's own\"))\n"
+                 "    reported(stream)\n", os.path.join(FAKE_TORCH_DIR, "c10_callbacks.py"), "exec"), scope)
+    later = scope["later"]
+    monkeypatch.setattr(TR, "_stream_synchronized", later)
+    assert program(rerun, torch) == ["synchronize 0x10"]
+    patcher.restore()
+    (finding,) = result.findings
+    assert rerun.edits.issued == {finding.sync.key: 3} and rerun.edits.every_edit_met, rerun.edits.issued
