@@ -274,6 +274,7 @@ class Device:
         self._edits = None  # the sync audit's proof rerun: syncs skipped or replaced (edit_syncs)
         self._fresh: dict = {}  # stream id -> the replacement event recorded on it
         self._buffers = weakref.WeakValueDictionary()  # buffer id -> Buffer, for what a graph touches
+        self._downloaded: dict = {}  # id(array download returned) -> (a weak ref to it, the host bytes the copy writes)
         self.backend = make_backend(backend, device=self, policy=policy, seed=int(seed), **policy_params)
         limit = self.backend.max_devices
         if limit is not None and self.devices > limit:
@@ -699,20 +700,53 @@ class Device:
             self.backend.tick()
 
     def download(self, src, stream: Optional[Stream] = None) -> np.ndarray:
-        """Async device-to-host copy on `stream`; the returned array is valid after a sync."""
+        """Async device-to-host copy on `stream` into pinned host memory (cudaMemcpyAsync there): the
+        returned array holds the data only once the host has synchronized with `stream`. Its bytes
+        are host memory the copy writes, named `download of <buffer>`: `host_uses(array)` is the
+        host reading them (run_schedules does it with the program's result)."""
         site = caller_site()
         stream = self._stream_or_default(stream, "download", site)
         src = self._region(src, "download src", site)
         self._refuse_if_capturing(stream, f"download of {src}", site, "a copy into host memory cannot be captured "
                                   "(CUDA: cudaErrorStreamCaptureUnsupported); download after launching the graph "
                                   "(graph.launch(stream), then download on that stream and synchronize it)")
+        source = src.byte_range()
         with self._lock:
+            host = self._next["buffer"]  # the host array: in the trace only, no device memory
+            self._next["buffer"] += 1
+            nbytes = source.stop - source.start
+            self._record(T.Alloc(self._thread_id(), site, buffer=host, nbytes=nbytes,
+                                 name=f"download of {src.buffer.name}", device=src.buffer.device_index))
             # Never captured (refused above), but the legacy stream's implicit join may be refused.
             self._record_work(T.Copy(self._thread_id(), site, stream=stream.id, kind=T.CopyKind.D2H,
-                                     src=src.byte_range(), dst=None), stream)
+                                     src=source, dst=T.Range(host, 0, nbytes)), stream)
             out = self.backend.download(stream, src, site)
+            # Weakly: pinned arrays stay the program's to free; a dead one's id may come back, hence the check.
+            self._downloaded[id(out)] = (weakref.ref(out), T.Range(host, 0, nbytes))
             self.backend.tick()
             return out
+
+    def host_uses(self, value, name: str = "host use", site: Optional[CallSite] = None) -> None:
+        """The host reads `value` now, with no synchronization: each array in it (through lists,
+        tuples and dicts) that `download` returned is a host read of the bytes its copy writes, a
+        race where the host has not synchronized with the copy's stream. Other values are ignored.
+        `site`: where the host uses it, when not the caller's line (a runner's: the user's call)."""
+        site = site if site is not None else caller_site()
+        reads = []
+        pending = [value]
+        while pending:
+            item = pending.pop()
+            if isinstance(item, dict):
+                pending.extend(item.values())
+            elif isinstance(item, (list, tuple)):
+                pending.extend(item)
+            elif isinstance(item, np.ndarray):
+                known = self._downloaded.get(id(item))
+                if known is not None and known[0]() is item:
+                    reads.append(known[1])
+        if reads:
+            with self._lock:
+                self._record(T.HostAccess(self._thread_id(), site, reads=tuple(reads), name=name))
 
     def host_read(self, region) -> np.ndarray:
         """Read device memory from the host *now*, with no synchronization."""

@@ -211,8 +211,12 @@ def run_schedules(request, streamcheck_seed):
         found.check = check_mode
 
         width = terminal_width(config) - EXCEPTION_MARGIN
+        from ..device.objects import caller_site
+
+        returned_at = caller_site()  # the user's run_schedules(...) line: where the host takes the result
         reference_spec = ScheduleSpec("sequential", 0, streamcheck_seed)
-        ref_device, reference = _run_one(fn, reference_spec, check_mode, tconf.timeout, item, None, width)
+        ref_device, reference = _run_one(fn, reference_spec, check_mode, tconf.timeout, item, None, width,
+                                         returned_at)
         if isinstance(reference, Iterator):
             # Its body would run only when compared, after its schedule ended: every schedule "wrong".
             what = "a generator" if inspect.isgenerator(reference) else f"an iterator ({type(reference).__name__})"
@@ -231,7 +235,7 @@ def run_schedules(request, streamcheck_seed):
         results, first_wrong, first_device = [], None, None
         for spec in schedule_specs(streamcheck_seed, names, count, settings.replay):
             found.schedules += 1  # counted before it runs: a schedule that raises ran too
-            device, got = _run_one(fn, spec, check_mode, tconf.timeout, item, len(results), width)
+            device, got = _run_one(fn, spec, check_mode, tconf.timeout, item, len(results), width, returned_at)
             found.add_races(device.races)
             diff = compare(reference, got, atol=atol, rtol=rtol)
             schedule = describe_schedule(spec, device)
@@ -314,9 +318,12 @@ def _confirmations(config, fn, races, seed: int, timeout: float) -> str:
         return f"  confirmation (--streamcheck-confirm): the rerun raised {type(exc).__name__}: {exc}"
 
 
-def _run_one(fn, spec: ScheduleSpec, check: str, timeout: float, item, ran: Optional[int], width: int) -> tuple:
+def _run_one(fn, spec: ScheduleSpec, check: str, timeout: float, item, ran: Optional[int], width: int,
+             returned_at) -> tuple:
     """(device, fn(device)) on a fresh device for `spec`, in a thread of its own under `timeout`.
     `ran`: how many schedules ran before this one (None: this is the sequential reference).
+    The host then uses the result (at `returned_at`): a download in it read before its stream was
+    synchronized is a race (Device.host_uses).
     A run past its time, or one of whose program threads raised, fails with ScheduleFailure;
     the program's own exception is raised with a note naming the schedule."""
     __tracebackhide__ = True  # the program's frames are what a failure shows
@@ -332,7 +339,9 @@ def _run_one(fn, spec: ScheduleSpec, check: str, timeout: float, item, ran: Opti
         __tracebackhide__ = True
         device = made["device"] = _make_device(config, spec, check)
         made["first"] = len(device.trace)  # what the device recorded of its own set-up is not the program's
-        return device, fn(device)
+        result = fn(device)
+        device.host_uses(result, "the program's result", site=returned_at)  # in the program's host thread
+        return device, result
 
     try:
         device, result = run_with_timeout(one, timeout, f"streamcheck {what}")

@@ -124,3 +124,32 @@ def test_warned(run_schedules):
     report = summary.split("PASSED test_warned.py::test_warned", 1)[1]
     assert "RAW race on `x` bytes [0, 16)" in report
     assert "missing edge: stream B never waited for an event recorded on stream A after `produce`" in report
+
+
+def test_a_program_returning_an_unsynchronized_download_gets_a_host_read_race(pytester):
+    # The host consumes the downloaded bytes (the program's result) before any synchronize: the values are
+    # wrong in some schedules, and the race says why in every one.
+    pytester.makepyfile(test_download=PROGRAMS + '''
+def downloaded(dev, synchronize):
+    a = dev.stream("A")
+    x = dev.alloc(4, fill=0.0, name="x")
+    dev.launch(produce, (x,), stream=a, writes=[x])
+    out = dev.download(x, stream=a)
+    if synchronize:
+        a.synchronize()
+    return out
+
+def test_unsynchronized(run_schedules):
+    run_schedules(lambda dev: downloaded(dev, False))
+
+def test_synchronized(run_schedules):
+    run = run_schedules(lambda dev: downloaded(dev, True))
+    assert run.reference.tolist() == [1.0, 2.0, 3.0, 4.0]
+''')
+    result = _run(pytester)
+    result.assert_outcomes(passed=1, failed=1)
+    out = result.stdout.str()
+    assert "RAW race on `download of x` bytes [0, 16)" in out
+    assert "first:  stream A: `copy D2H` writes at test_download.py:35" in out
+    assert "second: host thread 0: `the program's result` reads at test_download.py:41" in out
+    assert "FAILED test_download.py::test_unsynchronized: 1 race (RAW on download of x)" in out
