@@ -319,17 +319,17 @@ def _attach_cuda(model, devices, plan, *, max_tokens, dtype, cancel, prefill_row
     found = _checked_groups(model, what)
     hf_cuda.compute_dtype([lin for *_, linears in found for lin in linears], dtype)
     device = hf_cuda.cuda_device(model, devices)
-    kernels = hf_cuda.kernel_path(kernels)
-    if kernels == "cupy":
+    path = hf_cuda.kernel_path(kernels)
+    if path == "cupy":
         from . import kernels_cuda
 
         kernels_cuda.compile_kernels()  # NVRTC and the module load now, not in the first step or a capture
     else:
-        hf_cuda.check_torch_plan(plan)
+        hf_cuda.check_torch_plan(plan, kernels)
     gain_style = layout_for(getattr(model.config, "model_type", None)).gain
     groups = [hf_cuda.CudaNormProjection(_group_name(norm_path), norm, linears, gain_style, eps=_norm_eps(norm),
                                          plan=plan, max_tokens=max_tokens, prefill_rows=prefill_rows,
-                                         kernels=kernels)
+                                         kernels=path)
               for norm_path, norm, proj_paths, linears in found]
     originals = _replace(model, groups, found, RoutedProjection)
     torch.cuda.synchronize(device)  # W* folded before the first step, whatever stream it runs on

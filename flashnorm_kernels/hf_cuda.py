@@ -123,14 +123,17 @@ def kernel_path(kernels: str) -> str:
     return "cupy"
 
 
-def check_torch_plan(plan: SyncPlan) -> None:
-    """Refuse a plan the torch kernel path cannot run as written (never a silently different one)."""
+def check_torch_plan(plan: SyncPlan, requested: str = "torch") -> None:
+    """Refuse a plan the torch kernel path cannot run as written (never a silently different
+    one). `requested`: the kernels= the caller passed ("auto" that took the torch path)."""
     if plan.side_kind == "blocking":
         # torch.cuda.Stream() takes its streams from a pool created cudaStreamNonBlocking and
         # has no flag for a blocking one: the legacy stream's implicit joins cannot be had.
-        raise FlashNormError("flashnorm attach(model, 'cuda', kernels='torch'): the plan has blocking side streams "
-                             "(side_kind='blocking'), which torch cannot make (torch.cuda.Stream() streams are "
-                             "non-blocking); use kernels='cupy' (on a GPU with CuPy) or side_kind='non_blocking'")
+        took = " took the torch path (CuPy does not import here) and" if requested == "auto" else ""
+        raise FlashNormError(f"flashnorm attach(model, 'cuda', kernels={requested!r}){took}: the plan has blocking "
+                             "side streams (side_kind='blocking'), which torch cannot make (torch.cuda.Stream() "
+                             "streams are non-blocking); use kernels='cupy' (on a GPU with CuPy) or "
+                             "side_kind='non_blocking'")
 
 
 def sleep_cycles(us: float, device) -> int:
