@@ -1198,6 +1198,30 @@ class Emulation:
         put(cuda, "nvtx", _Nvtx())
         sys.meta_path.insert(0, _refuse_cupy)
         self._undo.append(lambda: sys.meta_path.remove(_refuse_cupy))
+        self._refuse_triton(put)
+
+    def _refuse_triton(self, put) -> None:
+        """A Triton kernel needs a GPU: its launch is refused in one line (now, or once the program
+        imports Triton's JIT)."""
+        from ..record.adapters.patching import ImportWatcher
+
+        def refuse(jit_module):
+            original = jit_module.JITFunction.run
+
+            def run(self_, *args, **kwargs):
+                name = getattr(getattr(self_, "fn", None), "__name__", "kernel")
+                raise EmulationError(f"Triton kernel `{name}` launched at {caller_site()}: Triton kernels need a GPU "
+                                     "and are not emulated on the sim; check this program on a GPU (streamcheck run "
+                                     "--backend gpu)")
+            run.__wrapped__ = original
+            put(jit_module.JITFunction, "run", run)
+
+        loaded = sys.modules.get("triton.runtime.jit")
+        if loaded is not None:
+            refuse(loaded)
+        else:
+            watcher = ImportWatcher({"triton.runtime.jit": refuse})
+            self._undo.append(watcher.remove)
 
 
 _MISSING = object()
