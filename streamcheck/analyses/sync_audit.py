@@ -125,6 +125,13 @@ def occurrences_phrase(ordinals, count: int) -> str:
         return f"at the first of {count} occurrences"
     if len(ordinals) == 1:
         return f"at occurrence {ordinals[0]} of {count}"
+    missing = [n for n in range(1, count + 1) if n not in ordinals]
+    if len(missing) <= 2 and count > LISTED:  # say the few it is not at
+        if missing == [1]:
+            return "at every occurrence but the first"
+        if missing == [count]:
+            return "at every occurrence but the last"
+        return f"at every occurrence but occurrences {', '.join(map(str, missing))}"
     listed = ", ".join(map(str, ordinals[:LISTED])) + (", ..." if len(ordinals) > LISTED else "")
     steps = {b - a for a, b in zip(ordinals, ordinals[1:])}
     if len(steps) == 1 and min(steps) > 1:

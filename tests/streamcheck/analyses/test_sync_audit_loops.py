@@ -192,6 +192,11 @@ def test_a_site_needed_at_every_occurrence_reads_as_a_site_seen_once():
     ((2, 4, 6), 6, "at occurrences 2, 4, 6 (every 2nd)"),
     ((3, 6, 9), 9, "at occurrences 3, 6, 9 (every 3rd)"),
     ((1, 2, 5), 6, "at occurrences 1, 2, 5 of 6"),
+    (tuple(range(2, 33)), 32, "at every occurrence but the first"),
+    (tuple(range(1, 32)), 32, "at every occurrence but the last"),
+    (tuple(n for n in range(1, 33) if n not in (4, 9)), 32, "at every occurrence but occurrences 4, 9"),
+    (tuple(range(3, 33)), 32, "at every occurrence but occurrences 1, 2"),
+    (tuple(range(4, 33)), 32, "at occurrences 4, 5, 6, 7, 8, 9, 10, 11, ... of 32"),
 ])
 def test_occurrences_are_said_the_way_a_user_changes_code(ordinals, count, phrase):
     assert occurrences_phrase(ordinals, count) == phrase
