@@ -898,10 +898,11 @@ def audit(trace) -> Audit:
             continue
         needed, tried = _needed_occurrences(ops, base, sync, pairs, adds_order[sync.key])
         checks += tried
-        if not needed:  # redundant one at a time, needed together: the site is covered by itself
+        if not needed:  # redundant one at a time, needed together
             findings.append(Finding(number, sync, Verdict.REDUNDANT,
-                                    "covered: each occurrence is ordered again by another occurrence of it before "
-                                    "anything relies on it (removing them all makes a race)",
+                                    "covered: removing every occurrence makes a race, removing any one alone does not "
+                                    "(another occurrence of it, or another synchronization, gives the same order "
+                                    "first); the minimal set keeps the ones it needs",
                                     at=every(Verdict.REDUNDANT)))
             continue
         by_key = {race.key: race for race in races}

@@ -253,3 +253,25 @@ def test_the_sim_proof_skips_the_occurrences_the_set_drops_and_the_reruns_agree(
     program(rerun)
     host_syncs = sum(1 for op in rerun.trace if type(op) in (T.StreamSync, T.DeviceSync))
     assert host_syncs == sum(len(f.kept) for f in proof.audit.findings if f.sync.host_blocking), proof.format()
+
+
+def test_a_line_whose_occurrences_cover_each_other_keeps_one():
+    """The same wait twice in a row from a loop: either occurrence alone orders the consumer,
+    so each is redundant alone, and the set keeps one (the earlier: the later goes first)."""
+    def wait_twice(dev):
+        a, b = dev.stream("A"), dev.stream("B")
+        x, y = dev.alloc(4, name="x", fill=0), dev.alloc(4, name="y", fill=0)
+        dev.launch(produce, (x,), stream=a, reads=[x], writes=[x], name="produce")
+        done = a.record(dev.event("done"))
+        for _ in range(2):
+            b.wait_event(done)
+        dev.launch(consume, (x, y), stream=b, reads=[x], writes=[y], name="consume")
+        return dev.get(y, stream=b)
+
+    ops = recorded(wait_twice)
+    result = audit(ops)
+    wait = result.findings[0]
+    assert wait.sync.kind == "wait_event" and wait.at == (R, R), result.format()
+    assert wait.reason.startswith("covered: removing every occurrence makes a race, removing any one alone does not")
+    assert (wait.kept, wait.removed_at) == ((1,), (2,))
+    assert check(result.apply(ops)) == [] and check(result.apply(ops, drop_at=((1, 1),)))
