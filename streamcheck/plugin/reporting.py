@@ -161,11 +161,12 @@ def describe_schedule(spec: ScheduleSpec, device, elide: bool = False) -> str:
     `elide`: shorten a long decisions string, for a failure message (see _elided)."""
     schedule = device.schedule
     if schedule is None:
-        return f"{spec.label} = {spec.policy} seed {spec.seed}"
+        return f"{spec.label} = {spec.policy} schedule seed {spec.seed}"
     decisions = schedule.compact() or "-"
     if elide:
         decisions = _elided(decisions)
-    return f"{spec.label} = {schedule.policy} seed {schedule.seed}, decisions {decisions}"
+    # "schedule seed": the failure's other seed is the run's, which its replay line passes.
+    return f"{spec.label} = {schedule.policy} schedule seed {schedule.seed}, decisions {decisions}"
 
 
 # Decisions grow with the program (a 200-step decode takes ~10,000 characters): a failure
@@ -236,7 +237,7 @@ def failure_text(headline: str, spec: ScheduleSpec, schedule: str, diff: Optiona
         first = "\n".join(textwrap.wrap(first, max(width, MIN_WRAP_WIDTH), initial_indent=taken,
                                         subsequent_indent=CONTINUATION_INDENT, break_long_words=False,
                                         break_on_hyphens=False))[len(taken):]
-    lines = [f"  schedule: {schedule or f'{spec.label} = {spec.policy} seed {spec.seed}'}"]
+    lines = [f"  schedule: {schedule or f'{spec.label} = {spec.policy} schedule seed {spec.seed}'}"]
     if diff:
         lines.append(f"  mismatch: {diff}")
     if report:
@@ -297,7 +298,8 @@ def write_trace(config, nodeid: str, device) -> Optional[TraceFiles]:
         notes = [device.report()]
         schedule = device.schedule
         if schedule is not None:
-            notes.append(f"schedule: {schedule.policy} seed {schedule.seed}, decisions {schedule.compact() or '-'}")
+            notes.append(f"schedule: {schedule.policy} schedule seed {schedule.seed}, "
+                         f"decisions {schedule.compact() or '-'}")
         for filename, write, name in _TRACE_FILES:
             try:
                 write(device, os.path.join(folder, filename))

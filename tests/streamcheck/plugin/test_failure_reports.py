@@ -2,6 +2,8 @@
 returns a device handle, the "to make them strike" hint only where it works, and warn mode's reports."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 PROGRAMS = '''
@@ -153,3 +155,17 @@ def test_synchronized(run_schedules):
     assert "first:  stream A: `copy D2H` writes at test_download.py:35" in out
     assert "second: host thread 0: `the program's result` reads at test_download.py:41" in out
     assert "FAILED test_download.py::test_unsynchronized: 1 race (RAW on download of x)" in out
+
+
+def test_a_failure_labels_each_seed_it_prints(pytester):
+    # The schedule's own seed and the run's (which the replay line passes) are two numbers: each says which.
+    pytester.makepyfile(test_seeds=PROGRAMS + '''
+def test_racy(run_schedules):
+    run_schedules(racy, policies=["delay"], schedules=4)
+''')
+    result = _run(pytester, "--streamcheck-seed=1")
+    result.assert_outcomes(failed=1)
+    failure = result.stdout.str().split("_ test_racy _", 1)[1].split("= streamcheck =", 1)[0]
+    assert re.search(r"schedule: delay:\d = delay\(steps=8\) schedule seed \d+, decisions", failure)
+    assert "replay: pytest test_seeds.py::test_racy --streamcheck-seed=1 " in failure
+    assert not re.search(r"(?<!schedule) seed \d", failure), failure

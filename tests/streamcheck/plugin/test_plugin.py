@@ -301,7 +301,7 @@ def test_junitxml_gets_the_race_reports(pytester, tmp_path, xdist):
         assert race["first"]["site"] == f"sub/test_junit.py:{PRODUCE_LINE}", name
         assert race["first"]["name"] == "produce" and race["second"]["name"] == "consume"
         assert found["replay"].startswith(f"pytest sub/test_junit.py::{name} --streamcheck-seed=7 "), name
-        assert found["schedule"].startswith("eager:0 = eager seed "), name
+        assert found["schedule"].startswith("eager:0 = eager schedule seed "), name
     assert json.loads(cases["test_racy_run"][1]["streamcheck"])["schedules"] == 8
 
 
@@ -351,9 +351,9 @@ def test_long_decisions_are_elided_in_the_message_and_kept_whole_elsewhere(pytes
     result = _run(pytester, tmp_path, "--streamcheck-seed=7", "--streamcheck-trace-dir=traces", "--junitxml=out.xml")
     result.assert_outcomes(failed=1)
     report = (pytester.path / "traces" / "test_long.py_test_long" / "report.txt").read_text()
-    full = re.search(r"^schedule: random\(seed=\d+\) seed \d+, decisions (\S+)$", report, re.M).group(1)
+    full = re.search(r"^schedule: random\(seed=\d+\) schedule seed \d+, decisions (\S+)$", report, re.M).group(1)
     assert len(full) > 200
-    shown = re.search(r"schedule: random:0 = random\(seed=\d+\) seed \d+, decisions (.*)$", result.stdout.str(),
+    shown = re.search(r"schedule: random:0 = random\(seed=\d+\) schedule seed \d+, decisions (.*)$", result.stdout.str(),
                       re.M).group(1)
     assert shown == (f"{full[:40]}[...]{full[-20:]} ({len(full)} characters; all of them in report.txt under "
                      "--streamcheck-trace-dir and in --junitxml)")
@@ -373,10 +373,10 @@ def test_one(run_schedules):
     assert "values matched the reference in the 1 schedule (the race has not struck yet)" in out
     assert "streamcheck: 1 test, 1 schedule, races found in 1 test; --streamcheck-seed=5" in out
     seed = schedule_specs(per_test_seed(5, "test_one.py::test_one"), ("eager",), 1)[0].seed
-    assert f"schedule: eager:0 = eager seed {seed}, decisions" in out
+    assert f"schedule: eager:0 = eager schedule seed {seed}, decisions" in out
     # The trace files come from that schedule, not from the sequential reference.
     report = (pytester.path / "traces" / "test_one.py_test_one" / "report.txt").read_text()
-    assert f"\nschedule: eager seed {seed}, decisions" in report
+    assert f"\nschedule: eager schedule seed {seed}, decisions" in report
 
 
 def test_relative_trace_dir_is_taken_from_where_pytest_started(pytester, tmp_path, monkeypatch):

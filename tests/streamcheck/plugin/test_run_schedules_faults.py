@@ -134,7 +134,7 @@ def test_a_program_that_never_returns_fails_within_the_timeout(faults, test, las
 def test_a_hang_under_one_schedule_names_it_and_replays_it(faults):
     text = _failure(faults[0], "test_hangs_only_under_a_schedule")
     assert "streamcheck: schedule random:0 did not finish within 1 s (its thread was interrupted)" in text
-    assert "schedule: random:0 = random seed" in text
+    assert "schedule: random:0 = random schedule seed" in text
     assert re.search(r"replay: pytest test_faults.py::test_hangs_only_under_a_schedule --streamcheck-seed=\d+ "
                      r"--streamcheck-backend=sim --streamcheck-replay=random:0", text)
     assert faults[1]["test_hangs_only_under_a_schedule"]["schedules"] == 2  # delay:0, then random:0
