@@ -353,8 +353,8 @@ def test_long_decisions_are_elided_in_the_message_and_kept_whole_elsewhere(pytes
     report = (pytester.path / "traces" / "test_long.py_test_long" / "report.txt").read_text()
     full = re.search(r"^schedule: random\(seed=\d+\) schedule seed \d+, decisions (\S+)$", report, re.M).group(1)
     assert len(full) > 200
-    shown = re.search(r"schedule: random:0 = random\(seed=\d+\) schedule seed \d+, decisions (.*)$", result.stdout.str(),
-                      re.M).group(1)
+    shown = re.search(r"schedule: random:0 = random\(seed=\d+\) schedule seed \d+, decisions (.*)$",
+                      result.stdout.str(), re.M).group(1)
     assert shown == (f"{full[:40]}[...]{full[-20:]} ({len(full)} characters; all of them in report.txt under "
                      "--streamcheck-trace-dir and in --junitxml)")
     assert full not in result.stdout.str()
