@@ -278,6 +278,8 @@ def run(args) -> int:
         source = _read_script(args.script)
         backend, why = _choose_backend(args)
         probe, edits = _check_usage(args, backend)
+        if backend == "gpu":
+            _require_gpu(args)
     except _Refused as exc:
         print(f"streamcheck run: {exc}", file=sys.stderr)
         return 2
@@ -305,8 +307,8 @@ def _run_on_sim(args, source: bytes) -> int:
     """The same pipeline with the sim's stages: the sequential reference, then its schedules."""
     from . import run_sim
 
-    recorded, reference = run_sim.record_on_sim(args, source)
-    session = recorded.session
+    status, session, reference = run_sim.record_on_sim(args, source)
+    recorded = Recorded(status, session)
     if session is None:  # a surface the sim does not model: said in one line
         return recorded.status
     print_report(args, session, None, sim=True)
@@ -341,20 +343,31 @@ def _choose_backend(args) -> tuple:
     skip. Raises _Refused for --backend gpu without a GPU."""
     if args.backend == "sim":
         return "sim", ""
-    from ..record.gpu import cuda_device_present, gpu_library_installed
-
-    if cuda_device_present() and gpu_library_installed():
+    if args.confirm_probe is not None or args.skip_syncs is not None or args.time_script:
+        return "gpu", ""  # a rerun of a GPU run's --confirm or --prove
+    if _gpu_here():
         return "gpu", ""
     if args.skip_without_gpu:
         return None, (f"streamcheck run: skipped {args.script}: no GPU here (no CUDA device, or neither CuPy nor a "
                       "CUDA build of torch installed); --skip-without-gpu exits 0")
     if args.backend == "gpu":
+        return "gpu", ""  # refused once usage is checked (_require_gpu)
+    return "sim", ("streamcheck run: no GPU here: running on the sim (CUDA emulated on the CPU); --backend gpu "
+                   "requires a GPU")
+
+
+def _gpu_here() -> bool:
+    from ..record.gpu import cuda_device_present, gpu_library_installed
+
+    return cuda_device_present() and gpu_library_installed()
+
+
+def _require_gpu(args) -> None:
+    if not _gpu_here():
         raise _Refused("--backend gpu needs an NVIDIA GPU and CuPy (pip install 'streamcheck[gpu]') or a CUDA build "
                        "of torch; none found here (no CUDA device, or neither library installed). --backend sim runs "
                        "torch programs on the CPU with CUDA emulated." +
                        (" --confirm reruns the script on the GPU, so it needs one too." if args.confirm else ""))
-    return "sim", ("streamcheck run: no GPU here: running on the sim (CUDA emulated on the CPU); --backend gpu "
-                   "requires a GPU")
 
 
 _GPU_ONLY = (("delay_us", "--delay-us", "delays on the sim are host steps: --delay-steps N"),

@@ -13,56 +13,17 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Optional
 
 POLICIES = ("delay", "random", "pct")
 
 
-class SimRecording:
-    """A sim run as run.py's later stages ask a recording: races, trace, checker, findings,
-    errors, refused, unpatched, libraries, summary(), report()."""
-
-    def __init__(self, run, script: str):
-        self.run = run
-        self.device = run.device
-        self.script = script
-        self.trace = run.device.trace
-        self.checker = run.device.checker
-        self.races = run.device.races
-        self.errors: list = []  # the emulation records through the device API: no record can be refused
-        self.refused: list = []
-        self.unpatched: list = []
-        self.libraries = ("torch (emulated on the sim)",)
-        seen = {str(e) for e in self.checker.capture_errors} if self.checker is not None else set()
-        self.capture_errors = list(self.checker.capture_errors) if self.checker is not None else []
-        self.capture_errors += [e for e in run.capture_errors if str(e) not in seen]
-
-    @property
-    def findings(self) -> int:
-        return len(self.races) + len(self.capture_errors)
-
-    def summary(self) -> str:
-        streams = len(self.device._stream_objects)
-        return (f"streamcheck: ran {self.script} on the sim (CUDA emulated on the CPU), sequentially: "
-                f"{len(self.trace)} operations on {streams} stream(s)")
-
-    def report(self, width: Optional[int] = None) -> str:
-        from ..core.hb import format_report
-        from ..record.recorder import format_capture_errors
-
-        lines = [format_report(self.races, width=width)]
-        if self.capture_errors:
-            lines.append(format_capture_errors(self.capture_errors))
-        lines.extend(f"streamcheck: note: {text}" for text in self.run.notices)
-        return "\n".join(lines)
-
-
-def record_on_sim(args, source: bytes):
-    """The recording stage on the sim: the script once, sequentially, checked. Returns run.py's
-    Recorded; a surface the sim does not model ends the run with its one line (exit 2)."""
+def record_on_sim(args, source: bytes) -> tuple:
+    """The recording stage on the sim: the script once, sequentially, checked. Returns (its exit
+    status, its recording or None, the ScriptRun); a surface the sim does not model ends the run
+    with its one line (exit 2, no recording)."""
     from ..core.trace import set_site_settings, site_settings
+    from ..emulation.recording import EmulatedRecording
     from ..emulation.script import run_script
-    from .run import Recorded
     from dataclasses import replace
 
     sites_before = set_site_settings(replace(site_settings(), libraries=tuple(args.library)))
@@ -76,10 +37,10 @@ def record_on_sim(args, source: bytes):
         print(run.error, end="", file=sys.stderr)
     if run.refused:
         print(f"streamcheck run: {run.refused}", file=sys.stderr)
-        return Recorded(2, None), run
+        return 2, None, run
     if run.timed_out:
         print(f"streamcheck run: the script {run.timed_out}; the limit is --timeout", file=sys.stderr)
-    return Recorded(run.status, SimRecording(run, args.script)), run
+    return run.status, EmulatedRecording(run.device, run.emulation, f"ran {args.script}"), run
 
 
 @dataclass(frozen=True)

@@ -292,17 +292,17 @@ def _library_prefixes() -> tuple:
 
 
 class _HeldSite:
-    __slots__ = ("state", "site", "previous")
+    __slots__ = ("state", "site", "attr", "previous")
 
-    def __init__(self, state, site):
-        self.state, self.site = state, site
+    def __init__(self, state, site, attr: str = "site"):
+        self.state, self.site, self.attr = state, site, attr
 
     def __enter__(self):
-        self.previous = getattr(self.state, "site", None)
-        self.state.site = self.site
+        self.previous = getattr(self.state, self.attr, None)
+        setattr(self.state, self.attr, self.site)
 
     def __exit__(self, *exc):
-        self.state.site = self.previous
+        setattr(self.state, self.attr, self.previous)
 
 
 class SiteResolver:
@@ -350,6 +350,11 @@ class SiteResolver:
         resolves the user's frame once."""
         return _HeldSite(self._held, site)
 
+    def fallback(self, site: "CallSite") -> "_HeldSite":
+        """`with resolver.fallback(site):` a call from this thread with no user frame on its stack
+        resolves to `site` (a tensor freed as a program returns, under the runner that called it)."""
+        return _HeldSite(self._held, site, "fallback")
+
     def __call__(self, depth_limit: int = 64) -> CallSite:
         held = getattr(self._held, "site", None)
         if held is not None:
@@ -395,6 +400,10 @@ class SiteResolver:
                 keep(id(code))
                 keep(frame.f_lasti)
                 frame = frame.f_back
+        if user < 0:
+            fallback = getattr(self._held, "fallback", None)
+            if fallback is not None:
+                return fallback
         if not key:
             return UNKNOWN_SITE
         key = tuple(key)

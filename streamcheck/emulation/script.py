@@ -27,6 +27,7 @@ class ScriptRun:
     stdout: str
     status: int
     device: object
+    emulation: object = None
     notices: list = field(default_factory=list)
     capture_errors: list = field(default_factory=list)
     refused: str = ""
@@ -103,7 +104,7 @@ def run_script(path: str, argv=(), *, policy="sequential", seed: int = 0, check:
         sys.path[:] = saved_path
         _forget_modules(before, folder)
     emulation = box.get("emulation")
-    return ScriptRun(stdout=tee.getvalue(), status=status, device=box.get("device"),
+    return ScriptRun(stdout=tee.getvalue(), status=status, device=box.get("device"), emulation=emulation,
                      notices=list(emulation.notices) if emulation is not None else [],
                      capture_errors=list(emulation.capture_errors) if emulation is not None else [], refused=refused,
                      error=error, timed_out=timed_out)

@@ -1377,6 +1377,16 @@ class _FactoryMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if torch.is_grad_enabled() and _needs_grad(args, kwargs):
+            # Autograd is not emulated: a graph node on an emulated tensor asks a CPU-only build for a
+            # CUDA stream and aborts the process. Forward passes run as under torch.no_grad();
+            # backward() is refused in one line.
+            self.emulation.notice(_NO_AUTOGRAD)
+            with torch.no_grad():
+                return self._call(func, args, kwargs)
+        return self._call(func, args, kwargs)
+
+    def _call(self, func, args, kwargs):
         handler = _METHODS.get(func)
         if handler is not None:
             return handler(self.emulation, func, args, kwargs)
@@ -1388,6 +1398,25 @@ class _FactoryMode(TorchFunctionMode):
         if kwargs.get("pin_memory"):
             return self.emulation.pinned_factory(func, args, kwargs)
         return func(*args, **kwargs)
+
+
+_NO_AUTOGRAD = ("autograd is not emulated on the sim: operators on tensors that require grad ran as under "
+                "torch.no_grad() (their results do not require grad), and backward() is refused; check the backward "
+                "pass on a GPU")
+
+
+def _needs_grad(args, kwargs) -> bool:
+    """Whether an emulated tensor that requires grad is among the arguments (one level into lists)."""
+    for values in (args, kwargs.values()):
+        for value in values:
+            kind = type(value)
+            if kind is CudaTensor or kind is PinnedTensor:
+                if value.requires_grad:
+                    return True
+            elif kind is list or kind is tuple:
+                if any(_emulated(v) and v.requires_grad for v in value):
+                    return True
+    return False
 
 
 def _maybe_device(value):

@@ -10,6 +10,8 @@ each feature is a plugin module of its own, over public hooks:
 - seeds: the base seed (random, given, `last`, the controller's under xdist), per-test and
   per-schedule seeds, the replay command;
 - fixtures: streamcheck_seed, streamcheck_device, run_schedules, streamcheck_gpu and the streamcheck marker;
+- emulation: tests' torch code with CUDA emulated on the sim (--streamcheck-emulate-cuda; streamcheck_gpu
+  without a GPU);
 - reporting: the header, race reports in failures, the junitxml property, the summary, the
   trace files of failing tests;
 - profiles: our hypothesis profiles, when asked for, and the shared example database;
@@ -28,6 +30,7 @@ pytest_plugins = [
     "streamcheck.plugin.seeds",
     "streamcheck.plugin.reporting",
     "streamcheck.plugin.fixtures",
+    "streamcheck.plugin.emulation",
     "streamcheck.plugin.profiles",
     "streamcheck.plugin.workers",
 ]

@@ -88,10 +88,11 @@ def _policy_params(policy: str, backend: str, settings: Settings) -> dict:
     return {"steps": settings.delay_steps} if policy == "delay" else {}
 
 
-def _make_device(config, spec: ScheduleSpec, check: str):
+def _make_device(config, spec: ScheduleSpec, check: str, sim: bool = False):
+    """The device of one run; `sim`: always the sim (a torch program runs with CUDA emulated there)."""
     from ..device import Device
 
-    backend = backend_name(config)
+    backend = "sim" if sim else backend_name(config)
     settings = config.stash[SETTINGS_KEY]
     return Device(backend, check=check != "off", policy=spec.policy, seed=spec.seed,
                   **_policy_params(spec.policy, backend, settings))
@@ -132,12 +133,22 @@ def streamcheck_gpu(request, streamcheck_seed):
     streamcheck.instrument(), and fail the test on a race or a capture CUDA refuses, with the
     report and the replay line. When the test's policies include `delay`, seed-chosen streams
     get a bounded spin of --streamcheck-delay-us before each launch, so races strike.
-    Yields the recording (streamcheck.instrument.Session). Skips without a GPU."""
+    Yields the recording (streamcheck.instrument.Session).
+    Without a GPU (or with --streamcheck-backend=sim) the test's torch code runs with CUDA
+    emulated on the sim instead (docs/emulation.md), under its first schedule; it yields that
+    recording (emulation.recording.EmulatedRecording), and a race fails the test the same way.
+    --streamcheck-backend=cupy requires the GPU."""
     from ..record import gpu
 
+    settings = request.config.stash[SETTINGS_KEY]
+    if settings.backend == "sim" or settings.emulate_cuda or (settings.backend == "auto" and
+                                                              not gpu.cuda_device_present()):
+        yield start_emulation(request.node)  # left after the test's teardown (plugin/emulation.py)
+        return
     if not gpu.cuda_device_present():
-        pytest.skip("streamcheck_gpu needs an NVIDIA GPU with CuPy or a CUDA build of torch (none found here); "
-                    "tests of device-API programs run on the CPU with the streamcheck_device fixture")
+        pytest.skip("streamcheck_gpu with --streamcheck-backend=cupy needs an NVIDIA GPU with CuPy or a CUDA build "
+                    "of torch (none found here); --streamcheck-backend=sim (or auto) runs its torch code on the "
+                    "CPU with CUDA emulated")
     from ..record import instrument
 
     config = request.config
@@ -167,6 +178,70 @@ def streamcheck_gpu(request, streamcheck_seed):
         pytest.fail("\n".join(problems) + f"\nreplay: {found.replay}", pytrace=False)
 
 
+# --- tests' torch code with CUDA emulated on the sim (plugin/emulation.py's hooks, streamcheck_gpu) ---
+
+EMULATION_KEY = pytest.StashKey[object]()  # the test's (Emulation, EmulatedRecording) while it runs
+
+
+def start_emulation(item):
+    """Enter an emulation for `item` (once); returns its EmulatedRecording."""
+    running = item.stash.get(EMULATION_KEY, None)
+    if running is not None:
+        return running[1]
+    from ..device import Device
+    from ..emulation.recording import EmulatedRecording
+    from ..emulation.torch_cuda import Emulation
+
+    config = item.config
+    settings = config.stash[SETTINGS_KEY]
+    tconf = _test_config(item, settings)
+    seed = per_test_seed(base_seed(config), item.nodeid)
+    spec = schedule_specs(seed, tconf.policies, 1, settings.replay)[0]
+    device = Device("sim", check=tconf.check != "off", policy=spec.policy, seed=spec.seed,
+                    **_policy_params(spec.policy, "sim", settings))
+    emulation = Emulation(device)
+    emulation.__enter__()
+    recording = EmulatedRecording(device, emulation, "the test's torch code")
+    fallback = _test_site(item)
+    if fallback is not None:
+        fallback.__enter__()
+    item.stash[EMULATION_KEY] = (emulation, recording, fallback)
+    found = findings(item)
+    found.recording, found.spec, found.check = recording, spec, tconf.check
+    found.schedules += 1
+    found.replay = replay_command(config, item.nodeid, spec)
+    return recording
+
+
+def stop_emulation(item) -> None:
+    """Leave the test's emulation, if it entered one; a capture CUDA refused fails the test."""
+    running = item.stash.get(EMULATION_KEY, None)
+    if running is None:
+        return
+    del item.stash[EMULATION_KEY]
+    emulation, recording, fallback = running
+    emulation.__exit__(None, None, None)
+    if fallback is not None:
+        fallback.__exit__(None, None, None)
+    if recording.capture_errors:
+        from ..record.recorder import format_capture_errors
+
+        pytest.fail(f"{format_capture_errors(recording.capture_errors)}\nreplay: {findings(item).replay}",
+                    pytrace=False)
+
+
+def _test_site(item):
+    """What a call with no test frame on its stack is attributed to: the test function (its
+    tensors freed as it returns, under pytest's frames)."""
+    from ..core.trace import CallSite
+    from ..device.objects import caller_site
+
+    code = getattr(getattr(item, "function", None), "__code__", None)
+    if code is None:
+        return None
+    return caller_site.fallback(CallSite(code.co_filename, code.co_firstlineno, code.co_name))
+
+
 @dataclass(frozen=True)
 class ScheduleResult:
     spec: ScheduleSpec
@@ -191,13 +266,23 @@ class ScheduleRun:
 def run_schedules(request, streamcheck_seed):
     """`run_schedules(fn, atol=0, rtol=0)`: run `fn(device) -> result` once on a sequential
     device (the reference), then under each schedule; fail on a differing result or (check
-    on) on races, with the race report, the schedule and the command that replays it."""
+    on) on races, with the race report, the schedule and the command that replays it.
+    `fn()` with no argument is a torch program: it runs with CUDA emulated on each run's sim
+    device (docs/emulation.md) and returns tensors, compared as the host reads them (`.cpu()`)."""
     config = request.config
     item = request.node
 
     def run(fn: Callable, *, atol: float = 0.0, rtol: float = 0.0, schedules: Optional[int] = None,
             policies: Optional[Sequence[str]] = None, check: Optional[str] = None) -> ScheduleRun:
         __tracebackhide__ = True  # the failure is the message, not this frame
+        from ..device.objects import caller_site
+        from ..emulation.recording import takes_no_arguments
+
+        returned_at = caller_site()  # the user's run_schedules(...) line: where the host takes the result
+        if takes_no_arguments(fn):  # a torch program: each run under CUDA emulated on the run's sim device
+            from ..emulation.recording import torch_program
+
+            fn = torch_program(fn, returned_at)
         settings = config.stash[SETTINGS_KEY]
         tconf = _test_config(item, settings)
         count = schedules if schedules is not None else tconf.schedules
@@ -211,9 +296,6 @@ def run_schedules(request, streamcheck_seed):
         found.check = check_mode
 
         width = terminal_width(config) - EXCEPTION_MARGIN
-        from ..device.objects import caller_site
-
-        returned_at = caller_site()  # the user's run_schedules(...) line: where the host takes the result
         reference_spec = ScheduleSpec("sequential", 0, streamcheck_seed)
         ref_device, reference = _run_one(fn, reference_spec, check_mode, tconf.timeout, item, None, width,
                                          returned_at)
@@ -297,12 +379,18 @@ def _device_handle(value, path: str = "result") -> str:
     return ""
 
 
+def _on_sim(fn) -> bool:
+    """A torch program (emulation.recording.torch_program) runs on the sim whatever the backend."""
+    return getattr(fn, "runs_on_sim", False)
+
+
 def _confirmations(config, fn, races, seed: int, timeout: float) -> str:
     """The failure's confirmation section (--streamcheck-confirm), or the "to make them strike" hint.
     Its reruns (a sequential one, one per race up to MAX_RACES) get `timeout` each."""
+    on_sim = backend_name(config) == "sim" or _on_sim(fn)
     if not config.stash[SETTINGS_KEY].confirm:
-        return strike_hint(races, confirm_runs=backend_name(config) == "sim")
-    if backend_name(config) != "sim":
+        return strike_hint(races, confirm_runs=on_sim)
+    if not on_sim:
         return ("  confirmation (--streamcheck-confirm): not attempted: it runs on the sim backend "
                 "(--streamcheck-backend=sim); confirming on a GPU is not built")
     from ..proofs.confirm import MAX_RACES, confirm_races
@@ -337,7 +425,7 @@ def _run_one(fn, spec: ScheduleSpec, check: str, timeout: float, item, ran: Opti
 
     def one() -> tuple:
         __tracebackhide__ = True
-        device = made["device"] = _make_device(config, spec, check)
+        device = made["device"] = _make_device(config, spec, check, sim=_on_sim(fn))
         made["first"] = len(device.trace)  # what the device recorded of its own set-up is not the program's
         result = fn(device)
         device.host_uses(result, "the program's result", site=returned_at)  # in the program's host thread

@@ -34,6 +34,7 @@ class Settings:
     confirm: bool = False  # a failing test's races are confirmed on the sim (streamcheck.proofs.confirm)
     timeout: float = DEFAULT_TIMEOUT  # seconds a run_schedules schedule may take; 0: no limit
     audit_syncs: bool = False  # each test's synchronizations are audited (streamcheck.analyses.sync_audit)
+    emulate_cuda: bool = False  # every test runs with CUDA emulated on the sim (plugin/emulation.py)
 
 
 SETTINGS_KEY = pytest.StashKey[Settings]()
@@ -68,6 +69,10 @@ _OPTIONS = (
      "its sequential run's): which are "
      "needed, which are redundant, which host syncs could be device-side waits (docs/sync-audit.md); a "
      "line per test in the summary, the table in the test's report.", "false"),
+    ("--streamcheck-emulate-cuda", "streamcheck_emulate_cuda", "",
+     "run every test with CUDA emulated on the sim (docs/emulation.md): its unmodified torch code on "
+     "device='cuda' runs on this CPU under the first policy's schedule, checked; a race fails the test with the "
+     "report and the replay line. For CPU runners of a suite written for GPUs.", "false"),
     ("--streamcheck-gpus", "streamcheck_gpus", "auto|N|0",
      "pytest-xdist: GPUs the workers are pinned to, one each, round-robin (CUDA_VISIBLE_DEVICES); auto: "
      "CUDA_VISIBLE_DEVICES's, else nvidia-smi -L's, else the driver's count; 0: no pinning.", "0"),
@@ -83,7 +88,7 @@ _OPTIONS = (
      "as the site, and show the wrapper's line as the innermost frame. Relative as --streamcheck-trace-dir.", ""),
 )
 _DEFAULTS = {ini: default for _, ini, _, _, default in _OPTIONS}
-_SWITCHES = {"streamcheck_confirm", "streamcheck_audit_syncs"}
+_SWITCHES = {"streamcheck_confirm", "streamcheck_audit_syncs", "streamcheck_emulate_cuda"}
 _BOOLS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
 
 
@@ -244,6 +249,7 @@ def _read_settings(config) -> Settings:
         replay=_replay(*option_value(config, "streamcheck_replay")),
         confirm=_bool(config, "streamcheck_confirm"),
         audit_syncs=_bool(config, "streamcheck_audit_syncs"),
+        emulate_cuda=_bool(config, "streamcheck_emulate_cuda"),
         timeout=parse_timeout(*option_value(config, "streamcheck_timeout")),
     )
 

@@ -255,13 +255,14 @@ def test_a_bad_confirm_max_is_a_usage_error(tmp_path, capsys):
     assert exc.value.code == 2 and "must be an integer >= 0" in capsys.readouterr().err
 
 
-def test_confirm_without_a_gpu_exits_2_and_says_the_reruns_need_one(tmp_path, capsys, monkeypatch):
+def test_confirm_on_the_gpu_backend_without_a_gpu_exits_2_and_says_the_reruns_need_one(tmp_path, capsys,
+                                                                                       monkeypatch):
     import streamcheck.record.gpu as gpu
 
     monkeypatch.setattr(gpu, "cuda_device_present", lambda: False)
     script = tmp_path / "p.py"
     script.write_text("pass\n")
-    assert main(["run", "--confirm", str(script)]) == 2
+    assert main(["run", "--backend", "gpu", "--confirm", str(script)]) == 2
     assert "--confirm reruns the script on the GPU" in capsys.readouterr().err
 
 
