@@ -136,14 +136,58 @@ def test_cuda_to_and_like_conversions_copy_the_host_values_with_the_asked_dtype_
     assert torch.equal(src_after, src) and races(dev) == set()
 
 
-@pytest.mark.xfail(strict=True, reason="a cuda:0 tensor's .to('cuda:1') / .cuda(1) stays on cuda:0")
-def test_a_tensor_moved_to_another_device_is_on_that_device():
+@pytest.mark.xfail(strict=True, reason="a cuda:0 tensor's .to('cuda:1') / .cuda(1) stays on cuda:0, and copy_ "
+                                       "from cuda:0 into a cuda:1 tensor raises PeerAccessError (torch copies)")
+def test_a_tensor_moved_or_copied_to_another_device_is_there_with_its_values():
     def program():
         x = torch.arange(3.0, device="cuda")
-        return x.to("cuda:1").device, x.cuda(1).device, x.to("cuda:1").tolist()
+        into = torch.zeros(3, device="cuda:1")
+        into.copy_(x)
+        return x.to("cuda:1").device, x.cuda(1).device, x.to("cuda:1").tolist(), into.tolist()
 
-    _, (to_device, cuda_device, values), _ = emulate(program, devices=2)
-    assert to_device == cuda_device == torch.device("cuda", 1) and values == [0.0, 1.0, 2.0]
+    _, (to_device, cuda_device, values, copied), _ = emulate(program, devices=2)
+    assert to_device == cuda_device == torch.device("cuda", 1) and values == copied == [0.0, 1.0, 2.0]
+
+
+@pytest.mark.parametrize("where", [
+    "cuda:0", "x.device",
+    pytest.param("cuda", marks=pytest.mark.xfail(strict=True, reason="x.to('cuda') on a tensor already on cuda "
+                                                   "raises 'PyTorch is not linked with support for cuda devices'")),
+    pytest.param("torch.device('cuda')", marks=pytest.mark.xfail(strict=True, reason="x.to(torch.device('cuda')) "
+                                                                   "on a cuda tensor raises (no CUDA device guard)")),
+])
+def test_to_the_device_a_tensor_is_already_on_returns_the_tensor_itself(where):
+    def program():
+        x = torch.arange(3.0, device="cuda")
+        target = {"cuda:0": "cuda:0", "x.device": x.device, "cuda": "cuda",
+                  "torch.device('cuda')": torch.device("cuda")}[where]
+        return x.to(target) is x, x.cuda() is x, x.to(target).tolist()
+
+    _, got, _ = emulate(program)
+    assert got == (True, True, [0.0, 1.0, 2.0])
+
+
+def test_an_operator_may_take_a_cpu_scalar_tensor_beside_cuda_tensors():
+    def program():
+        x = torch.ones(3, device="cuda")
+        return (x + torch.tensor(2.0)).tolist(), (x * torch.tensor(3, dtype=torch.int64)).tolist()
+
+    dev, got, _ = emulate(program)
+    assert got == ([3.0] * 3, [3.0] * 3) and races(dev) == set()
+
+
+@pytest.mark.xfail(strict=True, reason="an operator mixing a CUDA tensor with a non-scalar CPU tensor computes "
+                                       "instead of raising torch's device-mismatch RuntimeError")
+@pytest.mark.parametrize("op", ["add", "mul_"])
+def test_an_operator_mixing_a_cuda_tensor_with_a_cpu_vector_fails_as_on_a_gpu(op):
+    def program():
+        x = torch.ones(3, device="cuda")
+        with pytest.raises(RuntimeError, match="same device|expected device|on device"):
+            x + torch.ones(3) if op == "add" else x.mul_(torch.ones(3))
+        return x.tolist()
+
+    _, values, _ = emulate(program)
+    assert values == [1.0] * 3
 
 
 @pytest.mark.xfail(strict=True, reason="nn.Module.to('cuda')/.cuda() parameters fail in forward: aten::as_strided "
@@ -544,13 +588,19 @@ def test_elapsed_time_is_sim_time_between_completed_timing_events_and_refuses_as
 
 HOST_READS = {
     "item": lambda x: x[0].item(),  # host-read-item
+    "float": lambda x: float(x[0]),  # host-read-float
+    "int": lambda x: int(x.sum()),  # host-read-int
     "tolist": lambda x: x.tolist(),  # host-read-tolist
     "cpu": lambda x: x.cpu().tolist(),  # host-read-cpu
     "bool": lambda x: bool(x[0] > 1),  # host-read-bool
 }
 
 
-@pytest.mark.parametrize("read", list(HOST_READS))
+_NO_GUARD = "float()/int() of a CUDA tensor raise 'PyTorch is not linked with support for cuda devices'"
+
+
+@pytest.mark.parametrize("read", [pytest.param(r, marks=pytest.mark.xfail(strict=True, reason=_NO_GUARD))
+                                  if r in ("float", "int") else r for r in HOST_READS])
 def test_a_host_read_waits_for_the_current_stream_only(read):
     def program(read_on_side):
         side = torch.cuda.Stream()
@@ -563,8 +613,8 @@ def test_a_host_read_waits_for_the_current_stream_only(read):
         torch.cuda.synchronize()
         return value
 
-    stale = {"item": 0.0, "tolist": [0.0] * 4, "cpu": [0.0] * 4, "bool": False}[read]
-    right = {"item": 5.0, "tolist": [5.0] * 4, "cpu": [5.0] * 4, "bool": True}[read]
+    stale = {"item": 0.0, "float": 0.0, "int": 0, "tolist": [0.0] * 4, "cpu": [0.0] * 4, "bool": False}[read]
+    right = {"item": 5.0, "float": 5.0, "int": 20, "tolist": [5.0] * 4, "cpu": [5.0] * 4, "bool": True}[read]
     dev, value, _ = emulate(lambda: program(False), **DELAY_S1)
     assert value == stale
     assert races(dev) == {("RAW", line("side-producer"), line(f"host-read-{read}"))}
