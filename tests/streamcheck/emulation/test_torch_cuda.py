@@ -509,6 +509,30 @@ def test_current_stream_follows_set_stream_and_the_stream_context_and_defaults_t
     assert got == (True, "legacy", True, True, True)
 
 
+def test_the_current_stream_is_per_host_thread():
+    import threading
+
+    def program():
+        s = torch.cuda.Stream()
+        seen = {}
+
+        def worker():
+            seen["worker starts on the default stream"] = torch.cuda.current_stream() == torch.cuda.default_stream()
+            with torch.cuda.stream(s):
+                seen["worker sets its own"] = torch.cuda.current_stream() == s
+
+        with torch.cuda.stream(s):
+            t = threading.Thread(target=worker)
+            t.start()
+            t.join()
+            seen["main keeps its own"] = torch.cuda.current_stream() == s
+        return seen
+
+    _, seen, _ = emulate(program)
+    assert seen == dict.fromkeys(["worker starts on the default stream", "worker sets its own",
+                                  "main keeps its own"], True)
+
+
 def test_a_side_stream_of_cuda_1_races_with_cuda_1s_default_stream():
     def program(join):
         s = torch.cuda.Stream(device=1)
@@ -709,6 +733,63 @@ def test_a_pinned_download_read_before_its_event_synchronized_is_a_raw_that_stri
 def test_a_download_synchronized_or_into_pageable_memory_is_clean_and_right(kind):
     dev, (pinned, values), _ = emulate(_download(kind), **DELAY_S1)
     assert pinned == (kind == "synchronized") and values == [3.0] * 4 and races(dev) == set()
+
+
+PINNED_HOST_WRITES = {
+    "setitem": lambda src: src.__setitem__(0, 7.0),  # pinned-write-setitem
+    "copy_": lambda src: src.copy_(torch.full((4,), 7.0)),  # pinned-write-copy_
+    "add_": lambda src: src.add_(6.0),  # pinned-write-add_
+}
+
+
+@pytest.mark.parametrize("write", list(PINNED_HOST_WRITES))
+def test_every_host_write_to_a_pinned_source_is_an_access_the_pending_copy_races_with(write):
+    def program():
+        src = torch.ones(4, pin_memory=True)
+        dst = src.to("cuda", non_blocking=True)  # pinned-upload
+        PINNED_HOST_WRITES[write](src)
+        doubled = (src * 2).tolist()  # a host read of the source: no race with the copy's read
+        return dst.tolist(), doubled
+
+    dev, (values, doubled), _ = emulate(program, **DELAY_LEGACY)
+    assert values != [1.0] * 4 and values[0] == 7.0 and doubled[0] == 14.0
+    assert races(dev) == {("WAR", line("pinned-upload"), line(f"pinned-write-{write}"))}
+
+
+PINNED_HOST_READS = {
+    "item": lambda host: host[0].item(),  # pinned-read-item
+    "sum": lambda host: host.sum().item(),  # pinned-read-sum
+    "repr": lambda host: repr(host),  # pinned-read-repr
+}
+
+
+@pytest.mark.parametrize("read", list(PINNED_HOST_READS))
+def test_every_host_read_of_a_pending_pinned_download_is_a_raw(read):
+    def program():
+        x = torch.full((4,), 3.0, device="cuda")
+        host = x.to("cpu", non_blocking=True)  # pinned-download
+        value = PINNED_HOST_READS[read](host)
+        torch.cuda.synchronize()
+        return value, PINNED_HOST_READS[read](host)
+
+    dev, (early, late), _ = emulate(program, **DELAY_LEGACY)
+    assert (early, late) == {"item": (0.0, 3.0), "sum": (0.0, 12.0),
+                             "repr": ("tensor([0., 0., 0., 0.])", "tensor([3., 3., 3., 3.])")}[read]
+    assert races(dev) == {("RAW", line("pinned-download"), line(f"pinned-read-{read}"))}
+
+
+@pytest.mark.xfail(strict=True, reason="pinned.numpy() raises torch's '.numpy() is not supported for tensor "
+                                       "subclasses' (torch returns a view of the pinned bytes)")
+def test_a_pinned_tensors_numpy_view_holds_its_values_or_is_refused_in_one_line():
+    def program():
+        src = torch.arange(4.0, pin_memory=True)
+        try:
+            return src.numpy().tolist()
+        except EmulationError as exc:
+            return str(exc)
+
+    _, got, _ = emulate(program)
+    assert got == [0.0, 1.0, 2.0, 3.0] or ("numpy" in got and "\n" not in got)
 
 
 # --- the caching allocator -------------------------------------------------------------------------------
