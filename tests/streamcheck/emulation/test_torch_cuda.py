@@ -316,6 +316,16 @@ def test_memory_allocated_follows_live_tensors_and_empty_cache_gives_cached_bloc
     assert total == 80 * (1 << 30) and free == total - reserved and free_after == total - emptied
 
 
+def test_memory_statistics_are_per_device():
+    def program():
+        kept = torch.empty(1000, device="cuda:1")
+        return (torch.cuda.memory_allocated(0), torch.cuda.memory_allocated(1), torch.cuda.memory_allocated("cuda:1"),
+                torch.cuda.memory_stats(1)["allocated_bytes.all.current"], kept.device.index)
+
+    _, got, _ = emulate(program, devices=2)
+    assert got == (0, 4096, 4096, 4096, 1)
+
+
 # --- printing ---------------------------------------------------------------------------------------------
 
 REPRS = [
@@ -666,6 +676,29 @@ def test_a_boolean_mask_and_nonzero_wait_for_the_current_stream_only():
     assert picked == [2.0, 2.0] and shape == (2, 1)
 
 
+@pytest.mark.parametrize("sync", ["device", "stream", "event", "query-loop"])
+def test_a_host_synchronize_on_the_producer_orders_a_later_read_on_any_stream(sync):
+    def program():
+        side = torch.cuda.Stream()
+        x = torch.zeros(4, device="cuda")
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            x.add_(5)
+        if sync == "device":
+            torch.cuda.synchronize()
+        elif sync == "stream":
+            side.synchronize()
+        elif sync == "event":
+            side.record_event().synchronize()
+        else:
+            while not side.query():  # a query that says done orders the host, as CUDA's does
+                pass
+        return x.tolist()  # read on the default stream, which never waited for `side`
+
+    dev, values, _ = emulate(program, **DELAY_S1)
+    assert values == [5.0] * 4 and races(dev) == set()
+
+
 # --- pinned memory and non_blocking copies ---------------------------------------------------------------
 
 def _upload(kind: str):
@@ -981,6 +1014,41 @@ def test_a_synchronize_inside_a_capture_fails_there_and_invalidates_the_capture(
     assert isinstance(cause, CaptureError) and cause.code == "cudaErrorStreamCaptureUnsupported"
     assert f"{HERE.name}:{line(f'sync-in-capture-{sync}')}" in str(cause)
     assert [e.code for e in emulation.capture_errors] == ["cudaErrorStreamCaptureInvalidated"] and after == [2.0] * 4
+
+
+def test_graphs_sharing_a_pool_replay_in_order_and_a_replay_on_a_side_stream_is_that_streams_work():
+    def shared():
+        x = torch.ones(256, device="cuda")
+        g1, g2 = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g1):
+            y = x * 2
+        with torch.cuda.graph(g2, pool=g1.pool()):
+            z = y + 1
+        x.fill_(3.0)
+        g1.replay()
+        g2.replay()
+        return y[0].item(), z[0].item()
+
+    for schedule in [dict(policy="sequential"), dict(policy="random", seed=2)]:
+        dev, got, _ = emulate(shared, **schedule)
+        assert got == (6.0, 7.0) and races(dev) == set(), schedule
+
+    def side_replay():
+        x = torch.ones(4, device="cuda")
+        out = torch.zeros(4, device="cuda")
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):  # its capture stream is s1
+            out.copy_(x * 5)  # captured-writer
+        side = torch.cuda.Stream()  # s2
+        with torch.cuda.stream(side):
+            g.replay()
+        values = out.tolist()  # reads-replayed
+        torch.cuda.synchronize()
+        return values
+
+    dev, values, _ = emulate(side_replay, policy="delay", streams=["s2"], steps=8)
+    assert values == [0.0] * 4
+    assert races(dev) == {("RAW", line("captured-writer"), line("reads-replayed"))}
 
 
 # --- refusals ------------------------------------------------------------------------------------------------
