@@ -19,7 +19,8 @@ primitives behave exactly as without us: same arguments, return values, exceptio
 Not followed: locks made before listening began, or through a name bound before it
 (`from threading import Lock` at import time) or by the standard library or an installed
 package (their internal locks would order threads by the interleaving that happened to run);
-queue.SimpleQueue and concurrent.futures (C types and their own locks).
+threading.Semaphore (its Condition is the standard library's own); queue.SimpleQueue and
+concurrent.futures (C types and their own locks).
 
 Who hears them: listeners (`Listener`: a recording, streamcheck/record/adapters/threads.py; a
 Device, streamcheck/device/api.py), each of which records core.trace.HandOff / TakeOver into
