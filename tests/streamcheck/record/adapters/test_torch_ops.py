@@ -5,6 +5,7 @@ checked without a GPU: schema writes, fresh outputs, views as byte ranges, host 
 from __future__ import annotations
 
 import contextlib
+import weakref
 
 import pytest
 
@@ -293,9 +294,10 @@ def test_a_tensor_the_program_drops_keeps_its_address_while_recording(run):
     x = torch.ones(1024)
     with on(A):
         y = x * 2
-    ptr = y.untyped_storage().data_ptr()
+    ptr, storage = y.untyped_storage().data_ptr(), weakref.ref(y.untyped_storage())
     del y
-    later = [torch.empty(1024) for _ in range(16)]
+    assert storage() is not None  # its memory stays the recording's
+    later = [torch.empty(n) for n in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024) * 4]  # one often lands there
     assert ptr not in [t.untyped_storage().data_ptr() for t in later]
     assert rec.allocation_at(ptr) is not None and not any(type(op) is T.Free for op in rec.trace.ops)
 
