@@ -30,13 +30,10 @@ a notice (and one more for CUDA graph trees, which are not emulated).
 """
 from __future__ import annotations
 
-import builtins
 import contextlib
 import functools
-import os
 import sys
 import threading
-import zlib
 from typing import Optional
 
 import torch
@@ -127,7 +124,7 @@ class PinnedTensor(torch.Tensor):
 
 def _with_suffix(text: str, device: str) -> str:
     """torch's repr of a CPU tensor with `device=...` where torch puts it (before dtype)."""
-    for marker in (", dtype=", ", grad_fn=", ", requires_grad="):
+    for marker in (", size=", ", dtype=", ", grad_fn=", ", requires_grad="):
         cut = text.find(marker)
         if cut >= 0:
             return f"{text[:cut]}, {device}{text[cut:]}"
@@ -353,52 +350,44 @@ class EmulatedEvent:
         return "<torch.cuda.Event (sim)>" if self._event is None else f"<torch.cuda.Event (sim: {self._event.name})>"
 
 
-class EmulatedGenerator:
-    """torch.Generator(device="cuda"): a seed and an offset; each random operator issued with it
-    takes the next offset, so its values depend on issue order only, never on the schedule."""
+_REAL_GENERATOR = torch.Generator
+
+
+class EmulatedGenerator(_REAL_GENERATOR):
+    """torch.Generator(device="cuda") on the sim: a CPU generator (so torch's argument parser takes
+    it) that says it is on cuda:N. Each random operator issued with it gets a generator forked
+    from its state when the operator is *issued*, and the state moves on one draw: values depend
+    on issue order only, never on the schedule, as CUDA's Philox offsets are taken at launch."""
+
+    def __new__(cls, device_index: int = 0, seed: int = CUDA_DEFAULT_SEED):
+        return super().__new__(cls)  # a CPU generator underneath
 
     def __init__(self, device_index: int = 0, seed: int = CUDA_DEFAULT_SEED):
-        self.device = torch.device("cuda", device_index)
-        self._seed = seed
-        self._offset = 0
+        super().__init__()
+        self._index = device_index
+        self.manual_seed(seed)
 
-    def manual_seed(self, seed):
-        self._seed = int(seed) & ((1 << 64) - 1)
-        self._offset = 0
-        return self
-
-    def seed(self) -> int:
-        self.manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
-        return self._seed
-
-    def initial_seed(self) -> int:
-        return self._seed
-
-    def get_state(self):
-        return torch.tensor(list(self._seed.to_bytes(8, "little") + self._offset.to_bytes(8, "little")),
-                            dtype=torch.uint8)
-
-    def set_state(self, state) -> "EmulatedGenerator":
-        data = bytes(state.tolist())
-        self._seed, self._offset = int.from_bytes(data[:8], "little"), int.from_bytes(data[8:16], "little")
-        return self
+    @property
+    def device(self):
+        return torch.device("cuda", self._index)
 
     def graphsafe_get_state(self):
         return self.get_state()
 
     def next_cpu_generator(self):
-        """A CPU generator for one random operator, seeded from (seed, offset)."""
-        seed = zlib.crc32(self._offset.to_bytes(8, "little"), self._seed & 0xFFFFFFFF) | (self._seed >> 32) << 32
-        self._offset += 1
-        return torch.Generator().manual_seed(seed & ((1 << 63) - 1))
+        """The generator one random operator runs with, taken now."""
+        child = _REAL_GENERATOR()
+        child.set_state(self.get_state())
+        torch.randint(1 << 62, (1,), generator=self)  # the next operator gets the next state
+        return child
 
 
 class _GeneratorType(type):
     def __instancecheck__(cls, obj):
-        return isinstance(obj, (_REAL_GENERATOR, EmulatedGenerator))
+        return isinstance(obj, _REAL_GENERATOR)
 
-
-_REAL_GENERATOR = torch.Generator
+    def __subclasscheck__(cls, sub):
+        return issubclass(sub, _REAL_GENERATOR)
 
 
 class Generator(metaclass=_GeneratorType):
@@ -776,6 +765,16 @@ class Emulation:
         return _rebuilt(mapped, kind)
 
     def _device_op(self, func, schema, name, flat, spec, index, args, kwargs):
+        if name not in _HOST_TENSORS_ALLOWED:
+            _check_same_device(name, flat)
+        target = _target_device(kwargs)
+        if name == "aten._to_copy.default" and target is not None and target.type == "cuda":
+            there = self.device_index(target)
+            if there != index:  # to another GPU: a peer copy, ordered on both devices' current streams
+                return self._to_other_device(args[0], there, kwargs.get("dtype"))
+        if name == "aten.copy_.default" and type(args[0]) is CudaTensor and type(args[1]) is CudaTensor and \
+                args[0].device != args[1].device:
+            return self._copy_between_devices(args[0], args[1])
         s = self.current_stream(index)
         non_blocking = bool(kwargs.get("non_blocking", False)) or (
             name == "aten.copy_.default" and len(args) > 2 and bool(args[2]))
@@ -794,7 +793,8 @@ class Emulation:
         if to_host:
             host_sides.append("pinned" if non_blocking else "pageable")
         layout = self._layout(func, flat, spec, index, to_host)
-        inner_flat = [self._staged(v) for v in flat]
+        written = {id(t) for t, w in operator_accesses(func, args, kwargs) if w}
+        inner_flat = [v if id(v) in written and not _emulated(v) else self._staged(v) for v in flat]
         inner_args, inner_kwargs = _unflatten(inner_flat, spec)
         if target is not None:
             inner_kwargs = dict(inner_kwargs, device=torch.device("cpu"))
@@ -829,6 +829,30 @@ class Emulation:
             return self._written_result(func, args, kwargs, layout, out_leaves)
         return _rebuilt(out_leaves, layout.spec)
 
+    def _to_other_device(self, source, index: int, dtype):
+        if dtype is not None and dtype != source.dtype:
+            source = torch.Tensor.to(source, dtype=dtype)  # converted on its own device first
+        out = self.empty(tuple(source.shape), _contiguous_strides(source.shape), source.dtype, index)
+        return self._copy_between_devices(out, source)
+
+    def _copy_between_devices(self, dst, src):
+        """torch's copy between two GPUs: on the destination's current stream, after the source's
+        current stream reached the call, and the source's stream waits for the copy (both
+        devices' streams stay in order)."""
+        if not src.is_contiguous() or not dst.is_contiguous() or src.dtype != dst.dtype or src.shape != dst.shape:
+            src = torch.Tensor.to(torch.Tensor.contiguous(src), dtype=dst.dtype).expand(dst.shape).contiguous()
+        dst_stream, src_stream = self.current_stream(dst.device.index), self.current_stream(src.device.index)
+        before = self.device.event(name="copy_peer")
+        before.record(src_stream.device_stream)
+        dst_stream.device_stream.wait_event(before)
+        read, write = _region(src), _region(dst)
+        if read is not None and write is not None:
+            self.device.copy_peer(write, read, stream=dst_stream.device_stream)
+        after = self.device.event(name="copy_peer")
+        after.record(dst_stream.device_stream)
+        src_stream.device_stream.wait_event(after)
+        return dst
+
     def _written_result(self, func, args, kwargs, layout, out_leaves):
         written = iter([t for t, w in operator_accesses(func, args, kwargs) if w])
         leaves = [next(written) if item == "written" else leaf for item, leaf in zip(layout.leaves, out_leaves)]
@@ -850,6 +874,8 @@ class Emulation:
         given = inner_kwargs.get("generator")
         if isinstance(given, EmulatedGenerator):
             return given.next_cpu_generator()
+        if given is not None:  # a CUDA generator's fork, taken when the call was made (_FactoryMode)
+            return given
         if _seeded(func):
             return self.generators[index].next_cpu_generator()
         return None
@@ -1019,6 +1045,8 @@ class Emulation:
         if isinstance(generator, EmulatedGenerator):
             cpu_kwargs["generator"] = generator.next_cpu_generator()
             value = func(*args, **cpu_kwargs)
+        elif generator is not None:  # already forked at the call
+            value = func(*args, **cpu_kwargs)
         elif getattr(func, "__name__", "") in _RANDOM_FACTORIES:
             cpu_kwargs["generator"] = self.generators[index].next_cpu_generator()
             try:
@@ -1117,11 +1145,11 @@ class Emulation:
             return TOTAL_MEMORY - alloc.reserved.get(index, 0), TOTAL_MEMORY
 
         def manual_seed(seed, device=None):
-            emu.generators[emu.current_device() if device is None else emu.device_index(device)].manual_seed(seed)
+            emu.generators[emu.current_device() if device is None else emu.device_index(device)].manual_seed(int(seed))
 
         def manual_seed_all(seed):
             for g in emu.generators:
-                g.manual_seed(seed)
+                g.manual_seed(int(seed))
 
         def get_rng_state(device="cuda"):
             return emu.generators[emu.device_index(device)].get_state()
@@ -1144,8 +1172,8 @@ class Emulation:
                 return lambda fn: fn
             return model
 
-        def refuse_backward(*args, **kwargs):
-            raise EmulationError(f"backward() at {caller_site()}: autograd is not emulated on the sim (torch's "
+        def refuse_backward(what: str = "backward()"):
+            raise EmulationError(f"{what} at {caller_site()}: autograd is not emulated on the sim (torch's "
                                  "engine asks a CPU-only build for a CUDA device guard and would abort the process); "
                                  "check the forward pass here, or the backward pass on a GPU "
                                  "(streamcheck run --backend gpu)")
@@ -1192,9 +1220,14 @@ class Emulation:
         put(torch, "Generator", Generator)
         put(torch, "compile", compile_)
         # One function object per name: Dynamo's trace rules refuse one object under two names.
-        put(torch.Tensor, "backward", functools.wraps(refuse_backward)(lambda *a, **k: refuse_backward()))
-        put(torch.autograd, "backward", functools.wraps(refuse_backward)(lambda *a, **k: refuse_backward()))
-        put(torch.autograd, "grad", functools.wraps(refuse_backward)(lambda *a, **k: refuse_backward()))
+        put(torch.Tensor, "backward", lambda *a, **k: refuse_backward("backward()"))
+        put(torch.autograd, "backward", lambda *a, **k: refuse_backward("torch.autograd.backward"))
+        put(torch.autograd, "grad", lambda *a, **k: refuse_backward("torch.autograd.grad"))
+        # Module.cuda()/.to("cuda") must make new Parameters around emulated tensors: `param.data =` an
+        # emulated tensor would leave a plain Parameter that says cuda with no data behind it.
+        shallow = torch._has_compatible_shallow_copy_type
+        put(torch, "_has_compatible_shallow_copy_type",
+            lambda a, b: False if _emulated(a) or _emulated(b) else shallow(a, b))
         put(cuda, "nvtx", _Nvtx())
         sys.meta_path.insert(0, _refuse_cupy)
         self._undo.append(lambda: sys.meta_path.remove(_refuse_cupy))
@@ -1228,6 +1261,34 @@ _MISSING = object()
 _RANDOM_FACTORIES = frozenset({"rand", "randn", "randint", "randperm", "normal", "rand_like", "randn_like",
                                "randint_like", "bernoulli", "multinomial"})
 _COPYING_FACTORIES = frozenset({"tensor", "as_tensor", "asarray", "from_numpy"})
+
+
+# Operators that take host tensors beside device ones as torch does: copies, and indices.
+_HOST_TENSORS_ALLOWED = frozenset({"aten.copy_.default", "aten._to_copy.default", "aten._copy_from.default",
+                                   "aten._copy_from_and_resize.default", "aten.index.Tensor", "aten.index_put_.default",
+                                   "aten.index_put.default", "aten._index_put_impl_.default"})
+
+
+def _check_same_device(name: str, flat) -> None:
+    """torch's device check: a host tensor (other than a 0-d one) beside CUDA ones is an error."""
+    devices = set()
+    for v in flat:
+        if type(v) is CudaTensor:
+            devices.add(str(v.device))
+        elif isinstance(v, torch.Tensor) and v.dim() > 0:
+            devices.add("cpu")
+    if len(devices) > 1:
+        first, second = sorted(devices, key=lambda d: (d == "cpu", d))[:2]
+        raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, {first} "
+                           f"and {second}! (when checking argument for {name})")
+
+
+def _contiguous_strides(shape) -> tuple:
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
 
 
 def _same_view(a, b) -> bool:
@@ -1358,7 +1419,7 @@ class _RefuseCupy:
 
     def find_spec(self, name, path=None, target=None):
         if name == "cupy" or name.startswith("cupy.") or name == "cupyx" or name.startswith("cupyx."):
-            raise CupyUnderSim(f"import {name} under the sim: CuPy's kernels need a GPU and are not emulated; "
+            raise CupyUnderSim(f"import {name} at {caller_site()} under the sim: CuPy's kernels need a GPU and are not emulated; "
                                  "check this program on a GPU (streamcheck run --backend gpu), or keep its torch "
                                  "part apart")
         return None
@@ -1387,6 +1448,11 @@ class _FactoryMode(TorchFunctionMode):
         return self._call(func, args, kwargs)
 
     def _call(self, func, args, kwargs):
+        generator = kwargs.get("generator")
+        if type(generator) is EmulatedGenerator:
+            # Taken here, at the call: past torch's binding the generator is a plain torch.Generator
+            # (the same C++ object, a new Python one), no longer known as a CUDA one.
+            kwargs = dict(kwargs, generator=generator.next_cpu_generator())
         handler = _METHODS.get(func)
         if handler is not None:
             return handler(self.emulation, func, args, kwargs)
@@ -1430,9 +1496,20 @@ def _maybe_device(value):
 
 def _to(emulation, func, args, kwargs):
     self = args[0]
+    if len(args) > 1 and isinstance(args[1], torch.Tensor):  # .to(other): its device and dtype
+        other = args[1]
+        args, kwargs = (self, other.device, other.dtype) + tuple(args[2:]), kwargs
+    device_, dtype, non_blocking, memory_format = torch._C._nn._parse_to(*args[1:], **kwargs)
+    copy = bool(kwargs.get("copy", False))
     if type(self) is CudaTensor:
-        return func(*args, **kwargs)
-    device_, dtype, non_blocking, _memory_format = torch._C._nn._parse_to(*args[1:], **kwargs)
+        if device_ is not None and device_.type == "cuda":
+            device_ = torch.device("cuda", emulation.device_index(device_))  # "cuda": the current device
+        if (device_ is None or device_ == self.device) and (dtype is None or dtype == self.dtype) and not copy \
+                and memory_format in (None, torch.preserve_format):
+            return self  # torch's .to returns the tensor itself when nothing changes
+        # Straight to the operator: torch's binding of .to takes a CUDA device guard.
+        return torch.ops.aten._to_copy.default(self, dtype=dtype or self.dtype, device=device_ or self.device,
+                                               non_blocking=non_blocking, memory_format=memory_format)
     if device_ is not None and device_.type == "cuda":
         return emulation.to_device(self, emulation.device_index(device_), dtype, non_blocking)
     return func(*args, **kwargs)
@@ -1440,10 +1517,13 @@ def _to(emulation, func, args, kwargs):
 
 def _cuda(emulation, func, args, kwargs):
     self = args[0]
-    if type(self) is CudaTensor:
-        return self
     where = args[1] if len(args) > 1 else kwargs.get("device")
     index = emulation.current_device() if where is None else emulation.device_index(where)
+    if type(self) is CudaTensor:
+        if self.device.index == index:
+            return self
+        return torch.ops.aten._to_copy.default(self, device=torch.device("cuda", index),
+                                               non_blocking=bool(kwargs.get("non_blocking", False)))
     return emulation.to_device(self, index, None, bool(kwargs.get("non_blocking", False)))
 
 
@@ -1462,9 +1542,16 @@ def _is_pinned(emulation, func, args, kwargs):
 
 
 def _numpy(emulation, func, args, kwargs):
-    if type(args[0]) is CudaTensor:
-        raise TypeError(f"can't convert {args[0].device} device type tensor to numpy. Use Tensor.cpu() to copy the "
+    self = args[0]
+    if type(self) is CudaTensor:
+        raise TypeError(f"can't convert {self.device} device type tensor to numpy. Use Tensor.cpu() to copy the "
                         "tensor to host memory first.")
+    if type(self) is PinnedTensor:  # the same bytes, as torch's numpy() of pinned memory; the host reads them now
+        emulation.enter()
+        region = _region(self)
+        if region is not None:
+            emulation.device.host_access(reads=[region], name="numpy")
+        return self._inner.numpy()
     return func(*args, **kwargs)
 
 
@@ -1620,6 +1707,15 @@ class EmulatedStorage:
         return self.nbytes()
 
 
+def _scalar(convert):
+    def handler(emulation, func, args, kwargs):
+        self = args[0]
+        if not _emulated(self):
+            return func(*args, **kwargs)
+        return convert(self.item())  # a host read, as torch's conversion of a CUDA scalar
+    return handler
+
+
 _METHODS = {
     torch.Tensor.to: _to, torch.Tensor.cuda: _cuda, torch.Tensor.pin_memory: _pin_memory,
     torch.Tensor.is_pinned: _is_pinned,
@@ -1627,4 +1723,6 @@ _METHODS = {
     torch.Tensor.__setitem__: _setitem, torch.Tensor.contiguous: _contiguous, torch.where: _where,
     torch.Tensor.where: _where, torch.nonzero: _nonzero, torch.Tensor.nonzero: _nonzero,
     torch.Tensor.copy_: _copy, torch.Tensor.data_ptr: _data_ptr, torch.Tensor.untyped_storage: _untyped_storage,
+    torch.Tensor.__float__: _scalar(float), torch.Tensor.__int__: _scalar(int), torch.Tensor.__index__: _scalar(int),
+    torch.Tensor.__complex__: _scalar(complex),
 }

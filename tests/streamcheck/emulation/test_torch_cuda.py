@@ -3,8 +3,7 @@
 Every racy pattern sits beside its safe twin: the racy one is reported (its kind, and both accesses at
 lines of this file, found by their `# <tag>` comments) and, under a schedule that holds the producer,
 really reads stale bytes; the twin is clean and right under the same schedules. Values are compared with
-the same operators on plain CPU tensors. Bugs the emulation still has are `xfail(strict=True)`, written
-as the test should pass.
+the same operators on plain CPU tensors.
 """
 from __future__ import annotations
 
@@ -136,8 +135,6 @@ def test_cuda_to_and_like_conversions_copy_the_host_values_with_the_asked_dtype_
     assert torch.equal(src_after, src) and races(dev) == set()
 
 
-@pytest.mark.xfail(strict=True, reason="a cuda:0 tensor's .to('cuda:1') / .cuda(1) stays on cuda:0, and copy_ "
-                                       "from cuda:0 into a cuda:1 tensor raises PeerAccessError (torch copies)")
 def test_a_tensor_moved_or_copied_to_another_device_is_there_with_its_values():
     def program():
         x = torch.arange(3.0, device="cuda")
@@ -151,10 +148,8 @@ def test_a_tensor_moved_or_copied_to_another_device_is_there_with_its_values():
 
 @pytest.mark.parametrize("where", [
     "cuda:0", "x.device",
-    pytest.param("cuda", marks=pytest.mark.xfail(strict=True, reason="x.to('cuda') on a tensor already on cuda "
-                                                   "raises 'PyTorch is not linked with support for cuda devices'")),
-    pytest.param("torch.device('cuda')", marks=pytest.mark.xfail(strict=True, reason="x.to(torch.device('cuda')) "
-                                                                   "on a cuda tensor raises (no CUDA device guard)")),
+    "cuda",
+    "torch.device('cuda')",
 ])
 def test_to_the_device_a_tensor_is_already_on_returns_the_tensor_itself(where):
     def program():
@@ -176,8 +171,6 @@ def test_an_operator_may_take_a_cpu_scalar_tensor_beside_cuda_tensors():
     assert got == ([3.0] * 3, [3.0] * 3) and races(dev) == set()
 
 
-@pytest.mark.xfail(strict=True, reason="an operator mixing a CUDA tensor with a non-scalar CPU tensor computes "
-                                       "instead of raising torch's device-mismatch RuntimeError")
 @pytest.mark.parametrize("op", ["add", "mul_"])
 def test_an_operator_mixing_a_cuda_tensor_with_a_cpu_vector_fails_as_on_a_gpu(op):
     def program():
@@ -190,8 +183,6 @@ def test_an_operator_mixing_a_cuda_tensor_with_a_cpu_vector_fails_as_on_a_gpu(op
     assert values == [1.0] * 3
 
 
-@pytest.mark.xfail(strict=True, reason="nn.Module.to('cuda')/.cuda() parameters fail in forward: aten::as_strided "
-                                       "has no 'CUDA' backend kernel (under grad mode: the process aborts)")
 def test_a_module_moved_to_cuda_computes_what_it_computes_on_the_cpu():
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2)
@@ -273,8 +264,6 @@ def test_seeding_all_devices_and_restoring_the_rng_state_replays_the_draws():
     assert on0 == again0 == on1 and drawn == redrawn and drawn != on0 and seed == 7
 
 
-@pytest.mark.xfail(strict=True, reason="torch.Generator(device='cuda') cannot be passed as generator= "
-                                       "(TypeError: must be torch.Generator, not EmulatedGenerator)")
 def test_a_cuda_generator_passed_to_random_operators_replays_its_values():
     def program():
         g = torch.Generator(device="cuda")
@@ -338,9 +327,7 @@ REPRS = [
     (lambda: torch.arange(6.0, device="cuda").reshape(2, 3),
      "tensor([[0., 1., 2.],\n        [3., 4., 5.]], device='cuda:0')"),
     (lambda: torch.tensor([True, False], device="cuda"), "tensor([ True, False], device='cuda:0')"),
-    pytest.param(lambda: torch.zeros(0, 3, device="cuda"), "tensor([], device='cuda:0', size=(0, 3))",
-                 marks=pytest.mark.xfail(strict=True, reason="an empty CUDA tensor's repr puts device= after size= "
-                                                             "(torch: device first)")),
+    (lambda: torch.zeros(0, 3, device="cuda"), "tensor([], device='cuda:0', size=(0, 3))"),
 ]
 
 
@@ -630,11 +617,9 @@ HOST_READS = {
 }
 
 
-_NO_GUARD = "float()/int() of a CUDA tensor raise 'PyTorch is not linked with support for cuda devices'"
 
 
-@pytest.mark.parametrize("read", [pytest.param(r, marks=pytest.mark.xfail(strict=True, reason=_NO_GUARD))
-                                  if r in ("float", "int") else r for r in HOST_READS])
+@pytest.mark.parametrize("read", HOST_READS)
 def test_a_host_read_waits_for_the_current_stream_only(read):
     def program(read_on_side):
         side = torch.cuda.Stream()
@@ -760,9 +745,7 @@ def test_a_pinned_download_read_before_its_event_synchronized_is_a_raw_that_stri
     assert races(dev) == {("RAW", line(copy), line("host-reads-download"))}
 
 
-@pytest.mark.parametrize("kind", ["synchronized", pytest.param("pageable", marks=pytest.mark.xfail(
-    strict=True, reason="copy_ from a CUDA tensor into a pageable host tensor never writes it (the kernel "
-                        "writes a staged clone)"))])
+@pytest.mark.parametrize("kind", ["synchronized", "pageable"])
 def test_a_download_synchronized_or_into_pageable_memory_is_clean_and_right(kind):
     dev, (pinned, values), _ = emulate(_download(kind), **DELAY_S1)
     assert pinned == (kind == "synchronized") and values == [3.0] * 4 and races(dev) == set()
@@ -811,8 +794,6 @@ def test_every_host_read_of_a_pending_pinned_download_is_a_raw(read):
     assert races(dev) == {("RAW", line("pinned-download"), line(f"pinned-read-{read}"))}
 
 
-@pytest.mark.xfail(strict=True, reason="pinned.numpy() raises torch's '.numpy() is not supported for tensor "
-                                       "subclasses' (torch returns a view of the pinned bytes)")
 def test_a_pinned_tensors_numpy_view_holds_its_values_or_is_refused_in_one_line():
     def program():
         src = torch.arange(4.0, pin_memory=True)
@@ -1090,14 +1071,11 @@ def _refuse_cuda_only_operator():
 
 REFUSALS = [
     (_refuse_backward, "refused-backward", "backward()"),
-    (_refuse_autograd_backward, "refused-autograd-backward", "backward()"),
-    pytest.param(_refuse_autograd_grad, "refused-autograd-grad", "torch.autograd.grad",
-                 marks=pytest.mark.xfail(strict=True, reason="torch.autograd.grad's refusal names backward()")),
+    (_refuse_autograd_backward, "refused-autograd-backward", "torch.autograd.backward"),
+    (_refuse_autograd_grad, "refused-autograd-grad", "torch.autograd.grad"),
     (_refuse_external_stream, "refused-external-stream", "torch.cuda.ExternalStream"),
     (_refuse_graphed_callables, "refused-graphed", "make_graphed_callables"),
-    pytest.param(_refuse_cupy, "refused-cupy", "import cupy",
-                 marks=pytest.mark.xfail(strict=True, reason="the `import cupy` refusal does not name the "
-                                                             "importing line")),
+    (_refuse_cupy, "refused-cupy", "import cupy"),
     (_refuse_cuda_only_operator, "refused-operator", "streamcheck_emulation_test::twice"),
 ]
 

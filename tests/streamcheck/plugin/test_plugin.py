@@ -602,7 +602,8 @@ def test_accepted(streamcheck_gpu):
 
 def test_a_record_the_checker_refuses_fails_a_streamcheck_gpu_test_with_the_record(pytester):
     pytester.makepyfile(test_refused=REFUSED)
-    result = _inprocess(pytester, "-p", "no:cacheprovider")
+    # auto, not sim: --streamcheck-backend=sim runs streamcheck_gpu's code with CUDA emulated instead.
+    result = pytester.runpytest_inprocess("-p", "no:hypothesispytest", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=2, errors=1)  # test_refused passed its call and errs in teardown
     out = result.stdout.str()
     assert "ERROR at teardown of test_refused" in out
@@ -641,12 +642,24 @@ def test_compare_reports_the_first_difference():
     assert compare((a,), (a, a)) == "result: 2 items, the reference has 1"
 
 
-def test_streamcheck_gpu_skips_with_the_reason_without_a_gpu(pytester, monkeypatch):
+def test_streamcheck_gpu_on_the_cupy_backend_skips_with_the_reason_without_a_gpu(pytester, monkeypatch):
     monkeypatch.setattr("streamcheck.record.gpu.cuda_device_present", lambda: False)
+    monkeypatch.setattr("streamcheck.plugin.options.BACKENDS", ("auto", "sim", "cupy"))
     pytester.makepyfile("""
+        import streamcheck.plugin.options as options
+
         def test_uses_the_gpu(streamcheck_gpu):
             raise AssertionError("must not run without a GPU")
     """)
-    result = pytester.runpytest_inprocess("-rs", "-p", "no:cacheprovider")
+    pytester.makeconftest("""
+        import pytest
+        import streamcheck.plugin.options as options
+
+        @pytest.hookimpl(trylast=True)
+        def pytest_configure(config):  # as if --streamcheck-backend=cupy had found a GPU at start-up
+            settings = config.stash[options.SETTINGS_KEY]
+            config.stash[options.SETTINGS_KEY] = type(settings)(**{**settings.__dict__, "backend": "cupy"})
+    """)
+    result = pytester.runpytest_inprocess("-rs", "-p", "no:cacheprovider", "--streamcheck-seed=1")
     result.assert_outcomes(skipped=1)
-    result.stdout.fnmatch_lines(["*streamcheck_gpu needs an NVIDIA GPU*"])
+    result.stdout.fnmatch_lines(["*streamcheck_gpu with --streamcheck-backend=cupy needs an NVIDIA GPU*"])

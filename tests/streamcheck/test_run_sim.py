@@ -1,0 +1,136 @@
+"""`streamcheck run --backend sim`: an unmodified torch script on the CPU with CUDA emulated
+(commands/run_sim.py, docs/emulation.md): the reference's report, the schedules compared by their
+output with a replay line that reproduces the difference, the bad input the issue names."""
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import textwrap
+
+import pytest
+
+from streamcheck import cli
+
+RACY = textwrap.dedent('''\
+    import torch
+
+    side = torch.cuda.Stream()
+    x = torch.zeros(1 << 12, device="cuda")
+    torch.cuda.synchronize()
+    for step in range(1, 5):
+        with torch.cuda.stream(side):
+            x.fill_(float(step))
+        print(x[0].item())  # BUG: the default stream reads x without waiting for `side`
+        torch.cuda.current_stream().wait_stream(side)
+''')
+FILL, READ = 8, 9  # the lines of the racing accesses
+
+FIXED = RACY.replace("    print(x[0].item())  # BUG: the default stream reads x without waiting for `side`\n",
+                     "    torch.cuda.current_stream().wait_stream(side)\n    print(x[0].item())\n")
+
+
+@pytest.fixture
+def script(tmp_path):
+    def write(text: str, name: str = "prog.py") -> str:
+        path = tmp_path / name
+        path.write_text(text)
+        return str(path)
+    return write
+
+
+def test_a_racy_script_is_reported_and_a_schedule_that_strikes_prints_its_replay(script, capsys):
+    path = script(RACY)
+    assert cli.main(["run", "--backend", "sim", "--schedules", "6", path]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == "1.0\n2.0\n3.0\n4.0\n"  # the reference's output, printed once
+    assert "RAW race on `torch tensor`" in captured.err and f"prog.py:{READ}" in captured.err
+    differs = re.findall(r"streamcheck: schedule (\w+) seed (\d+): line \d+: '([\d.]+)' \(the reference printed "
+                         r"'([\d.]+)'\)\n  replay: (.*)", captured.err)
+    assert differs, captured.err
+    policy, seed, got, want, replay = differs[0]
+    assert got != want
+    # The replay line reruns exactly that schedule: the same difference.
+    argv = shlex.split(replay)
+    assert argv[:2] == ["streamcheck", "run"] and argv[-1] == path
+    assert cli.main(argv[1:]) == 0
+    again = capsys.readouterr().err
+    assert f"streamcheck: schedule {policy} seed {seed}: line" in again
+    assert f"'{got}' (the reference printed '{want}')" in again
+
+
+def test_the_fixed_twin_is_clean_and_every_schedule_prints_the_same(script, capsys):
+    assert FIXED != RACY
+    path = script(FIXED)
+    assert cli.main(["run", "--backend", "sim", "--schedules", "6", "--error-exitcode", "9", path]) == 0
+    err = capsys.readouterr().err
+    assert "streamcheck: no races found" in err
+    assert "6 schedule(s) on the sim (delay, random, pct): 0 printed other output" in err
+
+
+def test_error_exitcode_when_a_race_is_found(script, capsys):
+    assert cli.main(["run", "--backend", "sim", "--schedules", "0", "--error-exitcode", "9", script(RACY)]) == 9
+
+
+def test_json_and_trace_are_written_from_the_sim(script, tmp_path, capsys):
+    report, trace = tmp_path / "races.json", tmp_path / "trace.json"
+    assert cli.main(["run", "--backend", "sim", "--schedules", "0", "--json", str(report), "--trace", str(trace),
+                     script(RACY)]) == 0
+    races = json.loads(report.read_text())
+    assert [r["kind"] for r in races] == ["RAW"] and races[0]["first"]["site"].endswith(f"prog.py:{FILL}")
+    assert json.loads(trace.read_text())["traceEvents"]
+
+
+def test_confirm_on_the_sim_reads_the_stale_value(script, capsys):
+    assert cli.main(["run", "--backend", "sim", "--schedules", "0", "--confirm", script(RACY)]) == 0
+    err = capsys.readouterr().err
+    assert re.search(rf"race 1 \(RAW on `torch tensor`, prog.py:{FILL} -> prog.py:{READ}\): confirmed on the sim", err), err
+
+
+def test_a_script_whose_output_differs_between_two_sequential_runs_is_not_compared(script, capsys):
+    path = script("import os\nimport torch\nprint(torch.ones(2, device='cuda').sum().item(), os.urandom(8).hex())\n")
+    assert cli.main(["run", "--backend", "sim", "--schedules", "3", path]) == 0
+    err = capsys.readouterr().err
+    assert "streamcheck: the script is not deterministic: a second sequential run printed other output" in err
+    assert "are not compared" in err and "replay:" not in err
+
+
+def test_a_script_that_never_returns_is_interrupted_at_its_timeout(script, capsys):
+    path = script("import torch\nx = torch.ones(2, device='cuda')\nwhile True:\n    x = x + 1\n")
+    assert cli.main(["run", "--backend", "sim", "--schedules", "0", "--timeout", "1", path]) == 1
+    err = capsys.readouterr().err
+    assert "streamcheck run: the script did not finish within 1 s" in err and "the limit is --timeout" in err
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--backend", "sim", "--delay-us", "200"], "--delay-us is for the GPU backend, not the sim; delays on the sim "
+                                                "are host steps: --delay-steps N"),
+    (["--backend", "gpu", "--schedules", "3"], "--schedules reruns the script under sim schedules; add --backend sim"),
+    (["--backend", "gpu", "--policy", "pct"], "--policy reruns the script under sim schedules; add --backend sim"),
+    (["--backend", "sim", "--delay-stream", "all", "--delay-stream", "s1"], "--delay-stream all names every stream"),
+])
+def test_options_of_the_other_backend_are_usage_errors(argv, words, script, capsys):
+    path = script(RACY)
+    assert cli.main(["run", *argv, path]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # refused before the script ran
+    (line,) = captured.err.splitlines()
+    assert words in line
+
+
+@pytest.mark.parametrize("value", ["delay,,pct", "fifo", ""])
+def test_a_bad_policy_is_a_usage_error(value, script, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["run", "--backend", "sim", "--policy", value, script(RACY)])
+    assert exc.value.code == 2
+    assert "policies are delay, random, pct" in capsys.readouterr().err
+
+
+def test_cupy_under_the_sim_is_one_line_and_exit_2(script, capsys):
+    path = script("import cupy\nprint('ran')\n")
+    assert cli.main(["run", "--backend", "sim", path]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    (line,) = captured.err.splitlines()
+    assert line.startswith("streamcheck run: import cupy at prog.py:1 under the sim: CuPy's kernels need a GPU")
+    assert "Traceback" not in captured.err
