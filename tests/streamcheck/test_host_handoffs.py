@@ -3,8 +3,10 @@ hand-offs (and which are not: timeouts, failed acquires, the library's own inter
 that every primitive behaves exactly as without it (return values, exceptions, timeouts)."""
 from __future__ import annotations
 
-import gc
 import queue
+import subprocess
+import sys
+import textwrap
 import threading
 
 import pytest
@@ -164,16 +166,33 @@ def test_passing_a_barrier_takes_over_every_partys_arrival_of_that_generation(li
 
 
 def test_the_standard_library_is_restored_after_the_last_listener_stops():
-    gc.collect()  # earlier tests' Devices: each listens until it is collected
-    originals = (threading.Event.set, queue.Queue.get, threading.Lock, threading.Condition.__init__)
-    first, second = Heard(), Heard()
-    stop_first, stop_second = host_handoffs.listen(first), host_handoffs.listen(second)
-    assert threading.Event.set is not originals[0]
-    stop_first()
-    threading.Event().set()
-    assert first.heard == [] and [c[1] for c in second.calls()] == ["Event.set"]
-    stop_second()
-    assert (threading.Event.set, queue.Queue.get, threading.Lock, threading.Condition.__init__) == originals
+    # In a fresh interpreter: in this one, a Device an earlier test left alive (a traceback pytest
+    # keeps, a fixture's cache) still listens, so the library stays patched, as it should.
+    code = textwrap.dedent("""
+        import queue, threading
+        from streamcheck import host_handoffs
+
+        class Heard:
+            def __init__(self):
+                self.calls = []
+            def hand_off(self, channel, what):
+                self.calls.append(what)
+            def take_over(self, channel, what):
+                self.calls.append(what)
+
+        originals = (threading.Event.set, queue.Queue.get, threading.Lock, threading.Condition.__init__)
+        first, second = Heard(), Heard()
+        stop_first, stop_second = host_handoffs.listen(first), host_handoffs.listen(second)
+        assert threading.Event.set is not originals[0]
+        stop_first()
+        threading.Event().set()
+        assert first.calls == [] and second.calls == ["Event.set"], (first.calls, second.calls)
+        stop_second()
+        assert (threading.Event.set, queue.Queue.get, threading.Lock, threading.Condition.__init__) == originals
+        print("restored")
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout == "restored\n", proc.stderr
 
 
 def test_primitives_a_weak_table_cannot_hold_work_as_ever_and_order_nothing(listener):
