@@ -632,8 +632,13 @@ class SyncEdits:
     def same_path(self, counts: dict) -> bool:
         """Whether the rerun issued exactly the syncs of `counts` (key -> the recorded run's
         occurrences), as often; a legacy join of a stream the recorded run gave no work is no sync."""
+        return not self.path_differences(counts)
+
+    def path_differences(self, counts: dict) -> list:
+        """(key, times the rerun issued it, times the recorded run did) where they differ."""
         issued = {key: n for key, n in self.issued.items() if key in counts or key[0] != "legacy join"}
-        return issued == counts
+        return [(key, issued.get(key, 0), counts.get(key, 0)) for key in dict.fromkeys([*counts, *issued])
+                if issued.get(key, 0) != counts.get(key, 0)]
 
     def _edited(self, key, occurrence: int) -> Optional[_Swap]:
         if key in self.remove:

@@ -105,10 +105,14 @@ def prove(program: Callable, *, schedules: int = PROOF_SCHEDULES, seed: int = 0,
             device.edit_syncs(edits)
             got, _ = _run(program, device)
             label = f"{policy} seed {seed + i}"
-            if not edits.same_path(counts):
-                removable, why = None, ("the rerun issued other synchronizations than the recorded run (the program "
-                                        "is not deterministic between runs: its call sites or their counts differ); "
-                                        "nothing claimed")
+            differences = edits.path_differences(counts)
+            if differences:
+                key, got, recorded = differences[0]
+                number = next((f"#{f.number} ({f.sync.kind} at {f.sync.site})" for f in result.findings
+                               if f.sync.key == key), f"{key[0]} at {key[1]}:{key[2]}")
+                removable, why = None, (f"the rerun issued {number} {got} time(s), the recorded run {recorded} (the "
+                                        "program is not deterministic between runs: its call sites or their counts "
+                                        "differ); nothing claimed")
                 runs = []
                 break
             new = [race for race in device.races if race.key not in base]

@@ -3,6 +3,7 @@ recorder's skipping of syncs for the GPU reruns (Recorder.skipped, SyncEdits as 
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -395,6 +396,8 @@ def test_a_rerun_that_issues_a_sync_another_number_of_times_is_claimed_nothing_o
 
     proof = prove(program, schedules=2)
     assert proof.removable is None and "counts differ" in proof.why, proof.format()
+    assert re.search(r"the rerun issued #1 \(stream synchronize at \S+:\d+\) 2 time\(s\), the recorded run 3 ",
+                     proof.why), proof.why
 
 
 def test_the_recorder_skips_occurrences_of_a_sync(monkeypatch):
