@@ -247,6 +247,25 @@ def test_synchronizing_a_never_recorded_event_returns_at_once():
     np.testing.assert_array_equal(dev.host_read(x), [0.0, 0.0])
 
 
+def test_a_busy_loop_on_an_event_query_orders_the_host_after_the_events_work_only():
+    dev = Device("sim", policy="delay", streams=["A"], steps=5)
+    a = dev.stream("A")
+    x = dev.alloc((2,), "float32", name="x", fill=0.0)
+    y = dev.alloc((2,), "float32", name="y", fill=0.0)
+    dev.launch(set_to(1.0), (x,), stream=a, writes=[x])
+    e = a.record()
+    dev.launch(set_to(2.0), (y,), stream=a, writes=[y])  # after the record: the query says nothing of it
+    polls = 1
+    while not e.query():
+        polls += 1
+    assert polls > 1  # the delay held the work: the loop waited for it
+    np.testing.assert_array_equal(dev.host_read(x), [1.0, 1.0])
+    assert dev.races == []
+    dev.host_read(y)
+    (race,) = dev.races
+    assert (race.kind, race.buffer, race.second.actor) == ("RAW", "y", "host thread 0")
+
+
 # --- host synchronization ------------------------------------------------------------------------
 
 
