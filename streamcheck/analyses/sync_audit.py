@@ -620,10 +620,16 @@ class SyncEdits:
     def every_edit_met(self) -> bool:
         """Whether the rerun issued every sync it was to skip or swap as often as the recorded run
         did (it took the recorded path)."""
-        edited = set(self.remove) | set(self.swap)
         if self.counts:
-            return all(self.issued.get(key, 0) == self.counts.get(key, 0) for key in edited)
-        return edited <= self.met
+            return not self.edit_differences()
+        return set(self.remove) | set(self.swap) <= self.met
+
+    def edit_differences(self) -> list:
+        """(key, times the rerun issued it, times the recorded run did) for each sync to skip or
+        swap whose counts differ."""
+        edited = dict.fromkeys([*self.remove, *self.swap])
+        return [(key, self.issued.get(key, 0), self.counts.get(key, 0)) for key in edited
+                if self.issued.get(key, 0) != self.counts.get(key, 0)]
 
     @property
     def met(self) -> set:

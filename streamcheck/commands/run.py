@@ -643,7 +643,9 @@ def _write_json(path: str, races, verdicts, sync_audit, proof, edits) -> None:
         if proof is not None:
             data["sync_proof"] = proof.to_dict()
         if edits is not None:  # what this rerun of --prove could skip, and whether it took the same path
-            data["skip_syncs"] = {"unskipped": sorted(map(str, edits.unskipped)), "same_path": edits.every_edit_met}
+            data["skip_syncs"] = {"unskipped": sorted(map(str, edits.unskipped)), "same_path": edits.every_edit_met,
+                                  "differences": [[str(key), got, recorded]
+                                                  for key, got, recorded in edits.edit_differences()]}
     if path == STDOUT:
         print(json.dumps(data, indent=2))
     else:

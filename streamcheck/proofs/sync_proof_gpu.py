@@ -96,6 +96,20 @@ def unskipped_line(audit, keys) -> str:
             "needs a stream or event the rerun cannot name yet")
 
 
+def other_path_line(audit, differences) -> str:
+    """'not claimed' naming the first sync (its audit key as str()) the rerun issued another
+    number of times than the recorded run, with both counts."""
+    from ..core.trace import site_path
+
+    if not differences:
+        return "not claimed: the rerun issued other synchronizations than the recorded run (not deterministic)"
+    key, got, recorded = differences[0]
+    found = {str(f.sync.key): f for f in audit.findings}.get(key)
+    name = f"#{found.number} ({found.sync.kind} at {site_path(found.sync.site)})" if found is not None else key
+    return (f"not claimed: the rerun issued {name} {got} time(s), the recorded run {recorded} (not deterministic "
+            "between runs, or a call the recorder counted twice)")
+
+
 def _numbered(finding, occurrences: tuple, how: str) -> str:
     """"#3", "#3 (as its device-side wait)", "#2 (at occurrences 1, 2 of 3)": the reruns skip
     occurrences, not only whole sites."""
@@ -127,8 +141,7 @@ def prove(audit, races, script: str, script_args=(), *, seed: int = 0) -> GpuPro
         if edit.get("unskipped"):
             return GpuProof(None, (unskipped_line(audit, edit["unskipped"]),))
         if not edit.get("same_path", False):
-            return GpuProof(None, ("not claimed: the rerun issued other synchronizations than the recorded run "
-                                   "(not deterministic)",))
+            return GpuProof(None, (other_path_line(audit, edit.get("differences", [])),))
         new = len(data.get("races", [])) - allowed
         problems = []
         if proc.stdout != reference.stdout:

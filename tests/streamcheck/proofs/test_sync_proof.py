@@ -516,3 +516,23 @@ def test_a_call_let_through_is_counted_once_though_other_records_come_before_its
     patcher.restore()
     (finding,) = result.findings
     assert rerun.edits.issued == {finding.sync.key: 3} and rerun.edits.every_edit_met, rerun.edits.issued
+
+
+def test_the_gpu_proof_names_a_sync_the_rerun_issued_another_number_of_times():
+    from streamcheck.proofs.sync_proof_gpu import other_path_line
+
+    dev = Device("sim", policy="sequential")
+    decode_loop(dev)
+    result = audit(dev.trace)
+    edits = SyncEdits.from_json(result.edits().to_json())
+    rerun = Device("sim", policy="sequential")
+    rerun.edit_syncs(edits)
+    s = rerun.stream("S")
+    for _ in range(2):  # another program: none of the recorded run's three synchronizes, two of its own
+        s.synchronize()
+    (finding,) = result.findings
+    assert not edits.every_edit_met and edits.edit_differences() == [(finding.sync.key, 0, 3)]
+    line = other_path_line(result, [[str(k), got, n] for k, got, n in edits.edit_differences()])
+    assert line.startswith("not claimed: the rerun issued #1 (stream synchronize at "), line
+    assert line.endswith(") 0 time(s), the recorded run 3 (not deterministic between runs, or a call the recorder "
+                         "counted twice)"), line
