@@ -72,7 +72,7 @@ def plain_rate(n_ops: int) -> float:
 
 def programs() -> None:
     from tests.streamcheck.emulation.test_torch_programs_sim import EMULATED, schedules
-    from tests.streamcheck.adapters.test_torch_programs_gpu import parse_header
+    from tests.streamcheck.record.adapters.test_torch_programs_gpu import parse_header
     from streamcheck.emulation.script import run_script
 
     total = 0.0

@@ -765,8 +765,6 @@ class Emulation:
         return _rebuilt(mapped, kind)
 
     def _device_op(self, func, schema, name, flat, spec, index, args, kwargs):
-        if name not in _HOST_TENSORS_ALLOWED:
-            _check_same_device(name, flat)
         target = _target_device(kwargs)
         if name == "aten._to_copy.default" and target is not None and target.type == "cuda":
             there = self.device_index(target)
@@ -778,23 +776,27 @@ class Emulation:
         s = self.current_stream(index)
         non_blocking = bool(kwargs.get("non_blocking", False)) or (
             name == "aten.copy_.default" and len(args) > 2 and bool(args[2]))
-        reads, writes, host_sides = [], [], []
+        reads, writes, host_sides, written_host = [], [], [], set()
         for t, written in operator_accesses(func, args, kwargs):
-            if _emulated(t):
+            kind = type(t)
+            if kind is CudaTensor or kind is PinnedTensor:
                 region = _region(t)
                 if region is not None:
                     (writes if written else reads).append(region)
-                if type(t) is PinnedTensor:
+                if kind is PinnedTensor:
                     host_sides.append("pinned")
-            elif isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.dim() > 0:
+            elif t.device.type == "cpu" and t.dim() > 0:
+                if name not in _HOST_TENSORS_ALLOWED:
+                    _check_same_device(name, flat)  # raises, as torch does
                 host_sides.append("pageable")
-        target = _target_device(kwargs)
+                if written:
+                    written_host.add(id(t))
         to_host = name == "aten._to_copy.default" and target is not None and target.type == "cpu"
         if to_host:
             host_sides.append("pinned" if non_blocking else "pageable")
         layout = self._layout(func, flat, spec, index, to_host)
-        written = {id(t) for t, w in operator_accesses(func, args, kwargs) if w}
-        inner_flat = [v if id(v) in written and not _emulated(v) else self._staged(v) for v in flat]
+        # What the kernel gets: the CPU views; a pageable source staged now, a pageable destination itself.
+        inner_flat = [v if written_host and id(v) in written_host else self._staged(v) for v in flat]
         inner_args, inner_kwargs = _unflatten(inner_flat, spec)
         if target is not None:
             inner_kwargs = dict(inner_kwargs, device=torch.device("cpu"))
@@ -814,11 +816,12 @@ class Emulation:
                 t = self.empty(shape, stride, dtype, index, s)
             fresh.append(t)
             out_leaves.append(t)
-            region = _region(t) if _emulated(t) else None
+            region = _region(t) if type(t) is not torch.Tensor else None
             if region is not None:
                 writes.append(region)
-        written = {(r.buffer.id, r.start, r.stop) for r in writes}
-        reads = [r for r in reads if (r.buffer.id, r.start, r.stop) not in written]
+        if reads and len(writes) > len(fresh):  # an argument both read and written (in place) counts as written
+            written = {(r.buffer.id, r.start, r.stop) for r in writes}
+            reads = [r for r in reads if (r.buffer.id, r.start, r.stop) not in written]
         generator = self._generator_for(func, inner_kwargs, index)
         targets = [_inner(t) for t in fresh]
         self.device.launch(_Kernel(func, inner_args, inner_kwargs, targets, generator), stream=s.device_stream,
@@ -907,7 +910,7 @@ class Emulation:
         """What the operator returns, from its meta kernel: (shape, stride, dtype) per fresh tensor,
         "written" for an argument it returns, a plain value otherwise. None: the host needs the
         result (a scalar, a data-dependent shape). Cached per signature (meta is slow)."""
-        key = _signature(func, flat)
+        key = _signature(func, flat, spec)
         found = self._meta.get(key, _MISSING) if key is not None else _MISSING
         if found is not _MISSING:
             return found
@@ -1303,9 +1306,9 @@ def _target_device(kwargs):
     return value if isinstance(value, torch.device) else torch.device(value)
 
 
-def _signature(func, flat) -> Optional[tuple]:
+def _signature(func, flat, spec=None) -> Optional[tuple]:
     """A hashable key of an operator call for the meta cache: tensors by layout, the rest by value."""
-    key = [func]
+    key = [func, spec]
     for v in flat:
         if isinstance(v, torch.Tensor):
             key.append((type(v), tuple(v.shape), v.stride(), v.dtype, v.device.type))
