@@ -781,13 +781,20 @@ class Device:
             self.backend.host_write(region, value)
             self.backend.tick()
 
-    def host_access(self, reads: Iterable = (), writes: Iterable = (), name: str = "host access") -> None:
-        """Record an access the host makes itself, now, with no synchronization: the caller then
-        reads `reads` and writes `writes` through the buffers' storage (an emulated library's host
-        code, e.g. a CPU operator on pinned memory)."""
+    def host_access(self, reads: Iterable = (), writes: Iterable = (), name: str = "host access",
+                    sync: Optional[Stream] = None) -> None:
+        """Record an access the host makes itself, now: the caller then reads `reads` and writes
+        `writes` through the buffers' storage (an emulated library's host code, e.g. a CPU operator
+        on pinned memory). `sync`: the host first waits for that stream, as a library's blocking
+        read does (`.item()`, a blocking copy to pageable memory: the synchronize is recorded with
+        `name` as its cause); without it, no synchronization."""
         site = caller_site()
         reads = self._regions(reads, "host_access reads=", site) if reads else []
         writes = self._regions(writes, "host_access writes=", site) if writes else []
+        if sync is not None:  # a capturing stream: CUDA's refusal, from the capture model
+            self._sync_stream(self._stream_or_default(sync, name, site), site, cause=name)
+        if not reads and not writes:
+            return
         with self._lock:
             self._record(T.HostAccess(self._thread_id(), site, reads=tuple(r.byte_range() for r in reads),
                                       writes=tuple(w.byte_range() for w in writes), name=name))

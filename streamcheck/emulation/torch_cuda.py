@@ -687,10 +687,13 @@ class Emulation:
                 return sid
         return None
 
-    def pinned(self, shape, stride, dtype) -> PinnedTensor:
+    def pinned(self, shape, stride, dtype, device_index: Optional[int] = None) -> PinnedTensor:
+        """Pinned host memory. The sim files it under a device (the current one unless given):
+        the streams of another device reach it as peer memory (not emulated as host memory)."""
         self.enter()
         nbytes = _elements(shape, stride) * _itemsize(dtype)
-        buffer = self.device.alloc((rounded(nbytes),), "uint8", name="pinned host tensor", fill=0)
+        index = self.current_device() if device_index is None else device_index
+        buffer = self.device.alloc((rounded(nbytes),), "uint8", name="pinned host tensor", fill=0, device=index)
         block = _HostBlock(buffer)
         return PinnedTensor(_typed(block, dtype, shape, stride), block)
 
@@ -801,8 +804,12 @@ class Emulation:
         if target is not None:
             inner_kwargs = dict(inner_kwargs, device=torch.device("cpu"))
             inner_kwargs.pop("pin_memory", None)
-        if layout is None:
-            return self._host_result(func, name, s, reads, inner_args, inner_kwargs)
+        pageable_destination = (to_host and not non_blocking) or (name == "aten.copy_.default" and written_host)
+        if layout is None or pageable_destination:
+            if target is not None:
+                inner_flat = [torch.device("cpu") if isinstance(v, torch.device) else v for v in inner_flat]
+            result = self._host_result(func, name, s, flat, inner_flat, spec)
+            return args[0] if name == "aten.copy_.default" else result
         fresh, out_leaves = [], []
         for item in layout.leaves:
             if item is None or not isinstance(item, tuple):
@@ -810,8 +817,8 @@ class Emulation:
                 continue
             shape, stride, dtype = item
             if to_host:
-                t = self.pinned(shape, stride, dtype) if non_blocking else torch.empty_strided(shape, stride,
-                                                                                             dtype=dtype)
+                t = self.pinned(shape, stride, dtype, index) if non_blocking else torch.empty_strided(
+                    shape, stride, dtype=dtype)
             else:
                 t = self.empty(shape, stride, dtype, index, s)
             fresh.append(t)
@@ -827,7 +834,7 @@ class Emulation:
         self.device.launch(_Kernel(func, inner_args, inner_kwargs, targets, generator), stream=s.device_stream,
                            reads=reads, writes=writes, name=name)
         if host_sides and not (non_blocking and all(side == "pinned" for side in host_sides)):
-            s.device_stream.synchronize()  # pageable memory, or a blocking copy: the host waits
+            self.device.host_access(name=name, sync=s.device_stream)  # pageable memory, or a blocking copy: the host waits
         if layout.in_place:
             return self._written_result(func, args, kwargs, layout, out_leaves)
         return _rebuilt(out_leaves, layout.spec)
@@ -883,16 +890,19 @@ class Emulation:
             return self.generators[index].next_cpu_generator()
         return None
 
-    def _host_result(self, func, name, s, reads, inner_args, inner_kwargs):
-        """An operator whose result the host needs now (`.item()`, `nonzero`, `equal`): it runs on
-        the stream, and the host waits for the stream (cudaMemcpy to the host, then a sync)."""
-        cell = []
-        self.device.launch(_Kernel(func, inner_args, inner_kwargs, (), None, cell), stream=s.device_stream,
-                           reads=reads, writes=(), name=name)
-        s.device_stream.synchronize()
-        result = cell[0]
+    def _host_result(self, func, name, s, flat, inner_flat, spec):
+        """An operator whose result the host needs now (`.item()`, `nonzero`, `equal`, a blocking
+        copy into pageable memory), as CUDA does it: a copy of its device inputs to host staging
+        memory on the current stream (in stream order), the host waiting for that stream, then the
+        host reading the staging bytes and computing the result itself."""
+        staged = list(inner_flat)
+        positions = [i for i, v in enumerate(flat) if type(v) is CudaTensor]
+        for i, host in zip(positions, self.stage_for_host(s, [flat[i] for i in positions], name)):
+            staged[i] = host
+        args, kwargs = _unflatten(staged, spec)
+        result = func(*args, **kwargs)
         leaves, kind = _leaves(result)
-        if not any(isinstance(v, torch.Tensor) for v in leaves):
+        if not any(type(v) is torch.Tensor for v in leaves) or name in ("aten._to_copy.default", "aten.copy_.default"):
             return result
         # A data-dependent shape (nonzero, masked_select): the result lands in device memory.
         out = []
@@ -905,6 +915,18 @@ class Emulation:
             else:
                 out.append(v)
         return _rebuilt(out, kind)
+
+    def stage_for_host(self, s, tensors, name: str) -> list:
+        """CPU tensors holding what `tensors` hold once stream `s` reached this call: copies into
+        staging host memory on `s`, then the host's wait for `s` and its read of the staging bytes."""
+        staging = [self.pinned(tuple(t.shape), _contiguous_strides(t.shape), t.dtype, s.device_index) for t in tensors]
+        reads = [r for r in (_region(t) for t in tensors) if r is not None]
+        writes = [r for r in (_region(t) for t in staging) if r is not None]
+        if reads:
+            self.device.launch(_Copies([(h._inner, t._inner) for h, t in zip(staging, tensors)]),
+                               stream=s.device_stream, reads=reads, writes=writes, name=name)
+        self.device.host_access(reads=writes, name=name, sync=s.device_stream)
+        return [h._inner for h in staging]
 
     def _layout(self, func, flat, spec, index, to_host):
         """What the operator returns, from its meta kernel: (shape, stride, dtype) per fresh tensor,
@@ -981,11 +1003,13 @@ class Emulation:
         reads = [r for r in [_region(source)] + [_region(t) for t in _index_tensors(index) if _emulated(t)] if r]
         inner_index = _inner_index(index)
         if any(t.dtype == torch.bool for t in _index_tensors(index)):
-            cell = []
-            self.device.launch(_Kernel(torch.Tensor.__getitem__, (source._inner, inner_index), {}, (), None, cell),
-                               stream=s.device_stream, reads=reads, name="aten.index.Tensor")
-            s.device_stream.synchronize()
-            value = cell[0]
+            # A data-dependent shape: the host waits for the stream and reads (CUDA's nonzero does).
+            masks = [t for t in _index_tensors(index) if type(t) is CudaTensor]
+            host = self.stage_for_host(s, [source] + masks, "aten.index.Tensor")
+            replaced = dict(zip(map(id, masks), host[1:]))
+            items = index if isinstance(index, tuple) else (index,)
+            host_index = tuple(replaced.get(id(v), _inner(v)) for v in items)
+            value = host[0][host_index if isinstance(index, tuple) else host_index[0]]
             out = self.empty(tuple(value.shape), tuple(value.stride()), value.dtype, s.device_index, s)
             self.device.launch(_Kernel(torch.Tensor.copy_, (out._inner, value), {}, (), None),
                                stream=s.device_stream, writes=[r for r in [_region(out)] if r], name="aten.index.Tensor")
@@ -1026,13 +1050,14 @@ class Emulation:
                                stream=s.device_stream, reads=[read] if read else [],
                                writes=[region] if region else [], name="aten._to_copy.default")
             if not non_blocking:
-                s.device_stream.synchronize()
+                self.device.host_access(name="aten._to_copy.default", sync=s.device_stream)
         else:
             staged = src.detach().clone()
             self.device.launch(_Kernel(torch.Tensor.copy_, (t._inner, staged), {}, (), None),
                                stream=s.device_stream, writes=[region] if region else [],
                                name="aten._to_copy.default")
-            s.device_stream.synchronize()  # from pageable memory: synchronous, as on CUDA
+            # From pageable memory: synchronous, as on CUDA.
+            self.device.host_access(name="aten._to_copy.default", sync=s.device_stream)
         if source.requires_grad:
             t.requires_grad_(True)
         return t
@@ -1067,8 +1092,8 @@ class Emulation:
         region = _region(t)
         self.device.launch(_Kernel(torch.Tensor.copy_, (t._inner, value), {}, (), None), stream=s.device_stream,
                            writes=[region] if region else [], name=f"aten.{func.__name__}")
-        if func.__name__ in _COPYING_FACTORIES:
-            s.device_stream.synchronize()  # torch.tensor(data, device=...) copies from pageable memory
+        if func.__name__ in _COPYING_FACTORIES:  # torch.tensor(data, device=...) copies from pageable memory
+            self.device.host_access(name=f"aten.{func.__name__}", sync=s.device_stream)
         if requires_grad:
             t.requires_grad_(True)
         return t
@@ -1333,15 +1358,29 @@ class _Layout:
         self.in_place = in_place
 
 
+class _Copies:
+    """Copies into host staging memory, as one kernel (a `.item()`'s or a mask's read-back)."""
+
+    __slots__ = ("pairs", "__name__")
+
+    def __init__(self, pairs):
+        self.pairs = pairs
+        self.__name__ = "copy to host"
+
+    def __call__(self, *_):
+        for dst, src in self.pairs:
+            dst.copy_(src)
+
+
 class _Kernel:
     """One operator's execution, run by the scheduler: on the CPU views of its blocks, writing its
-    fresh results into the blocks allocated for them (or into `cell` for the host)."""
+    fresh results into the blocks allocated for them."""
 
-    __slots__ = ("func", "args", "kwargs", "targets", "generator", "cell", "__name__")
+    __slots__ = ("func", "args", "kwargs", "targets", "generator", "__name__")
 
-    def __init__(self, func, args, kwargs, targets, generator, cell=None):
+    def __init__(self, func, args, kwargs, targets, generator):
         self.func, self.args, self.kwargs = func, args, kwargs
-        self.targets, self.generator, self.cell = targets, generator, cell
+        self.targets, self.generator = targets, generator
         self.__name__ = getattr(func, "__name__", "kernel")
 
     def __call__(self, *_):
@@ -1359,9 +1398,6 @@ class _Kernel:
                     torch.default_generator.set_state(state)
         else:
             out = self.func(*self.args, **kwargs)
-        if self.cell is not None:
-            self.cell.append(out)
-            return
         if self.targets:
             if type(out) is torch.Tensor and len(self.targets) == 1:
                 self.targets[0].copy_(out)

@@ -653,7 +653,8 @@ def test_a_boolean_mask_and_nonzero_wait_for_the_current_stream_only():
         torch.cuda.synchronize()
         return picked.tolist(), where.shape
 
-    dev, (picked, shape), _ = emulate(program, **DELAY_S1)
+    # A long hold: each read-back is several host calls (staging, the copy, the wait, the read).
+    dev, (picked, shape), _ = emulate(program, policy="delay", streams=["s1"], steps=40)
     assert picked == [] and shape == (0, 1)  # sized from the stale zeros
     assert races(dev) == {("RAW", line("mask-producer"), line("mask-reader")),
                           ("RAW", line("mask-producer"), line("nonzero-reader"))}
