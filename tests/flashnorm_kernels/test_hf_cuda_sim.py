@@ -5,10 +5,8 @@ matmul on stream A and the post-scale, and its greedy tokens stutter once stream
 (a delay on A, torch.cuda._sleep through hold_matmul, seeded PCT schedules); the correct plan
 reports nothing and generates the plain model's tokens under the same schedules.
 
-Two things the emulation does not do yet are done here, right on a GPU too: the model uses
-eager attention (scaled_dot_product_attention fails under the emulation), and the parameters
-are moved with torch.__future__'s swap (a plain `model.to("cuda")` leaves nn.Parameters that
-are not emulated tensors)."""
+The model uses eager attention: scaled_dot_product_attention fails under the emulation (a gap
+of the emulation; eager attention is as right on a GPU)."""
 from __future__ import annotations
 
 import copy
@@ -60,11 +58,7 @@ def plain_tokens(model):
 
 def _on_emulated_cuda(model):
     """A copy of `model` on the emulated device (inside an Emulation)."""
-    torch.__future__.set_swap_module_params_on_conversion(True)
-    try:
-        return copy.deepcopy(model).to("cuda")
-    finally:
-        torch.__future__.set_swap_module_params_on_conversion(False)
+    return copy.deepcopy(model).to("cuda")
 
 
 def _generate(model, plan, hold_us=0, **policy):
