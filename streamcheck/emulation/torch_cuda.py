@@ -995,6 +995,37 @@ class Emulation:
                              "(torch.library's register_kernel(..., 'cpu')) or check this program on a GPU "
                              "(streamcheck run --backend gpu)")
 
+    def whole_function(self, func, flat, spec, failure):
+        """`func` as one kernel on the current stream: it reads its CUDA arguments and writes the fresh
+        tensors it returns, computed on their CPU views when the scheduler runs it. For composite
+        functions whose own C++ needs a CUDA kernel a CPU-only build lacks; one that returns one of its
+        arguments (in place) is refused in one line."""
+        cuda = [v for v in flat if type(v) is CudaTensor]
+        s = self.current_stream(cuda[0].device.index)
+        meta_flat = [torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta") if type(v) is CudaTensor
+                     else v for v in flat]
+        meta_args, meta_kwargs = _unflatten(meta_flat, spec)
+        name = getattr(func, "__qualname__", None) or getattr(func, "__name__", "function")
+        try:
+            shapes = func(*meta_args, **meta_kwargs)
+        except Exception as exc:
+            raise EmulationError(f"{name} at {caller_site()} has no CPU path under the emulation ({failure}; its meta "
+                                 f"kernel: {type(exc).__name__}: {exc}); check this program on a GPU "
+                                 "(streamcheck run --backend gpu)") from None
+        leaves, kind = _leaves(shapes)
+        if any(any(v is m for m in meta_flat) for v in leaves):
+            raise EmulationError(f"{name} at {caller_site()} writes one of its arguments in C++ code a CPU-only build "
+                                 "cannot run for CUDA tensors; check this program on a GPU")
+        out = [self.empty(tuple(v.shape), tuple(v.stride()), v.dtype, s.device_index, s) if isinstance(v, torch.Tensor)
+               else v for v in leaves]
+        inner_args, inner_kwargs = _unflatten([self._staged(v) for v in flat], spec)
+        targets = [t._inner for t in out if type(t) is CudaTensor]
+        self.device.launch(_Kernel(func, inner_args, inner_kwargs, targets, None), stream=s.device_stream,
+                           reads=[r for r in (_region(v) for v in cuda) if r is not None],
+                           writes=[r for r in (_region(t) for t in out if type(t) is CudaTensor) if r is not None],
+                           name=name)
+        return _rebuilt(out, kind)
+
     # --- advanced indexing --------------------------------------------------------------
     def gather(self, source, index):
         """`x[tensor index]`: a gather kernel on the current stream. A boolean mask has a
@@ -1502,7 +1533,17 @@ class _FactoryMode(TorchFunctionMode):
                 return self.emulation.factory(func, args, kwargs, self.emulation.device_index(target))
         if kwargs.get("pin_memory"):
             return self.emulation.pinned_factory(func, args, kwargs)
-        return func(*args, **kwargs)
+        try:
+            return func(*args, **kwargs)
+        except NotImplementedError as exc:
+            # A composite function whose C++ makes a tensor "like" a CUDA input (F.scaled_dot_product_attention's
+            # causal mask): a CPU-only build has no CUDA kernel for it. Then the function is one kernel.
+            if "'CUDA' backend" not in str(exc):
+                raise
+            flat, spec = _flatten(args, kwargs)
+            if not any(type(v) is CudaTensor for v in flat):
+                raise
+            return self.emulation.whole_function(func, flat, spec, exc)
 
 
 _NO_AUTOGRAD = ("autograd is not emulated on the sim: operators on tensors that require grad ran as under "

@@ -1226,3 +1226,27 @@ def test_half_bfloat16_and_integer_values_are_torch_cpu_kernels_values():
     for name in expected:
         assert got[name].dtype == expected[name].dtype and torch.equal(got[name], expected[name]), name
     assert races(dev) == set()
+
+
+# --- composite functions whose C++ needs a CUDA kernel ------------------------------------------------
+
+def test_scaled_dot_product_attention_is_one_kernel_with_the_cpu_values_and_its_reads_checked():
+    torch.manual_seed(0)
+    q0 = torch.randn(1, 2, 5, 8)
+    want = torch.nn.functional.scaled_dot_product_attention(q0 + 1, q0 + 1, q0 + 1, is_causal=True)
+
+    def program(wait: bool):
+        side = torch.cuda.Stream()
+        q = q0.cuda()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            q.add_(1.0)  # sdpa-producer
+        if wait:
+            torch.cuda.current_stream().wait_stream(side)
+        out = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)  # sdpa-reader
+        return out.cpu()
+
+    dev, got, _ = emulate(lambda: program(wait=True))
+    assert dev.races == [] and torch.allclose(got, want)
+    dev, _, _ = emulate(lambda: program(wait=False))
+    assert ("RAW", line("sdpa-producer"), line("sdpa-reader")) in races(dev)
