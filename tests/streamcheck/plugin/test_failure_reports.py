@@ -83,7 +83,8 @@ def test_host_first(run_schedules):
     result = _run(pytester)
     result.assert_outcomes(failed=3)
     out = result.stdout.str()
-    sections = {name: out.split(f"_ {name} _", 1)[1].split("\n_", 1)[0]
+    # Each test's failure, up to the next one or the summaries (which pytest does not cut under CI=true).
+    sections = {name: out.split(f"_ {name} _", 1)[1].split("\n_", 1)[0].split("\n=", 1)[0]
                 for name in ("test_schedules", "test_device", "test_host_first")}
     # run_schedules on the sim: confirmation reruns the program, so the hint offers it.
     assert "to make them strike: --streamcheck-confirm holds stream A: `produce`" in sections["test_schedules"]
