@@ -612,9 +612,9 @@ class SyncEdits:
         self.issued: dict = {}  # key -> occurrences issued so far
         self.unskipped: set = set()  # keys a recorder could not skip (a library reported the call after it ran)
         self.names = _Names()
-        # The key decide() counted last, until an op of that key is recorded: the call it let through,
-        # which a library may report after other records (torch's callback), is not counted again.
-        self._decided = None
+        # Keys decide() was asked about: their calls pass an entry point that counts them, so the
+        # library's later report of a call that was made (torch's callback) is not counted again.
+        self._decided: set = set()
 
     @property
     def every_edit_met(self) -> bool:
@@ -682,12 +682,13 @@ class SyncEdits:
     def recorded_anyway(self, op) -> None:
         """A sync the program issued that the recorder saw only after it ran: if that occurrence
         was to be skipped or replaced, the rerun did not do what the proof says. The call a
-        decide() just counted (torch's callback reporting it after the entry point let it run,
-        or a replacement the recorder could not issue) is not counted again."""
+        decide() counted (torch's callback reporting it after the entry point let it run, however
+        many operations come between, or a replacement the recorder could not issue) is not
+        counted again; a key no entry point decides (a sync torch makes inside C++) is counted here."""
         key = sync_key(op, self.names)
         if key is None or (key not in self.remove and key not in self.swap):
             return  # not one to edit (a replacement the recorder issued itself, among others)
-        if key != self._decided:
+        if key not in self._decided:
             self.issued[key] = self.issued.get(key, 0) + 1
         if self._edited(key, self.issued[key]) is not None:
             self.unskipped.add(key)
@@ -697,8 +698,6 @@ class SyncEdits:
             self.names.see(op)
 
     def see(self, op) -> None:
-        if self._decided is not None and type(op) in SYNC_OPS and sync_key(op, self.names) == self._decided:
-            self._decided = None  # the call decide() counted, recorded
         self.names.see(op)
 
     def decide(self, op) -> Optional[_Swap]:
@@ -706,7 +705,7 @@ class SyncEdits:
         if key is None:
             return None
         occurrence = self.issued[key] = self.issued.get(key, 0) + 1
-        self._decided = key
+        self._decided.add(key)
         plan = self._edited(key, occurrence)
         if plan is not None and any(event == SYNCED_EVENT for _, _, event in plan.waits):
             plan = _Swap(plan.records, tuple((stream, source, op.event if event == SYNCED_EVENT else event)
