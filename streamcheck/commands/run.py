@@ -307,7 +307,7 @@ def _run_on_sim(args, source: bytes) -> int:
     """The same pipeline with the sim's stages: the sequential reference, then its schedules."""
     from . import run_sim
 
-    status, session, reference = run_sim.record_on_sim(args, source)
+    status, session, reference = run_sim.record_on_sim(args)
     recorded = Recorded(status, session)
     if session is None:  # a surface the sim does not model: said in one line
         return recorded.status
@@ -387,8 +387,9 @@ def _check_backend_options(args, backend: str) -> None:
             from .run_sim import POLICIES
 
             args.policy = POLICIES
-        if "all" in args.delay_stream and len(args.delay_stream) > 1:
-            raise _Refused("--delay-stream all names every stream; drop the other --delay-stream names")
+        if "all" in args.delay_stream:
+            raise _Refused("--delay-stream all is the GPU's; the sim's delay holds the streams named (s1, s2, ..., "
+                           "legacy) or, with none named, the ones the seed picks")
         return
     for attr, option in _SIM_ONLY:
         if getattr(args, attr) is not None:

@@ -12,19 +12,18 @@ if its output differs, no schedule is compared (a difference would mean nothing)
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 POLICIES = ("delay", "random", "pct")
 
 
-def record_on_sim(args, source: bytes) -> tuple:
+def record_on_sim(args) -> tuple:
     """The recording stage on the sim: the script once, sequentially, checked. Returns (its exit
     status, its recording or None, the ScriptRun); a surface the sim does not model ends the run
     with its one line (exit 2, no recording)."""
     from ..core.trace import set_site_settings, site_settings
     from ..emulation.recording import EmulatedRecording
     from ..emulation.script import run_script
-    from dataclasses import replace
 
     sites_before = set_site_settings(replace(site_settings(), libraries=tuple(args.library)))
     try:
@@ -54,7 +53,7 @@ def _schedule_params(policy: str, args) -> dict:
     if policy != "delay":
         return {}
     params = {"steps": args.delay_steps}
-    if args.delay_stream and args.delay_stream != ["all"]:
+    if args.delay_stream:
         params["streams"] = list(args.delay_stream)
     if args.delay_kernel:
         params["kernels"] = list(args.delay_kernel)

@@ -83,6 +83,8 @@ def run_script(path: str, argv=(), *, policy="sequential", seed: int = 0, check:
     saved_argv, saved_path = sys.argv, list(sys.path)
     sys.argv = [path, *argv]
     sys.path.insert(0, folder)
+    saved_flag = os.environ.get("STREAMCHECK_RUN")
+    os.environ["STREAMCHECK_RUN"] = "1"  # as on the GPU: a program (or its test) can tell it is being checked
     status, refused, error, timed_out = 0, "", "", ""
     try:
         with contextlib.redirect_stdout(tee):
@@ -102,6 +104,10 @@ def run_script(path: str, argv=(), *, policy="sequential", seed: int = 0, check:
     finally:
         sys.argv = saved_argv
         sys.path[:] = saved_path
+        if saved_flag is None:
+            os.environ.pop("STREAMCHECK_RUN", None)
+        else:
+            os.environ["STREAMCHECK_RUN"] = saved_flag
         _forget_modules(before, folder)
     emulation = box.get("emulation")
     return ScriptRun(stdout=tee.getvalue(), status=status, device=box.get("device"), emulation=emulation,
