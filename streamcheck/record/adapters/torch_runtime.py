@@ -287,13 +287,23 @@ def _skippable(make_op):
     def wrap(orig):
         def call(*args, **kwargs):
             rec = _recording()
-            if rec is not None and rec.edits is not None:
-                op = make_op(rec, *args, **kwargs)
-                if op is not None and rec.skipped(op):
-                    return None
-            return orig(*args, **kwargs)
+            if rec is None or rec.edits is None or getattr(_deciding, "inside", False):
+                return orig(*args, **kwargs)
+            op = make_op(rec, *args, **kwargs)
+            if op is not None and rec.skipped(op):
+                return None
+            # One decision per call: an entry point reached from inside another (wait_stream's
+            # Event.wait, or a method wrapped twice) must not count the same occurrence again.
+            _deciding.inside = True
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                _deciding.inside = False
         return forwarding(orig, call)
     return wrap
+
+
+_deciding = threading.local()  # .inside: this thread is in a call a proof rerun already decided
 
 
 def patches() -> tuple:

@@ -536,3 +536,36 @@ def test_the_gpu_proof_names_a_sync_the_rerun_issued_another_number_of_times():
     assert line.startswith("not claimed: the rerun issued #1 (stream synchronize at "), line
     assert line.endswith(") 0 time(s), the recorded run 3 (not deterministic between runs, or a call the recorder "
                          "counted twice)"), line
+
+
+def test_an_entry_point_reached_inside_another_decides_its_call_once(monkeypatch):
+    """On the H100 (torch 2.11) the decode loop's rerun counted a wait_stream twice per call: an entry
+    point reached from inside another (or a method wrapped twice) must not count the occurrence again."""
+    from streamcheck.record.adapters import torch_runtime as TR
+
+    def program(rec, torch, wrap_again=False):
+        a = torch.stream(0x10)
+        if wrap_again:  # the same entry point, once more around itself
+            cls = type(a)
+            monkeypatch.setattr(cls, "synchronize", TR._skippable(TR._synchronize_stream)(cls.synchronize))
+        rec.register_stream(0x10, rec.site())
+        rec.alloc(0x1000, 256)
+        x = FakeArray(0x1000, 256)
+        for _ in range(3):
+            rec.launch("step", lambda: None, stream=a, reads=[x], writes=[x])
+            a.synchronize()
+        rec.record(T.HostAccess(rec.tid(), rec.site(), reads=(rec.range_of(x),), name="host read"))
+        return torch.made
+
+    torch = FakeTorch(monkeypatch)
+    first, patcher = torch_recording(monkeypatch, torch)
+    program(first, torch)
+    patcher.restore()
+    result = audit(first.trace)
+
+    torch = FakeTorch(monkeypatch)
+    rerun, patcher = torch_recording(monkeypatch, torch, edits=result.edits())
+    assert program(rerun, torch, wrap_again=True) == ["synchronize 0x10"]
+    patcher.restore()
+    (finding,) = result.findings
+    assert rerun.edits.issued == {finding.sync.key: 3} and rerun.edits.every_edit_met, rerun.edits.issued
