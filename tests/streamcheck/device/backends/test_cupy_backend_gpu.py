@@ -329,7 +329,9 @@ def test_spin_is_calibrated_and_capped():
     spin = SpinDelay.get()
     spin.measure(100)  # first launch out of the way
     assert 1_800 <= spin.measure(2_000) <= 3_000
-    assert spin.measure(10 * MAX_DELAY_US) <= MAX_DELAY_US * 1.05  # clamped: nothing can hang
+    # Clamped, so nothing can hang: asked for 10x the cap, it spins about the cap (the H200 gave 50,000 µs,
+    # an H100 52,995 µs on 2026-12-06: its clock under a long spin is not the rated one).
+    assert spin.measure(10 * MAX_DELAY_US) <= MAX_DELAY_US * 1.10
 
 
 def test_random_policy_priorities_are_seeded():
