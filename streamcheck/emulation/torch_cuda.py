@@ -13,20 +13,24 @@ What it stands in for (each row is one place below):
   bytes. A view is metadata: it shares its base's block.
 - factories (`torch.zeros(..., device="cuda")`, `.cuda()`, `.to("cuda")`, `pin_memory=True`):
   a torch function mode, since a CPU-only torch refuses them before any dispatch.
-- host reads (`.item()`, `.tolist()`, `.cpu()`, printing, `bool()`): a copy on the current
-  stream, then a wait for that stream, as CUDA does. Copies from or to pinned memory with
-  `non_blocking=True` stay pending; any other copy between host and device waits.
+- host reads (`.item()`, `.tolist()`, `.cpu()`, `float()`, printing, `bool()`, `nonzero`): a copy
+  into staging host memory on the current stream, then the host's wait for that stream, then its
+  read, as CUDA does. Copies from or to pinned memory with `non_blocking=True` stay pending; any
+  other copy between host and device waits.
+- composite functions whose C++ makes a tensor like a CUDA input (SDPA's causal mask): one kernel.
 - `torch.cuda`: streams (a pool of non-blocking streams named s1, s2, ... in creation order; the
   default stream is the legacy stream), events, synchronizes, queries, `_sleep` (a hold on its
-  stream), graphs (the sim's capture), generators (Philox-like: seed and offset taken when a
+  stream), graphs (the sim's capture), generators (a CUDA generator is a CPU one forked when a
   random operator is issued, so values do not depend on the schedule), memory statistics and
-  device properties of an emulated device.
+  device properties of an emulated device; several devices with peer copies between them.
 
 What it refuses, with one line that names it and the user's line (EmulationError): CuPy,
-operators with no CPU implementation (custom CUDA extensions), `ExternalStream`,
-`make_graphed_callables`, `backward()` (torch's autograd engine asks for a real CUDA device
-guard and would abort the process). `torch.compile` runs its function as eager operators, with
-a notice (and one more for CUDA graph trees, which are not emulated).
+operators with no CPU implementation (custom CUDA extensions), Triton kernels, `ExternalStream`,
+`make_graphed_callables`, `backward()` and `torch.autograd.backward/grad` (torch's autograd engine
+asks for a real CUDA device guard and would abort the process; forward operators on tensors that
+require grad run as under no_grad, with a notice). `torch.compile` runs its function as eager
+operators, with a notice (and one more for CUDA graph trees, which are not emulated).
+docs/emulation.md has the table.
 """
 from __future__ import annotations
 
