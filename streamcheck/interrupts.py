@@ -13,6 +13,8 @@ transformers) that a Ctrl-C most often interrupts.
                                module teardown), Ctrl-C prints `line` and ends the process with
                                130 at once: a KeyboardInterrupt there would be a traceback nobody
                                can catch
+    exit_status(code)          the status Python exits with for SystemExit(code) (the CLI's script
+                               runs, on the GPU and on the sim, end as `python script.py` would)
 """
 from __future__ import annotations
 
@@ -73,3 +75,14 @@ def _stop(signum, frame) -> None:
     except OSError:
         pass
     os._exit(INTERRUPTED)
+
+
+def exit_status(code) -> int:
+    """The exit status Python gives SystemExit(code): 0 for None, the int itself, else 1 after
+    printing `code` to stderr."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1

@@ -47,6 +47,7 @@ from dataclasses import dataclass, replace
 from typing import Optional
 
 from ..atomic_files import write_text
+from ..interrupts import exit_status as exit_status_of
 from ..record.gpu import MAX_DELAY_US
 from . import STDOUT, output_problem, report_width, timeline_file, timeline_problem
 
@@ -193,16 +194,6 @@ def register(subparsers) -> None:
                                  help="arguments for the script (optional): everything after it, options included")
     script_args.required = False  # argparse marks every REMAINDER positional required; a script may take none
     p.set_defaults(func=run)
-
-
-def _status(code) -> int:
-    """The exit status Python gives SystemExit(code)."""
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code
-    print(code, file=sys.stderr)
-    return 1
 
 
 def _print_script_traceback(exc: BaseException, script: str) -> None:
@@ -527,7 +518,7 @@ def run_as_main(source: bytes, script: str, script_args, stop_recording, after_s
             if not thread.daemon and thread is not threading.current_thread():
                 thread.join()
     except SystemExit as exc:
-        status = _status(exc.code)
+        status = exit_status_of(exc.code)
     except BaseException as exc:  # the script's own error: its traceback and status, plus our report
         _print_script_traceback(exc, script)
         status = 130 if isinstance(exc, KeyboardInterrupt) else 1

@@ -14,7 +14,10 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, replace
 
-POLICIES = ("delay", "random", "pct")
+from ..core import schedule
+
+# The schedules' policies: the core's that explore (sequential is the reference, eager an idle GPU).
+POLICIES = tuple(name for name in schedule.POLICIES if name not in ("sequential", "eager", "replay"))
 
 
 def record_on_sim(args) -> tuple:

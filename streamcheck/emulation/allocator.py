@@ -150,6 +150,8 @@ class CachingAllocator:
     # --- giving back ----------------------------------------------------------------------
     def collect(self) -> None:
         """Record the frees of blocks whose tensors died since the last call."""
+        if not self._dead:  # the usual case, at every entry point of the emulation
+            return
         self._busy += 1
         try:
             self._collect()

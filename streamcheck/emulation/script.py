@@ -15,6 +15,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Optional
 
+from ..interrupts import exit_status
 from ..timeout import RunTimedOut, run_with_timeout
 
 
@@ -91,7 +92,7 @@ def run_script(path: str, argv=(), *, policy="sequential", seed: int = 0, check:
             try:
                 run_with_timeout(body, None if given is not None else timeout, name="streamcheck run (sim)")
             except SystemExit as exc:
-                status = _exit_status(exc.code)
+                status = exit_status(exc.code)
             except EmulationError as exc:
                 status, refused = 2, str(exc)
             except RunTimedOut as exc:
@@ -114,15 +115,6 @@ def run_script(path: str, argv=(), *, policy="sequential", seed: int = 0, check:
                      notices=list(emulation.notices) if emulation is not None else [],
                      capture_errors=list(emulation.capture_errors) if emulation is not None else [], refused=refused,
                      error=error, timed_out=timed_out)
-
-
-def _exit_status(code) -> int:
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code
-    print(code, file=sys.stderr)
-    return 1
 
 
 def _refusal_inside(exc: BaseException) -> str:

@@ -74,16 +74,18 @@ def active() -> "Emulation":
 
 # --- tensors -----------------------------------------------------------------------------
 
-class CudaTensor(torch.Tensor):
-    """A tensor on an emulated CUDA device: `_inner` views its block's bytes on the CPU."""
+class _EmulatedTensor(torch.Tensor):
+    """A wrapper tensor whose data is `_inner`, a CPU view of its block's bytes; every operator on it
+    goes to the running emulation."""
 
     __slots__ = ()
+    DEVICE = None  # the device a kind reports when none is given
 
     @staticmethod
-    def __new__(cls, inner, block, device, requires_grad=False):
+    def __new__(cls, inner, block, device=None, requires_grad=False):
         t = torch.Tensor._make_wrapper_subclass(cls, inner.size(), strides=inner.stride(),
                                                 storage_offset=inner.storage_offset(), dtype=inner.dtype,
-                                                device=device, requires_grad=requires_grad)
+                                                device=device or cls.DEVICE, requires_grad=requires_grad)
         t._inner = inner
         t._block = block
         return t
@@ -91,6 +93,12 @@ class CudaTensor(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         return active().dispatch(func, args, kwargs or {})
+
+
+class CudaTensor(_EmulatedTensor):
+    """A tensor on an emulated CUDA device."""
+
+    __slots__ = ()
 
     def __format__(self, spec):
         if self.dim() == 0 and not self.is_meta:
@@ -104,23 +112,11 @@ class CudaTensor(torch.Tensor):
         return _with_suffix(text, device)
 
 
-class PinnedTensor(torch.Tensor):
+class PinnedTensor(_EmulatedTensor):
     """Pinned host memory: the host reads and writes it now, the streams when they get there."""
 
     __slots__ = ()
-
-    @staticmethod
-    def __new__(cls, inner, block, device=None, requires_grad=False):
-        t = torch.Tensor._make_wrapper_subclass(cls, inner.size(), strides=inner.stride(),
-                                                storage_offset=inner.storage_offset(), dtype=inner.dtype,
-                                                device=torch.device("cpu"), requires_grad=requires_grad)
-        t._inner = inner
-        t._block = block
-        return t
-
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        return active().dispatch(func, args, kwargs or {})
+    DEVICE = torch.device("cpu")
 
     def __repr__(self, *, tensor_contents=None):
         return repr(torch.Tensor.clone(self).detach())  # a host read, now
@@ -233,14 +229,9 @@ def _elements(shape, stride) -> int:
 
 def _typed(block, dtype, shape, stride, offset: int = 0):
     """A CPU tensor over the block's bytes."""
-    views = getattr(block, "views", None)
-    base = views.get(dtype) if views is not None else None
+    base = block.views.get(dtype)
     if base is None:
-        base = torch.from_numpy(block.bytes)
-        if dtype != torch.uint8:
-            base = base.view(dtype)
-        if views is not None:
-            views[dtype] = base
+        base = block.views[dtype] = torch.from_numpy(block.bytes).view(dtype)
     return base.as_strided(shape, stride, offset)
 
 
@@ -307,6 +298,7 @@ class EmulatedEvent:
     def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
         self._emulation = active()
         self._event = None  # created at the first record, as torch creates cudaEvent_t lazily
+        self._record_index = None  # the trace index of its last record
         self.enable_timing = enable_timing
 
     def _device_event(self):
@@ -319,6 +311,7 @@ class EmulatedEvent:
         emulation.enter()
         stream = stream if stream is not None else emulation.current_stream()
         self._device_event().record(stream.device_stream)
+        self._record_index = len(emulation.device.trace) - 1  # its EventRecord: the sim times it by index
 
     def _wait(self, stream) -> None:
         if self._event is not None:  # waiting on a never-recorded event is a no-op (CUDA)
@@ -345,7 +338,7 @@ class EmulatedEvent:
             raise RuntimeError("Both events must be created with argument 'enable_timing=True'.")
         if self._event is None or end._event is None:
             raise RuntimeError("Both events must be recorded before calculating elapsed time.")
-        start, stop = emulation.record_time(self._event), emulation.record_time(end._event)
+        start, stop = emulation.record_time(self._record_index), emulation.record_time(end._record_index)
         if start is None or stop is None:
             raise RuntimeError("CUDA error: device not ready (an event has not completed; synchronize it first)")
         return (stop - start) / 1000.0
@@ -595,8 +588,7 @@ class Emulation:
 
     def enter(self) -> None:
         """Every entry point: record the frees of tensors that died since the last one."""
-        if self.allocator._dead:
-            self.allocator.collect()
+        self.allocator.collect()
 
     def notice(self, text: str) -> None:
         if text not in self.notices:
@@ -650,17 +642,9 @@ class Emulation:
         self.enter()
         self.device.synchronize(None if device is None else self.device_index(device))
 
-    def record_time(self, event) -> Optional[int]:
-        """The scheduler step at which `event`'s last record executed, or None."""
-        times = getattr(self.device.backend, "op_times", {})
-        index = getattr(event, "_last_record_index", None)
-        if index is None:
-            for i in range(len(self.device.trace.ops) - 1, -1, -1):
-                op = self.device.trace.ops[i]
-                if type(op).__name__ == "EventRecord" and op.event == event.id:
-                    index = i
-                    break
-        span = times.get(index)
+    def record_time(self, index: int) -> Optional[int]:
+        """The scheduler step at which the operation at trace `index` executed, or None."""
+        span = self.device.backend.op_times.get(index)
         return None if span is None else span[1]
 
     def sleep(self, cycles: int) -> None:
@@ -1458,12 +1442,13 @@ def _takes_generator(func) -> bool:
 class _HostBlock:
     """Pinned host memory's block: a sim buffer (so the checker sees its bytes)."""
 
-    __slots__ = ("buffer", "bytes", "used_on", "__weakref__")
+    __slots__ = ("buffer", "bytes", "used_on", "views")
 
     def __init__(self, buffer):
         self.buffer = buffer
         self.bytes = buffer.storage
         self.used_on = []
+        self.views = {}
 
 
 class _Nvtx:

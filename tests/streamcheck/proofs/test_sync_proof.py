@@ -434,24 +434,27 @@ def test_the_recorder_skips_occurrences_of_a_sync(monkeypatch):
     assert rerun.races == []
 
 
+def three_synchronizes(rec, torch):
+    """A fake-torch program: a step on stream 0x10 then its synchronize, three times, then the host
+    reads what the steps wrote (only the last synchronize is needed). Returns the calls torch made."""
+    a = torch.stream(0x10)
+    rec.register_stream(0x10, rec.site())
+    rec.alloc(0x1000, 256)
+    x = FakeArray(0x1000, 256)
+    for _ in range(3):
+        rec.launch("step", lambda: None, stream=a, reads=[x], writes=[x])
+        a.synchronize()
+    rec.record(T.HostAccess(rec.tid(), rec.site(), reads=(rec.range_of(x),), name="host read"))
+    return torch.made
+
+
 def test_a_torch_rerun_skips_occurrences_and_counts_a_made_call_once(monkeypatch):
     """torch decides at the Python entry point and reports a call that was made through its
     callback afterwards: the occurrence is counted once, so the rerun skips the first two of
     three synchronizes and makes the last."""
-    def program(rec, torch):
-        a = torch.stream(0x10)
-        rec.register_stream(0x10, rec.site())
-        rec.alloc(0x1000, 256)
-        x = FakeArray(0x1000, 256)
-        for _ in range(3):
-            rec.launch("step", lambda: None, stream=a, reads=[x], writes=[x])
-            a.synchronize()
-        rec.record(T.HostAccess(rec.tid(), rec.site(), reads=(rec.range_of(x),), name="host read"))
-        return torch.made
-
     torch = FakeTorch(monkeypatch)
     first, patcher = torch_recording(monkeypatch, torch)
-    assert program(first, torch) == ["synchronize 0x10"] * 3
+    assert three_synchronizes(first, torch) == ["synchronize 0x10"] * 3
     patcher.restore()
     result = audit(first.trace)
     (finding,) = result.findings
@@ -459,7 +462,7 @@ def test_a_torch_rerun_skips_occurrences_and_counts_a_made_call_once(monkeypatch
 
     torch = FakeTorch(monkeypatch)
     rerun, patcher = torch_recording(monkeypatch, torch, edits=result.edits())
-    assert program(rerun, torch) == ["synchronize 0x10"]
+    assert three_synchronizes(rerun, torch) == ["synchronize 0x10"]
     patcher.restore()
     assert rerun.edits.issued == {finding.sync.key: 3} and rerun.edits.every_edit_met
     assert not rerun.edits.unskipped and rerun.races == []
@@ -485,20 +488,9 @@ def test_a_call_let_through_is_counted_once_though_other_records_come_before_its
     be recorded (an event torch creates on the way): the occurrence is still counted once."""
     from streamcheck.record.adapters import torch_runtime as TR
 
-    def program(rec, torch):
-        a = torch.stream(0x10)
-        rec.register_stream(0x10, rec.site())
-        rec.alloc(0x1000, 256)
-        x = FakeArray(0x1000, 256)
-        for _ in range(3):
-            rec.launch("step", lambda: None, stream=a, reads=[x], writes=[x])
-            a.synchronize()
-        rec.record(T.HostAccess(rec.tid(), rec.site(), reads=(rec.range_of(x),), name="host read"))
-        return torch.made
-
     torch = FakeTorch(monkeypatch)
     first, patcher = torch_recording(monkeypatch, torch)
-    program(first, torch)
+    three_synchronizes(first, torch)
     patcher.restore()
     result = audit(first.trace)
 
@@ -512,7 +504,7 @@ def test_a_call_let_through_is_counted_once_though_other_records_come_before_its
                  "    reported(stream)\n", os.path.join(FAKE_TORCH_DIR, "c10_callbacks.py"), "exec"), scope)
     later = scope["later"]
     monkeypatch.setattr(TR, "_stream_synchronized", later)
-    assert program(rerun, torch) == ["synchronize 0x10"]
+    assert three_synchronizes(rerun, torch) == ["synchronize 0x10"]
     patcher.restore()
     (finding,) = result.findings
     assert rerun.edits.issued == {finding.sync.key: 3} and rerun.edits.every_edit_met, rerun.edits.issued
@@ -543,29 +535,18 @@ def test_an_entry_point_reached_inside_another_decides_its_call_once(monkeypatch
     point reached from inside another (or a method wrapped twice) must not count the occurrence again."""
     from streamcheck.record.adapters import torch_runtime as TR
 
-    def program(rec, torch, wrap_again=False):
-        a = torch.stream(0x10)
-        if wrap_again:  # the same entry point, once more around itself
-            cls = type(a)
-            monkeypatch.setattr(cls, "synchronize", TR._skippable(TR._synchronize_stream)(cls.synchronize))
-        rec.register_stream(0x10, rec.site())
-        rec.alloc(0x1000, 256)
-        x = FakeArray(0x1000, 256)
-        for _ in range(3):
-            rec.launch("step", lambda: None, stream=a, reads=[x], writes=[x])
-            a.synchronize()
-        rec.record(T.HostAccess(rec.tid(), rec.site(), reads=(rec.range_of(x),), name="host read"))
-        return torch.made
 
     torch = FakeTorch(monkeypatch)
     first, patcher = torch_recording(monkeypatch, torch)
-    program(first, torch)
+    three_synchronizes(first, torch)
     patcher.restore()
     result = audit(first.trace)
 
     torch = FakeTorch(monkeypatch)
     rerun, patcher = torch_recording(monkeypatch, torch, edits=result.edits())
-    assert program(rerun, torch, wrap_again=True) == ["synchronize 0x10"]
+    stream_class = torch.module.cuda.streams.Stream  # the same entry point once more around itself
+    monkeypatch.setattr(stream_class, "synchronize", TR._skippable(TR._synchronize_stream)(stream_class.synchronize))
+    assert three_synchronizes(rerun, torch) == ["synchronize 0x10"]
     patcher.restore()
     (finding,) = result.findings
     assert rerun.edits.issued == {finding.sync.key: 3} and rerun.edits.every_edit_met, rerun.edits.issued
