@@ -44,7 +44,10 @@ def strike_policy(backend: str, seed: int) -> dict:
     """The delay that makes the implicit join strike: which launches, when, how long."""
     params = dict(streams=[TARGET_STREAM], kernels=["matmul"], after=first_strike_step(seed), every=STRIKE_EVERY)
     if backend == "cupy":
-        params["delay_us"] = 2000.0  # long enough for the post-scale to overtake the matmul
+        # The post-scale is issued some 100 µs after the held matmul; 20 ms leaves room for a host
+        # descheduled for milliseconds (a loaded machine: 14 test workers on one GPU let a 2 ms hold
+        # pass unnoticed) and costs 20 ms per strike, a few strikes per run.
+        params["delay_us"] = 20_000.0
     else:
         params["steps"] = 8  # host calls: the post-scale is issued within fewer
     return params
