@@ -19,7 +19,7 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-TRANSFORMERS = "transformers>=5.0,<6"  # as pyproject.toml's dependencies name it
+TRANSFORMERS = "transformers>=5.0,<6"  # as pyproject.toml's `hf` extra names it
 
 
 def transformers_missing() -> str:
@@ -28,8 +28,8 @@ def transformers_missing() -> str:
     try:
         import transformers  # noqa: F401
     except ImportError:
-        return (f"transformers is not installed here: pip install '{TRANSFORMERS}' (a dependency of streamcheck: "
-                "pip install -e . installs it)")
+        return (f"transformers is not installed here: pip install '{TRANSFORMERS}' (streamcheck's `hf` extra: "
+                "pip install 'streamcheck[hf]', or pip install -e '.[hf]' in a checkout)")
     return ""
 
 

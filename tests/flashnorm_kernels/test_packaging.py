@@ -95,12 +95,20 @@ def test_repro_runs_from_the_installed_wheel_outside_the_repository(wheel, tmp_p
     assert "result: reproduced (stale reads, race reported) and fixed" in result.stdout
 
 
-def test_the_transformers_line_names_what_the_package_requires():
-    # The quickstart's `pip install -e .` must bring transformers (the repro runs a transformers Llama), and the
-    # line printed where it is missing names the same requirement.
-    from flashnorm_kernels import TRANSFORMERS
+def test_transformers_is_the_hf_extra_that_the_quickstart_and_the_tests_install():
+    # streamcheck never imports transformers, so a plain install leaves it (and anyio's pytest plugin) out; the
+    # quickstart's repro runs a transformers Llama, so its command installs the `hf` extra, and the line printed
+    # where transformers is missing names the same requirement.
+    from flashnorm_kernels import TRANSFORMERS, transformers_missing
+    from tests.test_docs import readme_commands
 
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
-    dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    assert TRANSFORMERS in dependencies
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert not any(d.startswith("transformers") for d in project["dependencies"]), project["dependencies"]
+    extras = project["optional-dependencies"]
+    assert TRANSFORMERS in extras["hf"] and "streamcheck[hf]" in extras["test"]
+    main_job, tests = readme_commands()[:2]
+    assert "-e '.[hf]'" in main_job and "streamcheck repro implicit-join" in main_job
+    assert "-e '.[test]'" in tests
+    assert transformers_missing() == ""  # the test extra brought it here

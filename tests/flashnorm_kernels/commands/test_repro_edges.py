@@ -51,8 +51,8 @@ def test_without_transformers_the_repro_says_what_to_install_in_one_line():
     result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=300)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr == ("streamcheck repro: the fixture model is a transformers Llama, and transformers is not "
-                             "installed here: pip install 'transformers>=5.0,<6' (a dependency of streamcheck: "
-                             "pip install -e . installs it)\n")
+                             "installed here: pip install 'transformers>=5.0,<6' (streamcheck's `hf` extra: "
+                             "pip install 'streamcheck[hf]', or pip install -e '.[hf]' in a checkout)\n")
 
 
 def test_without_transformers_flashify_says_what_to_install_in_one_line(tmp_path):
@@ -61,4 +61,5 @@ def test_without_transformers_flashify_says_what_to_install_in_one_line(tmp_path
     result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=300)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr == ("flashnorm flashify: error: transformers is not installed here: pip install "
-                             "'transformers>=5.0,<6' (a dependency of streamcheck: pip install -e . installs it)\n")
+                             "'transformers>=5.0,<6' (streamcheck's `hf` extra: pip install 'streamcheck[hf]', or pip install -e "
+                             "'.[hf]' in a checkout)\n")
