@@ -1250,3 +1250,60 @@ def test_scaled_dot_product_attention_is_one_kernel_with_the_cpu_values_and_its_
     assert dev.races == [] and torch.allclose(got, want)
     dev, _, _ = emulate(lambda: program(wait=False))
     assert ("RAW", line("sdpa-producer"), line("sdpa-reader")) in races(dev)
+
+
+# --- the run and the garbage collector ----------------------------------------------------------------------
+
+def test_a_run_freezes_what_existed_collects_its_own_cycles_and_leaves_nothing_frozen():
+    import gc
+    import weakref
+
+    class Node:
+        pass
+
+    assert gc.get_freeze_count() == 0
+
+    def program():
+        assert gc.get_freeze_count() > 0  # torch's objects and this test's, not walked by the run's collections
+        t = torch.ones(4, device="cuda")
+        node = Node()
+        node.self, node.tensor = node, t  # the program's own cyclic garbage, holding a CUDA tensor
+        gone = weakref.ref(node)
+        held = torch.cuda.memory_allocated()
+        del node, t
+        gc.collect()
+        return gone() is None, held, torch.cuda.memory_allocated()
+
+    dev, (collected_in_run, held, after), emulation = emulate(program)
+    assert collected_in_run and held == 512 and after == 0  # its block went back to the allocator
+    assert gc.get_freeze_count() == 0  # ordinary again afterwards
+
+
+def test_a_run_leaves_a_freeze_the_process_made_itself():
+    import gc
+
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        emulate(lambda: torch.ones(2, device="cuda").tolist())
+        assert gc.get_freeze_count() > frozen // 2  # still frozen (a few died meanwhile), not unfrozen by the run
+    finally:
+        gc.unfreeze()
+
+
+def test_a_missing_wait_stream_is_reported_at_the_users_lines():
+    def program():
+        main = torch.cuda.current_stream()
+        side = torch.cuda.Stream()
+        a = torch.ones(8, device="cuda") * 2
+        side.wait_stream(main)  # joined
+        with torch.cuda.stream(side):
+            b = a + 1  # side-consumer
+        c = b * 3  # reader-without-wait
+        main.wait_stream(side)  # too late
+        return c.tolist()
+
+    dev, _, _ = emulate(program)
+    assert races(dev) == {("RAW", line("side-consumer"), line("reader-without-wait"))}
+    waits = [op for op in dev.trace if type(op).__name__ == "StreamWait"]
+    assert [op.site.line for op in waits] == [line("joined"), line("too late")]
