@@ -142,22 +142,29 @@ def _channel_of(obj, table) -> int:
         return channel
 
 
-# --- threading.Event -----------------------------------------------------------------------------
-def _event_set(orig):
-    def set(self):
-        if _listeners and not _from_stdlib():
-            _hand_off(_channel_of(self, _object_channels), "Event.set")
-        return orig(self)
-    return set
+# --- signals and waits: threading.Event, threading.Condition -------------------------------------
+def _signal(what: str):
+    """Event.set, Condition.notify(_all): what the thread did before it is handed to the waiter it wakes."""
+    def wrap(orig):
+        def signal(self, *args, **kwargs):
+            if _listeners and not _from_stdlib():
+                _hand_off(_channel_of(self, _object_channels), what)
+            return orig(self, *args, **kwargs)
+        return signal
+    return wrap
 
 
-def _event_wait(orig):
-    def wait(self, timeout=None):
-        signaled = orig(self, timeout)
-        if signaled and _listeners and not _from_stdlib():
-            _take_over(_channel_of(self, _object_channels), "Event.wait")
-        return signaled
-    return wait
+def _woken_wait(what: str):
+    """Event.wait, Condition.wait(_for): a wait that returned true took over what the signal handed off
+    (a timed-out one took over nothing)."""
+    def wrap(orig):
+        def wait(self, *args, **kwargs):
+            woken = orig(self, *args, **kwargs)
+            if woken and _listeners and not _from_stdlib():
+                _take_over(_channel_of(self, _object_channels), what)
+            return woken
+        return wait
+    return wrap
 
 
 # --- queue.Queue ---------------------------------------------------------------------------------
@@ -284,18 +291,14 @@ def _made_by_program() -> bool:
     return _makers.kind_of(sys._getframe(2).f_code.co_filename) == USER
 
 
-def _lock_factory(orig):
-    def Lock(*args, **kwargs):
-        lock = orig(*args, **kwargs)
-        return _FollowedLock(lock, "Lock") if _made_by_program() else lock
-    return Lock
-
-
-def _rlock_factory(orig):
-    def RLock(*args, **kwargs):
-        lock = orig(*args, **kwargs)
-        return _FollowedRLock(lock, "RLock") if _made_by_program() else lock
-    return RLock
+def _followed(follower, kind: str):
+    """threading.Lock / RLock: a lock the program makes is followed; the libraries' are their own."""
+    def wrap(orig):
+        def factory(*args, **kwargs):
+            lock = orig(*args, **kwargs)
+            return follower(lock, kind) if _made_by_program() else lock
+        return factory
+    return wrap
 
 
 # --- threading.Condition -------------------------------------------------------------------------
@@ -307,41 +310,6 @@ def _condition_init(orig):
     return __init__
 
 
-def _condition_notify(orig):
-    def notify(self, n=1):
-        if _listeners and not _from_stdlib():
-            _hand_off(_channel_of(self, _object_channels), "Condition.notify")
-        return orig(self, n)
-    return notify
-
-
-def _condition_notify_all(orig):
-    def notify_all(self):
-        if _listeners and not _from_stdlib():
-            _hand_off(_channel_of(self, _object_channels), "Condition.notify_all")
-        return orig(self)
-    return notify_all
-
-
-def _condition_wait(orig):
-    def wait(self, timeout=None):
-        woken = orig(self, timeout)
-        if woken and _listeners and not _from_stdlib():
-            _take_over(_channel_of(self, _object_channels), "Condition.wait")
-        return woken
-    return wait
-
-
-def _condition_wait_for(orig):
-    def wait_for(self, predicate, timeout=None):
-        result = orig(self, predicate, timeout)
-        if result and _listeners and not _from_stdlib():
-            _take_over(_channel_of(self, _object_channels), "Condition.wait_for")
-        return result
-    return wait_for
-
-
-# --- threading.Barrier ---------------------------------------------------------------------------
 def _barrier_wait(orig):
     def wait(self, timeout=None):
         if not _listeners or _from_stdlib():
@@ -364,19 +332,19 @@ def _barrier_wait(orig):
 
 # (owner, attribute, wrap): what is patched while anyone listens.
 _PATCHES = (
-    (threading.Event, "set", _event_set),
-    (threading.Event, "wait", _event_wait),
+    (threading.Event, "set", _signal("Event.set")),
+    (threading.Event, "wait", _woken_wait("Event.wait")),
     (queue.Queue, "put", _queue_put),
     (queue.Queue, "get", _queue_get),
     (queue.Queue, "task_done", _queue_task_done),
     (queue.Queue, "join", _queue_join),
-    (threading, "Lock", _lock_factory),
-    (threading, "RLock", _rlock_factory),
+    (threading, "Lock", _followed(_FollowedLock, "Lock")),
+    (threading, "RLock", _followed(_FollowedRLock, "RLock")),
     (threading.Condition, "__init__", _condition_init),
-    (threading.Condition, "notify", _condition_notify),
-    (threading.Condition, "notify_all", _condition_notify_all),
-    (threading.Condition, "wait", _condition_wait),
-    (threading.Condition, "wait_for", _condition_wait_for),
+    (threading.Condition, "notify", _signal("Condition.notify")),
+    (threading.Condition, "notify_all", _signal("Condition.notify_all")),
+    (threading.Condition, "wait", _woken_wait("Condition.wait")),
+    (threading.Condition, "wait_for", _woken_wait("Condition.wait_for")),
     (threading.Barrier, "wait", _barrier_wait),
 )
 

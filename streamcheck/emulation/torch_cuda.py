@@ -137,16 +137,8 @@ def _flatten(args, kwargs) -> tuple:
     `Tensor[]` and `int[]` arguments, the only nesting ATen schemas have), and how to rebuild it.
     A plain function rather than torch's pytree: it runs for every operator."""
     flat, shape = [], []
-    for v in args:
-        if type(v) is list or type(v) is tuple:
-            flat.extend(v)
-            shape.append((type(v), len(v)))
-        else:
-            flat.append(v)
-            shape.append(None)
     keys = tuple(kwargs)
-    for k in keys:
-        v = kwargs[k]
+    for v in (*args, *kwargs.values()):
         if type(v) is list or type(v) is tuple:
             flat.extend(v)
             shape.append((type(v), len(v)))
