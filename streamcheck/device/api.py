@@ -493,15 +493,7 @@ class Device:
             fill = _exactly(fill, dtype, f"alloc {name!r} at {site}", "the buffer holds", "fill")
             if fill.ndim == 0:
                 fill = fill[()]  # a scalar of the buffer's dtype, as both backends' fills take
-        with self._lock:
-            id = self._next["buffer"]
-            self._next["buffer"] += 1
-            buf = Buffer(self, id, shape, dtype, name or f"buffer{id}", site, device)
-            self._buffers[id] = buf
-            self._record(T.Alloc(self._thread_id(), site, buffer=id, nbytes=buf.nbytes, name=buf.name, device=device))
-            self.backend.alloc(buf, fill)
-            self.backend.tick()
-            return buf
+        return self._new_buffer(shape, dtype, name, device, site, fill=fill)
 
     def _realloc(self, reuse, shape, dtype, name: str, device: int, site: CallSite) -> Buffer:
         """alloc(reuse=): the freed buffer's bytes as they are, under a new buffer (its shape, dtype
@@ -514,13 +506,22 @@ class Device:
                 device != reuse.device_index:
             raise DeviceError(f"alloc at {site}: reuse= {reuse!r} is not shape {tuple(shape)}, dtype {dtype} on "
                               f"cuda:{device}; a reused buffer keeps its shape, dtype and device")
+        return self._new_buffer(reuse.shape, reuse.dtype, name, device, site, reuse=reuse)
+
+    def _new_buffer(self, shape: tuple, dtype, name: str, device: int, site: CallSite, fill=None,
+                    reuse: Optional[Buffer] = None) -> Buffer:
+        """A buffer of checked arguments: numbered, recorded, and given fresh memory by the backend,
+        or `reuse`'s bytes as they are."""
         with self._lock:
             id = self._next["buffer"]
             self._next["buffer"] += 1
-            buf = Buffer(self, id, reuse.shape, reuse.dtype, name or f"buffer{id}", site, device)
+            buf = Buffer(self, id, shape, dtype, name or f"buffer{id}", site, device)
             self._buffers[id] = buf
             self._record(T.Alloc(self._thread_id(), site, buffer=id, nbytes=buf.nbytes, name=buf.name, device=device))
-            buf.storage = reuse.storage
+            if reuse is None:
+                self.backend.alloc(buf, fill)
+            else:
+                buf.storage = reuse.storage
             self.backend.tick()
             return buf
 
@@ -895,7 +896,7 @@ class Device:
         if first_in.buffer.dtype != first_out.buffer.dtype:
             raise DeviceError(f"{what} at {site}: inputs are {first_in.buffer.dtype}, outputs "
                               f"{first_out.buffer.dtype}; NCCL reduces within one dtype")
-        rows_in, rows_out = first_in.rows, first_out.rows
+        rows_in = first_in.rows
         if name == "all_reduce":
             wanted = first_in.shape
         elif name == "reduce_scatter":
