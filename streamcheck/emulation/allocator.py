@@ -135,14 +135,11 @@ class CachingAllocator:
         for entry in self._deferred:
             block, events = entry
             if all(event.query() for event in events):
-                self.device.free(block.buffer, self._stream_of(block))
+                self.device.free(block.buffer, self.device._stream_objects[block.stream])
                 self._file(block)
             else:
                 waiting.append(entry)
         self._deferred = waiting
-
-    def _stream_of(self, block):
-        return self.device._stream_objects[block.stream]
 
     def _file(self, block) -> None:
         self._free.setdefault((block.device_index, block.stream, block.pool, block.buffer.nbytes), []).append(block)
@@ -162,12 +159,12 @@ class CachingAllocator:
         while self._dead:
             buffer, stream, pool, used_on, index, views = self._dead.pop(0)
             self.allocated[index] -= buffer.nbytes
+            block = _Returned(buffer, stream.id, pool, index, views)
             if pool is not None:
                 # A graph's block stays the graph's: its replays write it, so it is never freed; only
                 # a capture into the same pool gets it again (torch.cuda.graph(pool=...)).
-                self._file(_Returned(buffer, stream.id, pool, index, views))
+                self._file(block)
                 continue
-            block = _Returned(buffer, stream.id, pool, index, views)
             if used_on:
                 # record_stream: torch records an event on each stream that used the block and frees
                 # it only once a query says every one has passed; that query orders the free.
@@ -193,7 +190,7 @@ class CachingAllocator:
 class _Returned:
     """A freed block waiting in a pool: its bytes and where it may be handed out again."""
 
-    __slots__ = ("buffer", "stream", "pool", "device_index", "bytes", "views")
+    __slots__ = ("buffer", "stream", "pool", "device_index", "views")
 
     def __init__(self, buffer, stream: int, pool, device_index: int, views):
         self.buffer = buffer
@@ -201,5 +198,4 @@ class _Returned:
         self.stream = stream
         self.pool = pool
         self.device_index = device_index
-        self.bytes = buffer.storage
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import importlib
 import sys
 import threading
 from typing import Optional
@@ -173,16 +174,6 @@ def _leaves(out) -> tuple:
 
 def _rebuilt(leaves, kind):
     return leaves[0] if kind is None else kind(leaves)
-
-
-_ITEMSIZE: dict = {}
-
-
-def _itemsize(dtype) -> int:
-    size = _ITEMSIZE.get(dtype)
-    if size is None:
-        size = _ITEMSIZE[dtype] = torch.empty((), dtype=dtype).element_size()
-    return size
 
 
 def _emulated(value) -> bool:
@@ -563,8 +554,9 @@ class Emulation:
         if _active is not None:
             raise EmulationError("an emulation is already running in this process")
         _active = self
-        import torch._dynamo  # noqa: F401  (loaded before the patches: meta kernels import it, and its
-        # trace rules index torch.cuda's functions by name)
+        # torch._dynamo loaded before the patches: meta kernels import it, and its trace rules index
+        # torch.cuda's functions by name.
+        importlib.import_module("torch._dynamo")
         self._patch_torch()
         self._mode = _FactoryMode(self)
         self._mode.__enter__()
@@ -661,7 +653,7 @@ class Emulation:
     def empty(self, shape, stride, dtype, index: int, stream=None) -> CudaTensor:
         """A fresh tensor on cuda:index from the caching allocator, filed under `stream`."""
         s = stream if stream is not None else self.current_stream(index)
-        nbytes = _elements(shape, stride) * _itemsize(dtype)
+        nbytes = _elements(shape, stride) * dtype.itemsize
         pool = self.capture_pools.get(self._capturing_root(s.device_stream)) if self.capture_pools else None
         block = self.allocator.allocate(nbytes, s.device_stream, pool=pool)
         return CudaTensor(_typed(block, dtype, shape, stride), block, torch.device("cuda", index))
@@ -683,7 +675,7 @@ class Emulation:
         """Pinned host memory. The sim files it under a device (the current one unless given):
         the streams of another device reach it as peer memory (not emulated as host memory)."""
         self.enter()
-        nbytes = _elements(shape, stride) * _itemsize(dtype)
+        nbytes = _elements(shape, stride) * dtype.itemsize
         index = self.current_device() if device_index is None else device_index
         buffer = self.device.alloc((rounded(nbytes),), "uint8", name="pinned host tensor", fill=0, device=index)
         block = _HostBlock(buffer)
@@ -701,14 +693,14 @@ class Emulation:
             return self._view(func, args, kwargs)
         name = schema.name
         if name == "aten.record_stream.default":
-            return self._record_stream(args[0], args[1])
+            return self.record_stream(args[0], args[1])
         flat, spec = _flatten(args, kwargs)
         cuda = next((v for v in flat if type(v) is CudaTensor), None)
         target = _target_device(kwargs)
         if cuda is None and (target is None or target.type != "cuda"):
             return self._host_op(func, name, args, kwargs, flat, spec)
         index = cuda.device.index if cuda is not None else self.device_index(target)
-        return self._device_op(func, schema, name, flat, spec, index, args, kwargs)
+        return self._device_op(func, name, flat, spec, index, args, kwargs, target)
 
     def _view(self, func, args, kwargs):
         """A view shares its base's block: metadata only, no kernel."""
@@ -720,12 +712,10 @@ class Emulation:
         leaves, kind = _leaves(out)
         return _rebuilt([cls(v, block, dev) if isinstance(v, torch.Tensor) else v for v in leaves], kind)
 
-    def _record_stream(self, tensor, s) -> None:
-        if type(tensor) is CudaTensor:
-            self.record_stream(tensor, s)
-
     def record_stream(self, tensor, s) -> None:
         """`tensor.record_stream(s)`: the block's free waits for `s` (torch's allocator rule)."""
+        if type(tensor) is not CudaTensor:
+            return
         used_on = tensor._block.used_on
         if all(existing is not s.device_stream for existing in used_on):
             used_on.append(s.device_stream)
@@ -733,7 +723,8 @@ class Emulation:
     def _host_op(self, func, name, args, kwargs, flat, spec):
         """Only host tensors (pinned ones among them): the host does it now."""
         reads, writes = [], []
-        for t, written in operator_accesses(func, args, kwargs):
+        accesses = list(operator_accesses(func, args, kwargs))
+        for t, written in accesses:
             if type(t) is PinnedTensor:
                 region = _region(t)
                 if region is not None:
@@ -742,11 +733,11 @@ class Emulation:
             self.device.host_access(reads=reads, writes=writes, name=name)
         inner_args, inner_kwargs = _unflatten([_inner(v) for v in flat], spec)
         out = func(*inner_args, **inner_kwargs)
-        return self._returned(out, args, kwargs, func)
+        return self._returned(out, accesses)
 
-    def _returned(self, out, args, kwargs, func):
+    def _returned(self, out, accesses):
         """The inner result of an in-place/out= operator as the emulated argument it wrote."""
-        written = [t for t, w in operator_accesses(func, args, kwargs) if w and _emulated(t)]
+        written = [t for t, w in accesses if w and _emulated(t)]
         if not written:
             return out
         leaves, kind = _leaves(out)
@@ -759,8 +750,7 @@ class Emulation:
                 mapped.append(v)
         return _rebuilt(mapped, kind)
 
-    def _device_op(self, func, schema, name, flat, spec, index, args, kwargs):
-        target = _target_device(kwargs)
+    def _device_op(self, func, name, flat, spec, index, args, kwargs, target):
         if name == "aten._to_copy.default" and target is not None and target.type == "cuda":
             there = self.device_index(target)
             if there != index:  # to another GPU: a peer copy, ordered on both devices' current streams
@@ -772,7 +762,8 @@ class Emulation:
         non_blocking = bool(kwargs.get("non_blocking", False)) or (
             name == "aten.copy_.default" and len(args) > 2 and bool(args[2]))
         reads, writes, host_sides, written_host = [], [], [], set()
-        for t, written in operator_accesses(func, args, kwargs):
+        accesses = list(operator_accesses(func, args, kwargs))
+        for t, written in accesses:
             kind = type(t)
             if kind is CudaTensor or kind is PinnedTensor:
                 region = _region(t)
@@ -789,7 +780,7 @@ class Emulation:
         to_host = name == "aten._to_copy.default" and target is not None and target.type == "cpu"
         if to_host:
             host_sides.append("pinned" if non_blocking else "pageable")
-        layout = self._layout(func, flat, spec, index, to_host)
+        layout = self._layout(func, flat, spec)
         # What the kernel gets: the CPU views; a pageable source staged now, a pageable destination itself.
         inner_flat = [v if written_host and id(v) in written_host else self._staged(v) for v in flat]
         inner_args, inner_kwargs = _unflatten(inner_flat, spec)
@@ -828,7 +819,7 @@ class Emulation:
         if host_sides and not (non_blocking and all(side == "pinned" for side in host_sides)):
             self.device.host_access(name=name, sync=s.device_stream)  # pageable memory, or a blocking copy: the host waits
         if layout.in_place:
-            return self._written_result(func, args, kwargs, layout, out_leaves)
+            return self._written_result(accesses, layout, out_leaves)
         return _rebuilt(out_leaves, layout.spec)
 
     def _to_other_device(self, source, index: int, dtype):
@@ -855,8 +846,8 @@ class Emulation:
         src_stream.device_stream.wait_event(after)
         return dst
 
-    def _written_result(self, func, args, kwargs, layout, out_leaves):
-        written = iter([t for t, w in operator_accesses(func, args, kwargs) if w])
+    def _written_result(self, accesses, layout, out_leaves):
+        written = iter([t for t, w in accesses if w])
         leaves = [next(written) if item == "written" else leaf for item, leaf in zip(layout.leaves, out_leaves)]
         return _rebuilt(leaves, layout.spec)
 
@@ -867,8 +858,6 @@ class Emulation:
             return value._inner
         if isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.dim() > 0:
             return value.clone()
-        if isinstance(value, EmulatedGenerator):
-            return value
         return value
 
     def _generator_for(self, func, inner_kwargs, index):
@@ -920,7 +909,7 @@ class Emulation:
         self.device.host_access(reads=writes, name=name, sync=s.device_stream)
         return [h._inner for h in staging]
 
-    def _layout(self, func, flat, spec, index, to_host):
+    def _layout(self, func, flat, spec):
         """What the operator returns, from its meta kernel: (shape, stride, dtype) per fresh tensor,
         "written" for an argument it returns, a plain value otherwise. None: the host needs the
         result (a scalar, a data-dependent shape). Cached per signature (meta is slow)."""
@@ -928,12 +917,12 @@ class Emulation:
         found = self._meta.get(key, _MISSING) if key is not None else _MISSING
         if found is not _MISSING:
             return found
-        layout = self._meta_layout(func, flat, spec, to_host)
+        layout = self._meta_layout(func, flat, spec)
         if key is not None:
             self._meta[key] = layout
         return layout
 
-    def _meta_layout(self, func, flat, spec, to_host):
+    def _meta_layout(self, func, flat, spec):
         meta_flat = []
         for v in flat:
             if _emulated(v):
@@ -958,7 +947,7 @@ class Emulation:
                 self._require_cpu_kernel(func)
                 return None
             raise
-        written_metas = [m for m, v in zip(meta_flat, flat) if isinstance(m, torch.Tensor)]
+        written_metas = [m for m in meta_flat if isinstance(m, torch.Tensor)]
         leaves, out_spec = _leaves(out)
         items, in_place = [], False
         schema = func._schema
@@ -1057,7 +1046,7 @@ class Emulation:
                            writes=[r for r in [_region(target)] if r], name="aten.index_put_.default")
 
     # --- host <-> device ---------------------------------------------------------------
-    def to_device(self, source, index: int, dtype=None, non_blocking: bool = False, copy: bool = False):
+    def to_device(self, source, index: int, dtype=None, non_blocking: bool = False):
         """A host tensor copied to cuda:index on the current stream (`.cuda()`, `.to("cuda")`,
         a factory's `device="cuda"`): from pageable memory, staged now and waited for."""
         self.enter()
@@ -1263,8 +1252,7 @@ class Emulation:
         put(cuda.graphs, "CUDAGraph", EmulatedGraph)
         def record_stream(tensor, s):
             emu.enter()
-            if type(tensor) is CudaTensor:
-                emu.record_stream(tensor, s)
+            emu.record_stream(tensor, s)
 
         # torch's binding parses its argument as a C++ stream before any mode sees it.
         put(torch.Tensor, "record_stream", record_stream)
@@ -1354,7 +1342,7 @@ def _target_device(kwargs):
     return value if isinstance(value, torch.device) else torch.device(value)
 
 
-def _signature(func, flat, spec=None) -> Optional[tuple]:
+def _signature(func, flat, spec) -> Optional[tuple]:
     """A hashable key of an operator call for the meta cache: tensors by layout, the rest by value."""
     key = [func, spec]
     for v in flat:
@@ -1446,12 +1434,11 @@ def _takes_generator(func) -> bool:
 class _HostBlock:
     """Pinned host memory's block: a sim buffer (so the checker sees its bytes)."""
 
-    __slots__ = ("buffer", "bytes", "used_on", "views")
+    __slots__ = ("buffer", "bytes", "views")
 
     def __init__(self, buffer):
         self.buffer = buffer
         self.bytes = buffer.storage
-        self.used_on = []
         self.views = {}
 
 
