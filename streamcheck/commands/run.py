@@ -279,7 +279,7 @@ def run(args) -> int:
     if backend is None:  # no GPU and --skip-without-gpu
         return 0
     if backend == "sim":
-        return _run_on_sim(args, source)
+        return _run_on_sim(args)
     recorded = record_on_gpu(args, source, probe=probe, edits=edits)
     sys.stdout.flush()
     session = recorded.session
@@ -294,21 +294,21 @@ def run(args) -> int:
     return exit_status(args, session, recorded.status)
 
 
-def _run_on_sim(args, source: bytes) -> int:
+def _run_on_sim(args) -> int:
     """The same pipeline with the sim's stages: the sequential reference, then its schedules."""
     from . import run_sim
 
     status, session, reference = run_sim.record_on_sim(args)
-    recorded = Recorded(status, session)
     if session is None:  # a surface the sim does not model: said in one line
-        return recorded.status
+        return status
     print_report(args, session, None, sim=True)
     outcomes = run_sim.compare_schedules(args, reference)
     verdicts = run_sim.confirm_races_on_sim(args, session) if args.confirm and session.races else []
+    print_verdicts(verdicts)
     sync_audit = audit_syncs(args, session)
     proof = run_sim.prove_on_sim(args) if args.prove else None
     write_outputs(args, session, verdicts, sync_audit, proof, None)
-    status = exit_status(args, session, recorded.status)
+    status = exit_status(args, session, status)
     if any(o.difference for o in outcomes) and args.error_exitcode is not None:
         return args.error_exitcode
     return status
@@ -390,7 +390,7 @@ def _check_backend_options(args, backend: str) -> None:
         raise _Refused("--devices sets how many devices the sim emulates; on a GPU the script sees the machine's")
 
 
-def _check_usage(args, backend: Optional[str] = "gpu"):
+def _check_usage(args, backend: Optional[str]):
     """(probe, edits): the rerun modes' inputs, each None outside its mode; raises _Refused."""
     if backend is not None:
         _check_backend_options(args, backend)
@@ -569,11 +569,16 @@ def confirm_races(args, session) -> list:
           "delay before each race's first access (again if a rerun says what to change)", file=sys.stderr)
     verdicts = confirm_gpu.confirm_races(session.checker, session.trace, races, args.script, args.args,
                                          seed=args.seed, warm_up=not args.no_warm_up, max_races=limit)
+    print_verdicts(verdicts)
+    return verdicts
+
+
+def print_verdicts(verdicts) -> None:
+    """One line per confirmed race, on the GPU and on the sim alike."""
     for i, verdict in enumerate(verdicts, 1):
         race = verdict.race
         print(f"streamcheck: race {i} ({race.kind} on `{race.buffer}`, {race.first.site} -> {race.second.site}): "
               f"{verdict.format()}", file=sys.stderr)
-    return verdicts
 
 
 def audit_syncs(args, session):

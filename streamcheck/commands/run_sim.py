@@ -113,7 +113,7 @@ def compare_schedules(args, reference) -> list:
         if run.timed_out:
             difference = f"did not finish: it {run.timed_out}"
         elif run.refused or run.error:
-            difference = f"raised: {(run.refused or run.error.strip().splitlines()[-1])}"
+            difference = f"raised: {_raised(run)}"
         elif run.status != reference.status:
             difference = f"exited {run.status} (the reference exited {reference.status})"
         else:
@@ -127,6 +127,11 @@ def compare_schedules(args, reference) -> list:
     return outcomes
 
 
+def _raised(run) -> str:
+    """A failed run in one line: the refusal, or the last line of the script's traceback."""
+    return run.refused or run.error.strip().splitlines()[-1]
+
+
 def script_program(args):
     """The script as a device-API program (a callable taking a sim Device and returning its
     output), for the sim's confirmation and proof reruns."""
@@ -135,7 +140,7 @@ def script_program(args):
     def program(device):
         run = run_script(args.script, args.args, device=device)
         if run.refused or run.error:
-            raise RuntimeError(run.refused or run.error.strip().splitlines()[-1])
+            raise RuntimeError(_raised(run))
         return run.stdout
 
     return program
@@ -149,12 +154,7 @@ def confirm_races_on_sim(args, recording) -> list:
     limit = MAX_RACES if args.confirm_max is None else args.confirm_max
     print(f"streamcheck: confirming {min(len(races), limit)} of {len(races)} race(s) on the sim: the script rerun "
           "with each race's first access held until its second ran", file=sys.stderr)
-    verdicts = confirm_races(script_program(args), races, max_races=limit)
-    for i, verdict in enumerate(verdicts, 1):
-        race = verdict.race
-        print(f"streamcheck: race {i} ({race.kind} on `{race.buffer}`, {race.first.site} -> {race.second.site}): "
-              f"{verdict.format()}", file=sys.stderr)
-    return list(verdicts)
+    return list(confirm_races(script_program(args), races, max_races=limit))  # run.py prints the verdicts
 
 
 def prove_on_sim(args):
