@@ -13,7 +13,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import pytest
 
-from .options import CHECK_MODES, POLICIES, SETTINGS_KEY, Settings, backend_name, bad_value, parse_policies, parse_timeout
+from .options import (CHECK_MODES, POLICIES, SETTINGS_KEY, Settings, backend_name, bad_value, parse_policies,
+                      parse_timeout)
 from .reporting import (EXCEPTION_MARGIN, EXCEPTION_NAME, ScheduleFailure, confirmation_text, describe_schedule,
                         failure_text, findings, format_races, strike_hint, terminal_width, trace_note, write_trace)
 from .results import compare
@@ -140,7 +141,8 @@ def streamcheck_gpu(request, streamcheck_seed):
     --streamcheck-backend=cupy requires the GPU."""
     from ..record import gpu
 
-    settings = request.config.stash[SETTINGS_KEY]
+    config = request.config
+    settings = config.stash[SETTINGS_KEY]
     if settings.backend == "sim" or settings.emulate_cuda or (settings.backend == "auto" and
                                                               not gpu.cuda_device_present()):
         yield start_emulation(request.node)  # left after the test's teardown (plugin/emulation.py)
@@ -151,8 +153,6 @@ def streamcheck_gpu(request, streamcheck_seed):
                     "CPU with CUDA emulated")
     from ..record import instrument
 
-    config = request.config
-    settings = config.stash[SETTINGS_KEY]
     tconf = _test_config(request.node, settings)
     delay_us = float(settings.delay_us) if "delay" in tconf.policies else 0.0
     found = findings(request.node)
@@ -188,7 +188,6 @@ def start_emulation(item):
     running = item.stash.get(EMULATION_KEY, None)
     if running is not None:
         return running[1]
-    from ..device import Device
     from ..emulation.recording import EmulatedRecording
     from ..emulation.torch_cuda import Emulation
 
@@ -197,8 +196,7 @@ def start_emulation(item):
     tconf = _test_config(item, settings)
     seed = per_test_seed(base_seed(config), item.nodeid)
     spec = schedule_specs(seed, tconf.policies, 1, settings.replay)[0]
-    device = Device("sim", check=tconf.check != "off", policy=spec.policy, seed=spec.seed,
-                    **_policy_params(spec.policy, "sim", settings))
+    device = _make_device(config, spec, tconf.check, sim=True)
     emulation = Emulation(device)
     emulation.__enter__()
     recording = EmulatedRecording(device, emulation, "the test's torch code")
@@ -355,7 +353,8 @@ def run_schedules(request, streamcheck_seed):
             raise ScheduleFailure(failure_text(
                 f"the happens-before checker found {len(races)} race{'s' if len(races) != 1 else ''}; "
                 f"values matched the reference {matched} (the race has not struck yet)",
-                spec, describe_schedule(spec, first_device, elide=True), None, format_races(races, config=config) + confirmed + written,
+                spec, describe_schedule(spec, first_device, elide=True), None,
+                format_races(races, config=config) + confirmed + written,
                 found.replay, width, len(EXCEPTION_NAME)))
         return outcome
 
@@ -387,7 +386,7 @@ def _on_sim(fn) -> bool:
 def _confirmations(config, fn, races, seed: int, timeout: float) -> str:
     """The failure's confirmation section (--streamcheck-confirm), or the "to make them strike" hint.
     Its reruns (a sequential one, one per race up to MAX_RACES) get `timeout` each."""
-    on_sim = backend_name(config) == "sim" or _on_sim(fn)
+    on_sim = _on_sim(fn) or backend_name(config) == "sim"  # a torch program need not resolve `auto` (cupy)
     if not config.stash[SETTINGS_KEY].confirm:
         return strike_hint(races, confirm_runs=on_sim)
     if not on_sim:
