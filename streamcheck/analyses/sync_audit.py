@@ -513,14 +513,13 @@ class _Swap:
     waits: tuple  # (stream id to wait, source stream id or None, existing event id, SYNCED_EVENT or None)
 
 
-def edit(ops, remove=frozenset(), swap=None, drop=frozenset(), swap_at=None) -> list:
+def edit(ops, remove=frozenset(), drop=frozenset(), swap_at=None) -> list:
     """The trace without the syncs whose keys are in `remove` (every occurrence; a legacy join:
     its stream made non-blocking) or whose trace indexes are in `drop` (those occurrences), and
-    with each host sync in `swap` (key -> _Swap) or `swap_at` (trace index -> _Swap) replaced by
-    device-side waits at the same point of the host's issue order."""
-    swap = swap or {}
+    with each host sync in `swap_at` (trace index -> _Swap) replaced by device-side waits at the
+    same point of the host's issue order."""
     swap_at = swap_at or {}
-    by_key = bool(remove or swap)
+    by_key = bool(remove)
     if not by_key and not swap_at:  # occurrences dropped only: the common re-check, kept cheap
         out = []
         for index, op in enumerate(ops):
@@ -553,10 +552,9 @@ def edit(ops, remove=frozenset(), swap=None, drop=frozenset(), swap_at=None) -> 
         if kind in SYNC_OPS:
             if index in drop:
                 continue
-            key = sync_key(op, names) if by_key else None
-            if key is not None and key in remove:
+            if by_key and sync_key(op, names) in remove:
                 continue
-            plan = swap_at.get(index) or (swap.get(key) if key is not None else None)
+            plan = swap_at.get(index)
             if plan is not None:
                 for stream in set(plan.records) | {w[0] for w in plan.waits}:
                     if stream not in created and stream in creates:
@@ -627,9 +625,7 @@ class SyncEdits:
     def edit_differences(self) -> list:
         """(key, times the rerun issued it, times the recorded run did) for each sync to skip or
         swap whose counts differ."""
-        edited = dict.fromkeys([*self.remove, *self.swap])
-        return [(key, self.issued.get(key, 0), self.counts.get(key, 0)) for key in edited
-                if self.issued.get(key, 0) != self.counts.get(key, 0)]
+        return self._differences([*self.remove, *self.swap], self.counts)
 
     @property
     def met(self) -> set:
@@ -642,9 +638,12 @@ class SyncEdits:
 
     def path_differences(self, counts: dict) -> list:
         """(key, times the rerun issued it, times the recorded run did) where they differ."""
-        issued = {key: n for key, n in self.issued.items() if key in counts or key[0] != "legacy join"}
-        return [(key, issued.get(key, 0), counts.get(key, 0)) for key in dict.fromkeys([*counts, *issued])
-                if issued.get(key, 0) != counts.get(key, 0)]
+        return self._differences([*counts, *(key for key in self.issued if key in counts or key[0] != "legacy join")],
+                                 counts)
+
+    def _differences(self, keys, counts: dict) -> list:
+        return [(key, self.issued.get(key, 0), counts.get(key, 0)) for key in dict.fromkeys(keys)
+                if self.issued.get(key, 0) != counts.get(key, 0)]
 
     def _edited(self, key, occurrence: int) -> Optional[_Swap]:
         if key in self.remove:
@@ -918,7 +917,7 @@ def audit(trace) -> Audit:
         by_key = {race.key: race for race in races}
         pinned_keys = list(dict.fromkeys(p.key for found in needed.values() for p in found))
         prevents = tuple(by_key[key] for key in pinned_keys if key in by_key)
-        others = _why_others(ops, syncs, sync, needed, adds_order[sync.key])
+        others = _why_others(syncs, sync, needed, adds_order[sync.key])
         if not sync.host_blocking:
             at = tuple(Verdict.NECESSARY if n in needed else Verdict.REDUNDANT for n in range(1, sync.count + 1))
             findings.append(Finding(number, sync, Verdict.NECESSARY,
@@ -969,7 +968,7 @@ def audit(trace) -> Audit:
                  tuple((f.sync.key, swaps[f.sync.key]) for f in findings if f.replaced_at))
 
 
-def _why_others(ops, syncs, sync: Sync, needed: dict, adds_order: set) -> str:
+def _why_others(syncs, sync: Sync, needed: dict, adds_order: set) -> str:
     """Why the occurrences of a needed site that are redundant alone are, grouped by cause."""
     rest = [n for n in range(1, sync.count + 1) if n not in needed]
     if not rest:
@@ -1123,10 +1122,6 @@ def _copied_back(ops, sync: Sync) -> tuple:
             last = None
     return tuple(f"reads `{name}` bytes [{start}, {stop}) copied back at {sync.site}"
                  for (_, start, stop), name in list(copies.items())[:3])
-
-
-
-
 
 
 def _count(items, word: str) -> str:

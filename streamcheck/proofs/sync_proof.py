@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from ..analyses.sync_audit import Audit, Verdict, audit, occurrences_phrase
-from .confirm import MAX_RACES, Confirmation, confirm
+from .confirm import MAX_RACES, confirm
 from ..device import Device
 from ..plugin.results import compare
 
@@ -107,10 +107,10 @@ def prove(program: Callable, *, schedules: int = PROOF_SCHEDULES, seed: int = 0,
             label = f"{policy} seed {seed + i}"
             differences = edits.path_differences(counts)
             if differences:
-                key, got, recorded = differences[0]
+                key, times, recorded = differences[0]
                 number = next((f"#{f.number} ({f.sync.kind} at {f.sync.site})" for f in result.findings
                                if f.sync.key == key), f"{key[0]} at {key[1]}:{key[2]}")
-                removable, why = None, (f"the rerun issued {number} {got} time(s), the recorded run {recorded} (the "
+                removable, why = None, (f"the rerun issued {number} {times} time(s), the recorded run {recorded} (the "
                                         "program is not deterministic between runs: its call sites or their counts "
                                         "differ); nothing claimed")
                 runs = []

@@ -84,13 +84,19 @@ def time_spans(script: str, script_args, edits: str, repeats: int = TIMING_REPEA
     return tuple(spans[0]), tuple(spans[1])
 
 
-def unskipped_line(audit, keys) -> str:
-    """'not claimed' naming the syncs (audit keys, as their str()) a rerun made anyway."""
+def _names(audit, keys) -> list:
+    """"#3 (stream synchronize at prog.py:12)" for each sync (its audit key as str(), as a rerun's
+    --json gives it); the key itself for one the audit does not know."""
     from ..core.trace import site_path
 
     found = {str(f.sync.key): f for f in audit.findings}
-    names = [f"#{found[k].number} ({found[k].sync.kind} at {site_path(found[k].sync.site)})" if k in found else k
-             for k in sorted(keys)]
+    return [f"#{found[k].number} ({found[k].sync.kind} at {site_path(found[k].sync.site)})" if k in found else k
+            for k in keys]
+
+
+def unskipped_line(audit, keys) -> str:
+    """'not claimed' naming the syncs (audit keys, as their str()) a rerun made anyway."""
+    names = _names(audit, sorted(keys))
     return ("not claimed: the rerun could not skip " + ", ".join(names) + ": the recorder saw it only after the call "
             "(torch synchronizes inside C++ for `.item()`, `.cpu()`, `nonzero()` and the like), or its replacement "
             "needs a stream or event the rerun cannot name yet")
@@ -99,13 +105,10 @@ def unskipped_line(audit, keys) -> str:
 def other_path_line(audit, differences) -> str:
     """'not claimed' naming the first sync (its audit key as str()) the rerun issued another
     number of times than the recorded run, with both counts."""
-    from ..core.trace import site_path
-
     if not differences:
         return "not claimed: the rerun issued other synchronizations than the recorded run (not deterministic)"
     key, got, recorded = differences[0]
-    found = {str(f.sync.key): f for f in audit.findings}.get(key)
-    name = f"#{found.number} ({found.sync.kind} at {site_path(found.sync.site)})" if found is not None else key
+    name = _names(audit, [key])[0]
     return (f"not claimed: the rerun issued {name} {got} time(s), the recorded run {recorded} (not deterministic "
             "between runs, or a call the recorder counted twice)")
 
