@@ -1,0 +1,173 @@
+"""Emulated tensors: `CudaTensor` reports `cuda:N` and `is_cuda`, its data a CPU view of a caching-
+allocator block's bytes (a sim buffer); `PinnedTensor` is pinned host memory, a CPU tensor whose
+bytes the streams read and write too. Every operator on them goes to the running emulation.
+Also the byte arithmetic the operators and the allocator share, and `untyped_storage()`.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..device.objects import Region, caller_site
+from .running import EmulationError, active
+
+
+class _EmulatedTensor(torch.Tensor):
+    """A wrapper tensor whose data is `_inner`, a CPU view of its block's bytes; every operator on it
+    goes to the running emulation."""
+
+    __slots__ = ()
+    DEVICE = None  # the device a kind reports when none is given
+
+    @staticmethod
+    def __new__(cls, inner, block, device=None, requires_grad=False):
+        t = torch.Tensor._make_wrapper_subclass(cls, inner.size(), strides=inner.stride(),
+                                                storage_offset=inner.storage_offset(), dtype=inner.dtype,
+                                                device=device or cls.DEVICE, requires_grad=requires_grad)
+        t._inner = inner
+        t._block = block
+        return t
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        return active().dispatch(func, args, kwargs or {})
+
+
+class CudaTensor(_EmulatedTensor):
+    """A tensor on an emulated CUDA device."""
+
+    __slots__ = ()
+
+    def __format__(self, spec):
+        if self.dim() == 0 and not self.is_meta:
+            return self.item().__format__(spec)  # a host read, as torch formats a CUDA scalar
+        return object.__format__(self, spec)
+
+    def __repr__(self, *, tensor_contents=None):
+        with torch.no_grad():
+            text = repr(self.detach().cpu())  # a host read: copy, then wait, as printing a CUDA tensor does
+        device = f"device='{self.device}'"
+        return _with_suffix(text, device)
+
+
+class PinnedTensor(_EmulatedTensor):
+    """Pinned host memory: the host reads and writes it now, the streams when they get there."""
+
+    __slots__ = ()
+    DEVICE = torch.device("cpu")
+
+    def __repr__(self, *, tensor_contents=None):
+        return repr(torch.Tensor.clone(self).detach())  # a host read, now
+
+
+def _with_suffix(text: str, device: str) -> str:
+    """torch's repr of a CPU tensor with `device=...` where torch puts it (before dtype)."""
+    for marker in (", size=", ", dtype=", ", grad_fn=", ", requires_grad="):
+        cut = text.find(marker)
+        if cut >= 0:
+            return f"{text[:cut]}, {device}{text[cut:]}"
+    return f"{text[:-1]}, {device})"
+
+
+def is_emulated(value) -> bool:
+    return type(value) is CudaTensor or type(value) is PinnedTensor
+
+
+def cpu_view(value):
+    return value._inner if type(value) is CudaTensor or type(value) is PinnedTensor else value
+
+
+def byte_span(t) -> Optional[tuple]:
+    """(start, stop) bytes of `t` within its block; None if it is empty."""
+    if t.numel() == 0:
+        return None
+    item = t.element_size()
+    lo = hi = t.storage_offset()
+    for n, st in zip(t.shape, t.stride()):
+        if n > 1:
+            if st >= 0:
+                hi += (n - 1) * st
+            else:
+                lo += (n - 1) * st
+    return lo * item, (hi + 1) * item
+
+
+def byte_region(t) -> Optional[Region]:
+    span = byte_span(t)
+    return None if span is None else Region(t._block.buffer, span[0], span[1])
+
+
+def storage_elements(shape, stride) -> int:
+    """How many elements a strided tensor's storage must hold from its offset."""
+    if any(n == 0 for n in shape):
+        return 0
+    return 1 + sum((n - 1) * st for n, st in zip(shape, stride) if n > 1)
+
+
+def typed_view(block, dtype, shape, stride, offset: int = 0):
+    """A CPU tensor over the block's bytes."""
+    base = block.views.get(dtype)
+    if base is None:
+        base = block.views[dtype] = torch.from_numpy(block.bytes).view(dtype)
+    return base.as_strided(shape, stride, offset)
+
+
+def contiguous_strides(shape) -> tuple:
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+def same_view(a, b) -> bool:
+    return (a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() and a.shape == b.shape
+            and a.stride() == b.stride() and a.storage_offset() == b.storage_offset())
+
+
+
+class HostBlock:
+    """Pinned host memory's block: a sim buffer (so the checker sees its bytes)."""
+
+    __slots__ = ("buffer", "bytes", "views")
+
+    def __init__(self, buffer):
+        self.buffer = buffer
+        self.bytes = buffer.storage
+        self.views = {}
+
+
+class EmulatedStorage:
+    """`tensor.untyped_storage()` of an emulated tensor: its block. `resize_(0)` frees the block now
+    (FSDP's way of giving parameters back), as torch's allocator does: its bytes go back to the
+    stream's pool, and pending work on other streams races with the next owner."""
+
+    def __init__(self, emulation, tensor):
+        self._emulation = emulation
+        self._tensor = tensor
+        self.device = tensor.device
+
+    def data_ptr(self) -> int:
+        return self._tensor._block.bytes.ctypes.data
+
+    def nbytes(self) -> int:
+        return 0 if self._tensor._block.buffer.freed else self._tensor._block.buffer.nbytes
+
+    def size(self) -> int:
+        return self.nbytes()
+
+    def resize_(self, nbytes: int):
+        emulation = self._emulation
+        emulation.enter()
+        if nbytes == self.nbytes():
+            return self
+        if nbytes != 0:
+            raise EmulationError(f"untyped_storage().resize_({nbytes}) at {caller_site()}: the sim frees a block "
+                                 "(resize_(0)) but does not grow one; allocate a new tensor instead")
+        emulation.allocator.release(self._tensor._block)
+        return self
+
+    def __len__(self) -> int:
+        return self.nbytes()
+

@@ -1,0 +1,132 @@
+"""Copies between host and device, factories and pinned memory on the sim: what crosses the PCIe bus
+and when the host waits for it (CUDA's rules: from pageable memory synchronous, from or to
+pinned memory with non_blocking pending on the stream).
+"""
+from __future__ import annotations
+
+import torch
+
+from .generators import EmulatedGenerator
+from .operators import Kernel
+from .tensors import PinnedTensor, byte_region, contiguous_strides
+
+
+_RANDOM_FACTORIES = frozenset({"rand", "randn", "randint", "randperm", "normal", "rand_like", "randn_like",
+                               "randint_like", "bernoulli", "multinomial"})
+_COPYING_FACTORIES = frozenset({"tensor", "as_tensor", "asarray", "from_numpy"})
+
+
+
+class _Copies:
+    """Copies into host staging memory, as one kernel (a `.item()`'s or a mask's read-back)."""
+
+    __slots__ = ("pairs", "__name__")
+
+    def __init__(self, pairs):
+        self.pairs = pairs
+        self.__name__ = "copy to host"
+
+    def __call__(self, *_):
+        for dst, src in self.pairs:
+            dst.copy_(src)
+
+
+
+
+class HostTransfers:
+    """Emulation's host<->device half (a mixin of torch_cuda.Emulation): needs its device, current
+    streams, `empty`, `pinned`, `generators` and `enter`."""
+
+    def to_device(self, source, index: int, dtype=None, non_blocking: bool = False):
+        """A host tensor copied to cuda:index on the current stream (`.cuda()`, `.to("cuda")`,
+        a factory's `device="cuda"`): from pageable memory, staged now and waited for."""
+        self.enter()
+        if dtype is not None and dtype != source.dtype:
+            source = source.to(dtype)
+        src = source.contiguous() if not source.is_contiguous() else source
+        s = self.current_stream(index)
+        t = self.empty(tuple(src.shape), tuple(src.stride()), src.dtype, index, s)
+        region = byte_region(t)
+        if type(source) is PinnedTensor:
+            read = byte_region(source)
+            self.device.launch(Kernel(torch.Tensor.copy_, (t._inner, source._inner), {}, (), None),
+                               stream=s.device_stream, reads=[read] if read else [],
+                               writes=[region] if region else [], name="aten._to_copy.default")
+            if not non_blocking:
+                self.device.host_access(name="aten._to_copy.default", sync=s.device_stream)
+        else:
+            staged = src.detach().clone()
+            self.device.launch(Kernel(torch.Tensor.copy_, (t._inner, staged), {}, (), None),
+                               stream=s.device_stream, writes=[region] if region else [],
+                               name="aten._to_copy.default")
+            # From pageable memory: synchronous, as on CUDA.
+            self.device.host_access(name="aten._to_copy.default", sync=s.device_stream)
+        if source.requires_grad:
+            t.requires_grad_(True)
+        return t
+
+    def factory(self, func, args, kwargs, index: int):
+        """`torch.zeros(..., device="cuda")` & co.: computed on the host now (random ones with the
+        device's generator, at issue), written into a fresh block by a kernel on the current stream."""
+        self.enter()
+        cpu_kwargs = dict(kwargs, device="cpu")
+        cpu_kwargs.pop("pin_memory", None)
+        requires_grad = bool(cpu_kwargs.pop("requires_grad", False))
+        generator = cpu_kwargs.get("generator")
+        if isinstance(generator, EmulatedGenerator):
+            cpu_kwargs["generator"] = generator.next_cpu_generator()
+            value = func(*args, **cpu_kwargs)
+        elif generator is not None:  # already forked at the call
+            value = func(*args, **cpu_kwargs)
+        elif getattr(func, "__name__", "") in _RANDOM_FACTORIES:
+            cpu_kwargs["generator"] = self.generators[index].next_cpu_generator()
+            try:
+                value = func(*args, **cpu_kwargs)
+            except TypeError:  # a factory without a generator argument: the global CPU one
+                cpu_kwargs.pop("generator")
+                value = func(*args, **cpu_kwargs)
+        else:
+            value = func(*args, **cpu_kwargs)
+        if not isinstance(value, torch.Tensor):
+            return value
+        s = self.current_stream(index)
+        value = value.contiguous()
+        t = self.empty(tuple(value.shape), tuple(value.stride()), value.dtype, index, s)
+        region = byte_region(t)
+        self.device.launch(Kernel(torch.Tensor.copy_, (t._inner, value), {}, (), None), stream=s.device_stream,
+                           writes=[region] if region else [], name=f"aten.{func.__name__}")
+        if func.__name__ in _COPYING_FACTORIES:  # torch.tensor(data, device=...) copies from pageable memory
+            self.device.host_access(name=f"aten.{func.__name__}", sync=s.device_stream)
+        if requires_grad:
+            t.requires_grad_(True)
+        return t
+
+    def pinned_factory(self, func, args, kwargs):
+        """A factory with pin_memory=True: pinned host memory, written by the host now."""
+        cpu_kwargs = dict(kwargs)
+        cpu_kwargs.pop("pin_memory", None)
+        value = func(*args, **cpu_kwargs)
+        return self.pin(value)
+
+    def pin(self, value) -> PinnedTensor:
+        value = value.contiguous()
+        t = self.pinned(tuple(value.shape), tuple(value.stride()), value.dtype)
+        region = byte_region(t)
+        if region is not None:
+            self.device.host_access(writes=[region], name="pin_memory")
+        t._inner.copy_(value)
+        return t
+
+
+    def stage_for_host(self, s, tensors, name: str) -> list:
+        """CPU tensors holding what `tensors` hold once stream `s` reached this call: copies into
+        staging host memory on `s`, then the host's wait for `s` and its read of the staging bytes."""
+        staging = [self.pinned(tuple(t.shape), contiguous_strides(t.shape), t.dtype, s.device_index) for t in tensors]
+        reads = [r for r in (byte_region(t) for t in tensors) if r is not None]
+        writes = [r for r in (byte_region(t) for t in staging) if r is not None]
+        if reads:
+            self.device.launch(_Copies([(h._inner, t._inner) for h, t in zip(staging, tensors)]),
+                               stream=s.device_stream, reads=reads, writes=writes, name=name)
+        self.device.host_access(reads=writes, name=name, sync=s.device_stream)
+        return [h._inner for h in staging]
+
