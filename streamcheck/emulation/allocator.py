@@ -23,6 +23,8 @@ from typing import Optional
 
 import numpy as np
 
+from ..core.trace import RECORD_STREAM_EVENT
+
 
 _ROUND = 512
 _BYTES = np.dtype(np.uint8)
@@ -170,7 +172,7 @@ class CachingAllocator:
                 # it only once a query says every one has passed; that query orders the free.
                 events = []
                 for other in used_on:
-                    event = self.device.event(name="record_stream")
+                    event = self.device.event(name=RECORD_STREAM_EVENT)
                     event.record(other)
                     events.append(event)
                 self._deferred.append((block, events))

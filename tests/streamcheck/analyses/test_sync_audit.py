@@ -273,6 +273,35 @@ def test_a_busy_loop_on_query_is_checked_and_its_query_is_timing_dependent():
     assert result.keep == (1,) and result.removed == ()
 
 
+def test_the_caching_allocators_record_stream_query_is_named_as_the_allocators_and_kept():
+    # An emulated torch program: a block used on a side stream (record_stream), freed, then a same-size
+    # allocation on its stream. torch's allocator queries its record_stream event before reusing it.
+    import torch
+
+    from streamcheck.emulation.torch_cuda import Emulation
+
+    d = Device("sim")
+    with Emulation(d):
+        side = torch.cuda.Stream()
+        for _ in range(2):
+            x = torch.ones(256, device="cuda")
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                y = x * 2
+            x.record_stream(side)
+            del x
+        torch.cuda.current_stream().wait_stream(side)
+        assert y.tolist() == [2.0] * 256
+    result = audit(d.trace)
+    allocator = [f for f in result.findings if "record_stream" in f.sync.what]
+    assert len(allocator) == 1
+    finding = allocator[0]
+    assert finding.verdict is Verdict.TIMING and "the host polled" not in finding.sync.what
+    assert finding.sync.what.startswith("torch's caching allocator found its record_stream event on stream s1 passed")
+    assert "not the program's synchronization" in finding.reason and finding.number in result.keep
+    assert "the caching allocator's own query (record_stream), not the program's" in result.format()
+
+
 # --- necessary waits -----------------------------------------------------------------------
 
 def test_a_necessary_wait_names_the_race_kind_the_buffer_and_both_call_sites():
