@@ -107,6 +107,7 @@ class Emulation(OperatorDispatch, HostTransfers):
     def __exit__(self, *exc):
         try:
             self._mode.__exit__(*exc)
+            self.allocator.close()
         finally:
             for undo in reversed(self._undo):
                 undo()
