@@ -10,13 +10,12 @@ emulated allocator keeps every one it knows (allocator.py); the ones it does not
 max_split_size is set, as by default: `max_split_size` is -1, torch's "unlimited"),
 `num_oom_rejections`. torch's own Python functions (`memory_stats`, `memory_allocated`,
 `max_memory_reserved`, `memory_summary`, ...) run unchanged over the nested dict given here.
+Imports no torch (the pytest plugin parses sizes with it at start-up).
 """
 from __future__ import annotations
 
 import os
 from collections import OrderedDict
-
-import torch
 
 POOL_TYPES = ("all", "small_pool", "large_pool")
 _STAT_ARRAYS = ("allocated_bytes", "reserved_bytes", "active_bytes", "requested_bytes", "allocation", "segment",
@@ -206,6 +205,8 @@ def memory_functions(emu) -> tuple:
         return allocator.fractions.get(index_of(device), 1.0)
 
     def accelerator_memory_stats(device_index=None, /) -> OrderedDict:
+        import torch.cuda.memory
+
         return torch.cuda.memory.memory_stats(device_index)  # torch's flattening of the nested dict
 
     cuda = {
