@@ -21,8 +21,9 @@ What it stands in for (each row is one place below):
 - `torch.cuda`: streams (a pool of non-blocking streams named s1, s2, ... in creation order; the
   default stream is the legacy stream), events, synchronizes, queries, `_sleep` (a hold on its
   stream), graphs (the sim's capture), generators (a CUDA generator is a CPU one forked when a
-  random operator is issued, so values do not depend on the schedule), memory statistics and
-  device properties of an emulated device; several devices with peer copies between them.
+  random operator is issued (in a graph, replayed), so values do not depend on the schedule), memory
+  statistics, capacity and out-of-memory errors, and device properties of an emulated device; several
+  devices with peer copies between them.
 
 What it refuses, with one line that names it and the user's line (EmulationError): CuPy,
 operators with no CPU implementation (custom CUDA extensions), Triton kernels, `ExternalStream`,
@@ -32,7 +33,7 @@ require grad run as under no_grad, with a notice). `torch.compile` runs its func
 operators, with a notice (and one more for CUDA graph trees, which are not emulated).
 docs/emulation.md has the table. The pieces, one module each: running (the active emulation),
 tensors, streams, generators, graphs, device_properties, operators, transfers, factory_mode,
-surface (torch.cuda's names and the refusals), allocator.
+surface (torch.cuda's names and the refusals), allocator (with its segments and capacity), memory_stats.
 """
 from __future__ import annotations
 
