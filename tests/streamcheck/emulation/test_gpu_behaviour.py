@@ -485,3 +485,36 @@ def test_the_pytest_option_sets_the_capacity_and_refuses_a_bad_value(pytester):
     bad = pytester.runpytest("-p", "no:cacheprovider", "--streamcheck-memory-capacity", "much")
     assert bad.ret == pytest.ExitCode.USAGE_ERROR
     bad.stderr.fnmatch_lines(["*--streamcheck-memory-capacity='much' is not valid; accepted values: a memory size*"])
+
+
+def test_graphs_sharing_a_pool_reserve_one_small_segment_less_and_give_it_back_when_gone():
+    # torch's test_graph_two_successive: two graphs with small temporaries reserve a 2 MiB segment each,
+    # or one between them when the second captures into the first's pool.
+    def program(share: bool):
+        def with_temporaries(t):
+            return (t.clone() + 1) + (t.clone() + 1)
+
+        a = torch.ones(1000, device="cuda")
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        g0, g1 = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+        with torch.cuda.stream(side):
+            g0.capture_begin()
+            b = with_temporaries(a)
+            g0.capture_end()
+            g1.capture_begin(*((g0.pool(),) if share else ()))
+            b = with_temporaries(b)
+            g1.capture_end()
+        torch.cuda.current_stream().wait_stream(side)
+        g0.replay()
+        g1.replay()
+        reserved = torch.cuda.memory_reserved()
+        value = b[0].item()
+        del a, b, g0, g1
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        return reserved, value, torch.cuda.memory_reserved()
+
+    _, (separate, value, after) = emulate(lambda: program(False))
+    _, (shared, shared_value, shared_after) = emulate(lambda: program(True))
+    assert separate - shared == 2 * MiB and value == shared_value == 10.0 and after == shared_after == 0
