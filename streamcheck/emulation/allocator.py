@@ -198,7 +198,8 @@ class CachingAllocator:
         wanted = segment_size(size)
         stats = self.stats(index)
         if not self._fits(index, wanted):
-            self._release_cached()
+            # During a capture torch frees only what needs no synchronization (a capture forbids it).
+            self._release_cached(wait=not self.device.capture_tracker.active)
             stats.count("num_alloc_retries")
             if not self._fits(index, wanted):
                 stats.count("num_ooms")
@@ -324,13 +325,14 @@ class CachingAllocator:
         self.collect()
         self._release_cached()
 
-    def _release_cached(self) -> None:
+    def _release_cached(self, wait: bool = True) -> None:
         """torch's release_cached_blocks: the host synchronizes with the pending record_stream
-        events, then every segment with no block in use is released, except those of graph pools
-        a graph still holds."""
-        for index in range(self.device.devices):
-            self.stats(index).count("num_sync_all_streams")
-        self._settle_deferred(wait=True)
+        events (`wait`), then every segment with no block in use is released, except those of graph
+        pools a graph still holds."""
+        if wait:
+            for index in range(self.device.devices):
+                self.stats(index).count("num_sync_all_streams")
+            self._settle_deferred(wait=True)
         held = {pool for pool, users in self.pool_users.items() if users > 0}
         released = [s for s in self._segments if s.busy == 0 and s.key[2] not in held]
         if not released:
