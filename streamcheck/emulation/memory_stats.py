@@ -204,6 +204,23 @@ def memory_functions(emu) -> tuple:
     def get_per_process_memory_fraction(device=None) -> float:
         return allocator.fractions.get(index_of(device), 1.0)
 
+    raw_blocks: dict = {}  # pointer -> block of caching_allocator_alloc, until caching_allocator_delete
+
+    def caching_allocator_alloc(size, device=None, stream=None) -> int:
+        index = index_of(device)
+        on = stream if stream is not None else emu.current_stream(index)
+        block = allocator.allocate(int(size), on.device_stream)
+        pointer = block.bytes.ctypes.data
+        raw_blocks[pointer] = block
+        return pointer
+
+    def caching_allocator_delete(mem_ptr) -> None:
+        emu.enter()
+        block = raw_blocks.pop(mem_ptr, None)
+        if block is None:
+            raise RuntimeError("invalid device pointer: " + hex(mem_ptr))  # torch's allocator's check
+        allocator.release(block)
+
     def accelerator_memory_stats(device_index=None, /) -> OrderedDict:
         import torch.cuda.memory
 
@@ -216,6 +233,7 @@ def memory_functions(emu) -> tuple:
         "mem_get_info": mem_get_info, "empty_cache": empty_cache,
         "set_per_process_memory_fraction": set_per_process_memory_fraction,
         "get_per_process_memory_fraction": get_per_process_memory_fraction,
+        "caching_allocator_alloc": caching_allocator_alloc, "caching_allocator_delete": caching_allocator_delete,
     }
     accelerator = {
         "memory_stats": accelerator_memory_stats, "empty_cache": empty_cache,

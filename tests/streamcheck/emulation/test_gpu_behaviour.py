@@ -214,6 +214,19 @@ def test_resets_and_torchs_own_readers_and_summary_work_over_the_stats():
     assert any(row.startswith("| Allocated memory") and "1024 KiB" in row for row in summary.splitlines())
 
 
+def test_caching_allocator_alloc_and_delete_count_as_allocated_memory():
+    def program():
+        before = torch.cuda.memory_allocated()
+        pointer = torch.cuda.caching_allocator_alloc(1)
+        during = torch.cuda.memory_allocated()
+        torch.cuda.caching_allocator_delete(pointer)
+        with pytest.raises(RuntimeError, match="invalid device pointer"):
+            torch.cuda.caching_allocator_delete(pointer)
+        return before, during, torch.cuda.memory_allocated()
+
+    assert emulate(program)[1] == (0, 512, 0)
+
+
 def test_peaks_count_device_blocks_only_never_the_cpu_kernels_copies():
     def program():
         x = torch.ones(MiB // 4, device="cuda")  # 1 MiB
