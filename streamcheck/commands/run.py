@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import builtins
+import contextlib
 import os
 import sys
 import threading
@@ -97,6 +98,15 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _size(text: str) -> int:
+    from ..emulation.memory_stats import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _count(text: str) -> int:
     try:
         value = int(text)
@@ -140,6 +150,9 @@ def register(subparsers) -> None:
                    help="sim: how many host calls a delayed operation is held (default 8)")
     p.add_argument("--devices", type=_count, default=1, metavar="N",
                    help="sim: how many CUDA devices to emulate (cuda:0 .. cuda:N-1; default 1)")
+    p.add_argument("--memory-capacity", type=_size, default=None, metavar="SIZE",
+                   help="sim: memory of each emulated device (e.g. 16GiB; default 8GiB, or "
+                        "STREAMCHECK_MEMORY_CAPACITY's); more than it raises torch's OutOfMemoryError")
     p.add_argument("--timeout", type=_seconds, default=300.0, metavar="S",
                    help="sim: seconds each run of the script may take before it is interrupted (default 300)")
     p.add_argument("--delay-us", type=_delay_us, default=0.0, metavar="N",
@@ -298,6 +311,29 @@ def _run_on_sim(args) -> int:
     """The same pipeline with the sim's stages: the sequential reference, then its schedules."""
     from . import run_sim
 
+    with _memory_capacity(args.memory_capacity):
+        return _sim_pipeline(args, run_sim)
+
+
+@contextlib.contextmanager
+def _memory_capacity(capacity):
+    """--memory-capacity for every run of the script (the reference, its schedules, the reruns): each
+    emulation reads it from STREAMCHECK_MEMORY_CAPACITY; the previous value comes back after."""
+    from ..emulation.memory_stats import CAPACITY_ENV
+
+    previous = os.environ.get(CAPACITY_ENV)
+    if capacity is not None:
+        os.environ[CAPACITY_ENV] = str(capacity)
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(CAPACITY_ENV, None)
+        else:
+            os.environ[CAPACITY_ENV] = previous
+
+
+def _sim_pipeline(args, run_sim) -> int:
     status, session, reference = run_sim.record_on_sim(args)
     if session is None:  # a surface the sim does not model: said in one line
         return status
@@ -388,6 +424,9 @@ def _check_backend_options(args, backend: str) -> None:
                            "strike with --delay-stream / --delay-us)")
     if args.devices != 1:
         raise _Refused("--devices sets how many devices the sim emulates; on a GPU the script sees the machine's")
+    if args.memory_capacity is not None:
+        raise _Refused("--memory-capacity sets the memory of the sim's emulated devices; on a GPU the script has the "
+                       "device's")
 
 
 def _check_usage(args, backend: Optional[str]):

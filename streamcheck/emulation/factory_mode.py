@@ -11,6 +11,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..device.objects import caller_site
 from .generators import EmulatedGenerator
+from .running import EmulationError
 from .operators import cpu_index, flatten_call, is_basic_index
 from .running import EmulationError
 from .tensors import CudaTensor, EmulatedStorage, PinnedTensor, byte_region, cpu_view, is_emulated
@@ -40,6 +41,12 @@ class FactoryMode(TorchFunctionMode):
         if type(generator) is EmulatedGenerator:
             # Taken here, at the call: past torch's binding the generator is a plain torch.Generator
             # (the same C++ object, a new Python one), no longer known as a CUDA one.
+            emulation = self.emulation
+            if emulation.capture_graphs and emulation.is_capturing(emulation.current_stream(generator.device.index)):
+                raise EmulationError(f"a torch.Generator(device='cuda') passed to {getattr(func, '__name__', func)} "
+                                     f"at {caller_site()} during a CUDA graph capture is not emulated (a replay would "
+                                     "not draw from it); draw from the default CUDA generator in captured code, or "
+                                     "check this program on a GPU (streamcheck run --backend gpu)")
             kwargs = dict(kwargs, generator=generator.next_cpu_generator())
         handler = _METHODS.get(func)
         if handler is not None:

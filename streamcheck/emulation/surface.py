@@ -9,9 +9,9 @@ import sys
 import torch
 
 from ..device.objects import caller_site
-from .device_properties import TOTAL_MEMORY, DeviceProperties
 from .generators import Generator
 from .graphs import EmulatedGraph, graph
+from .memory_stats import memory_functions
 from .running import EmulationError
 from .streams import EmulatedEvent, device, stream
 from .tensors import is_emulated
@@ -50,43 +50,21 @@ def patch_torch(emu) -> list:
                              "torch.cuda.graph / CUDAGraph (emulated), or check this program on a GPU "
                              "(streamcheck run --backend gpu)")
 
-    def memory_stat(table):
-        def read(device=None):
-            emu.enter()
-            return table.get(0 if device is None else emu.device_index(device), 0)
-        return read
-
-    alloc = emu.allocator
-
-    def memory_stats(device=None):
-        index = 0 if device is None else emu.device_index(device)
-        emu.enter()
-        return {"allocated_bytes.all.current": alloc.allocated.get(index, 0),
-                "allocated_bytes.all.peak": alloc.peak_allocated.get(index, 0),
-                "reserved_bytes.all.current": alloc.reserved.get(index, 0),
-                "reserved_bytes.all.peak": alloc.peak_reserved.get(index, 0)}
-
-    def reset_peaks(device=None):
-        index = 0 if device is None else emu.device_index(device)
-        alloc.peak_allocated[index] = alloc.allocated.get(index, 0)
-        alloc.peak_reserved[index] = alloc.reserved.get(index, 0)
-
-    def mem_get_info(device=None):
-        index = 0 if device is None else emu.device_index(device)
-        return TOTAL_MEMORY - alloc.reserved.get(index, 0), TOTAL_MEMORY
-
     def manual_seed(seed, device=None):
-        emu.generators[emu.current_device() if device is None else emu.device_index(device)].manual_seed(int(seed))
+        emu.reseed(emu.generators[emu.current_device() if device is None else emu.device_index(device)], int(seed))
 
     def manual_seed_all(seed):
         for g in emu.generators:
-            g.manual_seed(int(seed))
+            emu.reseed(g, int(seed))
 
     def get_rng_state(device="cuda"):
         return emu.generators[emu.device_index(device)].get_state()
 
     def set_rng_state(state, device="cuda"):
         emu.generators[emu.device_index(device)].set_state(state)
+
+    def device_properties(device=None):
+        return emu.properties[emu.current_device() if device is None else emu.device_index(device)]
 
     def is_current_stream_capturing():
         tracker = emu.device.capture_tracker
@@ -113,10 +91,10 @@ def patch_torch(emu) -> list:
         "is_available": lambda: True, "is_initialized": lambda: True, "init": lambda: None,
         "_lazy_init": lambda: None, "device_count": lambda: emu.device.devices,
         "current_device": emu.current_device, "set_device": emu.set_current_device, "device": device,
-        "get_device_name": lambda device=None: DeviceProperties(0).name,
-        "get_device_capability": lambda device=None: (9, 0),
-        "get_device_properties": lambda device=None: DeviceProperties(
-            emu.current_device() if device is None else emu.device_index(device)),
+        "get_device_name": lambda device=None: device_properties(device).name,
+        "get_device_capability": lambda device=None: (device_properties(device).major,
+                                                      device_properties(device).minor),
+        "get_device_properties": device_properties,
         "get_arch_list": lambda: ["sm_90"], "is_bf16_supported": lambda including_emulation=True: True,
         "Stream": stream_factory, "ExternalStream": external_stream, "Event": EmulatedEvent,
         "current_stream": lambda device=None: emu.current_stream(device),
@@ -126,11 +104,7 @@ def patch_torch(emu) -> list:
         "CUDAGraph": EmulatedGraph, "graph": graph, "graph_pool_handle": emu.new_pool,
         "make_graphed_callables": make_graphed_callables,
         "is_current_stream_capturing": is_current_stream_capturing,
-        "memory_allocated": memory_stat(alloc.allocated), "max_memory_allocated": memory_stat(alloc.peak_allocated),
-        "memory_reserved": memory_stat(alloc.reserved), "max_memory_reserved": memory_stat(alloc.peak_reserved),
-        "memory_stats": memory_stats, "reset_peak_memory_stats": reset_peaks,
-        "reset_max_memory_allocated": reset_peaks, "mem_get_info": mem_get_info,
-        "empty_cache": alloc.empty_cache, "ipc_collect": lambda: None,
+        "ipc_collect": lambda: None,
         "manual_seed": manual_seed, "manual_seed_all": manual_seed_all,
         "seed": lambda: emu.generators[emu.current_device()].seed(),
         "seed_all": lambda: [g.seed() for g in emu.generators] and None,
@@ -139,6 +113,14 @@ def patch_torch(emu) -> list:
     }
     for name, value in surface.items():
         put(cuda, name, value)
+    # Memory statistics: torch's own memory_stats, memory_allocated, memory_summary, ... read these.
+    cuda_memory, accelerator_memory = memory_functions(emu)
+    for name, value in cuda_memory.items():
+        put(cuda, name, value)
+        put(cuda.memory, name, value)
+    for name, value in accelerator_memory.items():
+        put(torch.accelerator, name, value)
+        put(torch.accelerator.memory, name, value)
     put(cuda.graphs, "graph", graph)
     put(cuda.graphs, "CUDAGraph", EmulatedGraph)
     def record_stream(tensor, s):

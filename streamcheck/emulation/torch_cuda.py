@@ -21,8 +21,9 @@ What it stands in for (each row is one place below):
 - `torch.cuda`: streams (a pool of non-blocking streams named s1, s2, ... in creation order; the
   default stream is the legacy stream), events, synchronizes, queries, `_sleep` (a hold on its
   stream), graphs (the sim's capture), generators (a CUDA generator is a CPU one forked when a
-  random operator is issued, so values do not depend on the schedule), memory statistics and
-  device properties of an emulated device; several devices with peer copies between them.
+  random operator is issued (in a graph, replayed), so values do not depend on the schedule), memory
+  statistics, capacity and out-of-memory errors, and device properties of an emulated device; several
+  devices with peer copies between them.
 
 What it refuses, with one line that names it and the user's line (EmulationError): CuPy,
 operators with no CPU implementation (custom CUDA extensions), Triton kernels, `ExternalStream`,
@@ -32,7 +33,7 @@ require grad run as under no_grad, with a notice). `torch.compile` runs its func
 operators, with a notice (and one more for CUDA graph trees, which are not emulated).
 docs/emulation.md has the table. The pieces, one module each: running (the active emulation),
 tensors, streams, generators, graphs, device_properties, operators, transfers, factory_mode,
-surface (torch.cuda's names and the refusals), allocator.
+surface (torch.cuda's names and the refusals), allocator (with its segments and capacity), memory_stats.
 """
 from __future__ import annotations
 
@@ -46,9 +47,11 @@ import torch
 from ..core.trace import skip_wrapper_frames
 from . import running
 from .allocator import CachingAllocator, rounded
+from .device_properties import DeviceProperties
 from .factory_mode import FactoryMode
 from .generators import EmulatedGenerator
 from .graphs import graph
+from .memory_stats import capacity_from_environment
 from .operators import OperatorDispatch
 from .running import EmulationError, active  # noqa: F401 (active: public here)
 from .streams import EmulatedStream
@@ -67,12 +70,17 @@ class Emulation(OperatorDispatch, HostTransfers):
     """One emulated run: the sim Device, torch's streams over its streams, the allocator, the
     generators, what was refused. Enter it with `with Emulation(device):`."""
 
-    def __init__(self, device):
+    def __init__(self, device, memory_capacity: Optional[int] = None):
+        """`memory_capacity`: bytes of each emulated device (None: STREAMCHECK_MEMORY_CAPACITY's, else
+        8 GiB); allocations beyond it raise torch's OutOfMemoryError."""
         self.device = device
-        self.allocator = CachingAllocator(device)
+        capacity = memory_capacity if memory_capacity is not None else capacity_from_environment()
+        self.allocator = CachingAllocator(device, capacity)
+        self.properties = [DeviceProperties(k, capacity) for k in range(device.devices)]
         self.notices: list = []
         self.capture_errors: list = []  # core.capture.CaptureError the program got from a capture
         self.capture_pools: dict = {}  # capturing device stream id -> graph pool
+        self.capture_graphs: dict = {}  # capturing device stream id -> its EmulatedGraph
         self._pools = 0
         self._streams = 0
         self._legacies = [EmulatedStream(self, legacy) for legacy in device.legacies]
@@ -132,7 +140,7 @@ class Emulation(OperatorDispatch, HostTransfers):
         else:
             where = torch.device(where) if not isinstance(where, torch.device) else where
             if where.type != "cuda":
-                raise EmulationError(f"{where} is not a CUDA device")
+                raise ValueError(f"Expected a cuda device, but got: {where}")  # torch.cuda's own check
             index = where.index if where.index is not None else self.current_device()
         if not 0 <= index < self.device.devices:
             raise RuntimeError(f"CUDA error: invalid device ordinal (cuda:{index}; the sim emulates "
@@ -193,6 +201,10 @@ class Emulation(OperatorDispatch, HostTransfers):
         block = self.allocator.allocate(nbytes, s.device_stream, pool=pool)
         return CudaTensor(typed_view(block, dtype, shape, stride), block, torch.device("cuda", index))
 
+    def is_capturing(self, s: EmulatedStream) -> bool:
+        """Whether `s` takes part in a CUDA graph capture begun through torch.cuda."""
+        return self._capturing_root(s.device_stream) is not None
+
     def _capturing_root(self, device_stream):
         """The id of the stream whose capture `device_stream` takes part in (its graph's origin)."""
         tracker = self.device.capture_tracker
@@ -205,6 +217,24 @@ class Emulation(OperatorDispatch, HostTransfers):
             if tracker.capturing(sid) == graph_id:
                 return sid
         return None
+
+    # --- random numbers ---------------------------------------------------------------------
+    def draw(self, generator: EmulatedGenerator, stream: EmulatedStream):
+        """What a random operator issued now on `stream` draws from: the generator's next state; in a
+        CUDA graph capture, a slot that each replay fills from the generator's state at replay time."""
+        if self.capture_graphs:
+            root = self._capturing_root(stream.device_stream)
+            if root is not None:
+                return self.capture_graphs[root].captured_draw(generator)
+        return generator.next_cpu_generator()
+
+    def reseed(self, generator: EmulatedGenerator, seed: int) -> None:
+        """manual_seed of a CUDA generator: refused while the current stream captures, unless the seed
+        is the one it has (torch: the graph reads the seed at replay)."""
+        if self.capture_graphs and self.is_capturing(self.current_stream()) and generator.initial_seed() != seed:
+            raise RuntimeError("CUDAGeneratorImpl::set_current_seed can be called during stream capture only if "
+                               "new seed is the same as the original seed.")
+        generator.manual_seed(seed)
 
     def pinned(self, shape, stride, dtype, device_index: Optional[int] = None) -> PinnedTensor:
         """Pinned host memory. The sim files it under a device (the current one unless given):

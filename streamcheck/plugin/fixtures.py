@@ -197,7 +197,7 @@ def start_emulation(item):
     seed = per_test_seed(base_seed(config), item.nodeid)
     spec = schedule_specs(seed, tconf.policies, 1, settings.replay)[0]
     device = _make_device(config, spec, tconf.check, sim=True)
-    emulation = Emulation(device)
+    emulation = Emulation(device, memory_capacity=settings.memory_capacity)
     emulation.__enter__()
     recording = EmulatedRecording(device, emulation, "the test's torch code")
     fallback = _test_site(item)
