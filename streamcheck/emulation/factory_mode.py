@@ -11,7 +11,6 @@ from torch.overrides import TorchFunctionMode
 
 from ..device.objects import caller_site
 from .generators import EmulatedGenerator
-from .running import EmulationError
 from .operators import cpu_index, flatten_call, is_basic_index
 from .running import EmulationError
 from .tensors import CudaTensor, EmulatedStorage, PinnedTensor, byte_region, cpu_view, is_emulated
