@@ -46,6 +46,7 @@ import torch
 from ..core.trace import skip_wrapper_frames
 from . import running
 from .allocator import CachingAllocator, rounded
+from .autograd import Autograd
 from .factory_mode import FactoryMode
 from .generators import EmulatedGenerator
 from .graphs import graph
@@ -76,6 +77,11 @@ class Emulation(OperatorDispatch, HostTransfers):
         self._pools = 0
         self._streams = 0
         self._legacies = [EmulatedStream(self, legacy) for legacy in device.legacies]
+        self._by_id: dict = {}  # sim stream id -> EmulatedStream, for the native guard's stream ids
+        self.autograd = Autograd(self)
+        # The current device and streams of each thread: the native guard's (C++ thread-locals that
+        # torch's autograd engine reads and sets too) where it is loaded, else these tables.
+        self._native = self.autograd.library
         self._current: dict = {}  # (thread ident, device index) -> EmulatedStream
         self._current_device: dict = {}  # thread ident -> device index
         self.generators = [EmulatedGenerator(k) for k in range(device.devices)]
@@ -93,6 +99,8 @@ class Emulation(OperatorDispatch, HostTransfers):
         # torch.cuda's functions by name.
         importlib.import_module("torch._dynamo")
         self._undo.extend(patch_torch(self))
+        self.autograd.start()
+        self._undo.append(self.autograd.stop)
         self._mode = FactoryMode(self)
         self._mode.__enter__()
         # Python's full collections walk every object alive, some 300,000 after torch's import: a
@@ -139,21 +147,40 @@ class Emulation(OperatorDispatch, HostTransfers):
         return index
 
     def current_device(self) -> int:
+        if self._native is not None:
+            return self._native.current_device()
         return self._current_device.get(threading.get_ident(), 0)
 
     def set_current_device(self, index) -> None:
-        self._current_device[threading.get_ident()] = self.device_index(index)
+        index = self.device_index(index)
+        if self._native is not None:
+            self._native.set_current_device(index)
+        else:
+            self._current_device[threading.get_ident()] = index
 
     def current_stream(self, index=None) -> EmulatedStream:
         index = self.current_device() if index is None else self.device_index(index)
+        if self._native is not None:
+            return self.stream_by_id(index, self._native.current_stream(index))
         found = self._current.get((threading.get_ident(), index))
         return found if found is not None else self._legacies[index]
+
+    def stream_by_id(self, index: int, stream_id: int) -> EmulatedStream:
+        """The stream a native guard's stream id names: 0 is the device's legacy default stream (as
+        torch's CUDA stream ids), another its sim stream id; one this run did not make, the legacy."""
+        found = self._by_id.get(stream_id) if stream_id else None
+        return found if found is not None and found.device_index == index else self._legacies[index]
 
     def default_stream(self, index=None) -> EmulatedStream:
         return self._legacies[self.current_device() if index is None else self.device_index(index)]
 
     def set_current_stream(self, s) -> None:
-        if s is not None:
+        if s is None:
+            return
+        if self._native is not None:
+            stream_id = 0 if s is self._legacies[s.device_index] else s.device_stream.id
+            self._native.set_current_stream(s.device_index, stream_id)
+        else:
             self._current[(threading.get_ident(), s.device_index)] = s
 
     def new_stream(self, device=None, priority: int = 0) -> EmulatedStream:
@@ -161,8 +188,10 @@ class Emulation(OperatorDispatch, HostTransfers):
         index = self.current_device() if device is None else self.device_index(device)
         self._streams += 1
         # torch's pool streams are non-blocking (cudaStreamNonBlocking): no join with the legacy stream.
-        return EmulatedStream(self, self.device.stream(name=f"s{self._streams}", kind="non_blocking",
+        made = EmulatedStream(self, self.device.stream(name=f"s{self._streams}", kind="non_blocking",
                                                        priority=int(priority), device=index), priority)
+        self._by_id[made.device_stream.id] = made
+        return made
 
     def new_pool(self) -> tuple:
         self._pools += 1
