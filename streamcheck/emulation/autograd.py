@@ -101,10 +101,17 @@ class Autograd:
             raise EmulationError(f"{what} at {caller_site()}: autograd on the sim needs streamcheck's native CUDA "
                                  f"guard, and this run has none ({reason}); check the forward pass here, or the "
                                  "backward pass on a GPU (streamcheck run --backend gpu)")
+        def refused_on_emulated(what: str, original):
+            # CPU tensors' autograd needs no CUDA guard: it runs as ever.
+            def call(*args, **kwargs):
+                if _any_emulated((*args, *kwargs.values())):
+                    refuse(what)
+                return original(*args, **kwargs)
+            return call
         # One function object per name: Dynamo's trace rules refuse one object under two names.
-        put(torch.Tensor, "backward", lambda *a, **k: refuse("backward()"))
-        put(torch.autograd, "backward", lambda *a, **k: refuse("torch.autograd.backward"))
-        put(torch.autograd, "grad", lambda *a, **k: refuse("torch.autograd.grad"))
+        put(torch.Tensor, "backward", refused_on_emulated("backward()", torch.Tensor.backward))
+        put(torch.autograd, "backward", refused_on_emulated("torch.autograd.backward", torch.autograd.backward))
+        put(torch.autograd, "grad", refused_on_emulated("torch.autograd.grad", torch.autograd.grad))
         function = torch.autograd.Function
         original_apply = function.__dict__["apply"].__func__
 
@@ -221,3 +228,13 @@ class _BackwardCall:
         self.host_thread = host_thread
         self.site = site
         self.adopted: set = set()  # the engine threads whose calls are recorded as the caller's
+
+
+def _any_emulated(values) -> bool:
+    """Whether an emulated tensor is among `values` (one level into lists and tuples)."""
+    for value in values:
+        if is_emulated(value):
+            return True
+        if isinstance(value, (list, tuple)) and any(is_emulated(v) for v in value):
+            return True
+    return False
