@@ -37,6 +37,7 @@ class Autograd:
         self._next_event = 1
         self.calls: list = []  # the backward calls in progress, innermost last (a reentrant one nests)
         self._error: Optional[BaseException] = None  # what a callback raised, for its backward call
+        self._engine_used = False  # a backward call ran: the engine's threads may hold this run's objects
 
     @property
     def enabled(self) -> bool:
@@ -49,17 +50,21 @@ class Autograd:
         lib.reset_thread()
         lib.set_devices(self.emulation.device.devices)
         lib.set_callbacks((self._record_event, self._block_event, self._query_event, self._synchronize_event,
-                           self._destroy_event, self._query_stream, self._synchronize_stream,
-                           self._synchronize_device, self._elapsed_time))
+                           self._query_stream, self._synchronize_stream, self._synchronize_device,
+                           self._elapsed_time))
 
     def stop(self) -> None:
         lib = self.library
         if lib is None:
             return
-        lib.set_devices(0)
-        lib.set_callbacks(None)
-        lib.reset_thread()
-        self._events.clear()
+        try:
+            if self._engine_used:
+                _drain_engine_threads(self.emulation.device.devices)
+        finally:
+            lib.set_devices(0)
+            lib.set_callbacks(None)
+            lib.reset_thread()
+            self._events.clear()
 
     # --- the patched surface ---------------------------------------------------------------
     def patch(self, put) -> None:
@@ -84,9 +89,13 @@ class Autograd:
         call = _BackwardCall(threading.get_ident(), emulation.device.host_thread(), caller_site())
         self.calls.append(call)
         self._error = None
+        self._engine_used = True
         try:
             return original(*args, **kwargs)
-        except RuntimeError:
+        except BaseException:
+            # The engine wakes the caller before its thread has let go of the failed task (and the
+            # Python objects it holds): an exit now would end that thread inside C++ (an abort).
+            _drain_engine_threads(devices)
             error, self._error = self._error, None
             if error is not None:
                 raise error from None
@@ -166,6 +175,8 @@ class Autograd:
     def _record_event(self, event: int, device: int, stream_id: int) -> int:
         def body():
             nonlocal event
+            for destroyed in iter(self.library.pop_destroyed, 0):
+                self._events.pop(destroyed, None)  # the sim keeps its events; the guard's id is forgotten
             if event == 0:
                 event = self._next_event
                 self._next_event += 1
@@ -191,9 +202,6 @@ class Autograd:
             return 0
         return self._callback(body)
 
-    def _destroy_event(self, event: int) -> None:
-        self._events.pop(event, None)  # the sim keeps its events; the guard's id is forgotten
-
     def _query_stream(self, device: int, stream_id: int) -> int:
         return self._callback(lambda: int(self._stream(device, stream_id).query()))
 
@@ -216,6 +224,56 @@ class Autograd:
                 raise RuntimeError("CUDA error: device not ready (an event has not completed; synchronize it first)")
             return (last - first) / 1000.0
         return float(self._callback(body))
+
+
+class HostToDevice(torch.autograd.Function):
+    """`x.cuda()` / `x.to("cuda")` of a host tensor that requires grad: a graph node whose backward
+    copies the gradient back to the host, as torch's copy between devices does."""
+
+    @staticmethod
+    def forward(ctx, source, emulation, index, dtype, non_blocking):
+        ctx.source_dtype = source.dtype
+        return emulation.to_device(source.detach(), index, dtype, non_blocking)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.to(device="cpu", dtype=ctx.source_dtype), None, None, None, None
+
+
+class _Probe(torch.Tensor):
+    """A one-element tensor on cuda:N that the emulation never sees (its operators run on meta
+    tensors): a backward of it is a task for the engine's thread of that device that records nothing."""
+
+    @staticmethod
+    def __new__(cls, index: int, requires_grad: bool = False):
+        return torch.Tensor._make_wrapper_subclass(cls, (1,), dtype=torch.float32, device=torch.device("cuda", index),
+                                                   requires_grad=requires_grad)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        index = next(a.device.index for a in args if isinstance(a, _Probe))
+
+        def meta(value):
+            if isinstance(value, _Probe):
+                return torch.empty(1, device="meta")
+            return torch.device("meta") if isinstance(value, torch.device) else value
+        out = func(*map(meta, args), **{k: meta(v) for k, v in (kwargs or {}).items()})
+        return _Probe(index) if isinstance(out, torch.Tensor) else out
+
+
+_probes: dict = {}  # device index -> (leaf, gradient): kept, so the engine's thread never frees them
+
+
+def _drain_engine_threads(devices: int) -> None:
+    """Returns once each device's engine thread finished what it was doing: a backward of a probe
+    queued behind it. Run before the caller may exit, so the thread is idle, holding nothing."""
+    run_backward = torch.autograd.graph._engine_run_backward  # torch's, not the emulation's wrapper
+    for index in range(devices):
+        if index not in _probes:
+            _probes[index] = (_Probe(index, requires_grad=True), _Probe(index))
+        leaf, gradient = _probes[index]
+        leaf.grad = None
+        run_backward((leaf,), (gradient,), False, False, (), allow_unreachable=True, accumulate_grad=True)
 
 
 class _BackwardCall:

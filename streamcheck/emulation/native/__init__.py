@@ -196,7 +196,8 @@ class Library:
                                             ctypes.c_int64)
         self.reset_thread = _function(lib.streamcheck_native_reset_thread, None)
         self.set_error = _function(lib.streamcheck_native_set_error, None, ctypes.c_char_p)
-        self._set_callbacks = _function(lib.streamcheck_native_set_callbacks, None, *[ctypes.c_void_p] * 9)
+        self.pop_destroyed = _function(lib.streamcheck_native_pop_destroyed, ctypes.c_int64)
+        self._set_callbacks = _function(lib.streamcheck_native_set_callbacks, None, *[ctypes.c_void_p] * 8)
         self._callbacks = ()  # the CFUNCTYPE objects: alive while the library may call them
 
     # The callbacks' C types, in streamcheck_native_set_callbacks' order.
@@ -205,7 +206,6 @@ class Library:
         ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_int64),  # block_event
         ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int64),  # query_event
         ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int64),  # synchronize_event
-        ctypes.CFUNCTYPE(None, ctypes.c_int64),  # destroy_event
         ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_int64),  # query_stream
         ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_int64),  # synchronize_stream
         ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int),  # synchronize_device

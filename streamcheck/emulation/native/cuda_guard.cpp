@@ -21,7 +21,9 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -41,7 +43,6 @@ struct Callbacks {
   int (*block_event)(int64_t event, int device, int64_t stream) = nullptr;
   int (*query_event)(int64_t event) = nullptr;  // 1 done, 0 pending
   int (*synchronize_event)(int64_t event) = nullptr;
-  void (*destroy_event)(int64_t event) = nullptr;
   int (*query_stream)(int device, int64_t stream) = nullptr;
   int (*synchronize_stream)(int device, int64_t stream) = nullptr;
   int (*synchronize_device)(int device) = nullptr;
@@ -49,6 +50,12 @@ struct Callbacks {
 };
 Callbacks callbacks;
 thread_local std::string last_error;
+
+// Destroyed events, for the emulation to forget at its next record: an event is destroyed wherever
+// its c10::Event dies, on the engine's thread too, maybe as the interpreter exits, so it never
+// calls into Python (taking the GIL then ends the thread inside C++ and aborts the process).
+std::mutex destroyed_mutex;
+std::vector<int64_t> destroyed;
 
 void check_running(const char* what) {
   TORCH_CHECK(emulated_devices.load() > 0 && callbacks.record_event != nullptr, "streamcheck: ", what,
@@ -141,8 +148,9 @@ struct EmulatedCudaGuard final : public c10::impl::DeviceGuardImplInterface {
     check(callbacks.synchronize_event(event_id(event)), "an event synchronize");
   }
   void destroyEvent(void* event, const c10::DeviceIndex /*device_index*/) const noexcept override {
-    if (event != nullptr && callbacks.destroy_event != nullptr && emulated_devices.load() > 0) {
-      callbacks.destroy_event(event_id(event));
+    if (event != nullptr) {
+      std::lock_guard<std::mutex> lock(destroyed_mutex);
+      destroyed.push_back(event_id(event));
     }
   }
   bool queryStream(const c10::Stream& stream) const override {
@@ -282,15 +290,25 @@ void streamcheck_native_set_error(const char* text) {
   last_error = text == nullptr ? "" : text;
 }
 
+// One destroyed event's id, or 0 when there is none left.
+int64_t streamcheck_native_pop_destroyed() {
+  std::lock_guard<std::mutex> lock(destroyed_mutex);
+  if (destroyed.empty()) {
+    return 0;
+  }
+  int64_t id = destroyed.back();
+  destroyed.pop_back();
+  return id;
+}
+
 void streamcheck_native_set_callbacks(void* record_event, void* block_event, void* query_event,
-                                      void* synchronize_event, void* destroy_event, void* query_stream,
+                                      void* synchronize_event, void* query_stream,
                                       void* synchronize_stream, void* synchronize_device, void* elapsed_time) {
   Callbacks c;
   c.record_event = reinterpret_cast<decltype(c.record_event)>(record_event);
   c.block_event = reinterpret_cast<decltype(c.block_event)>(block_event);
   c.query_event = reinterpret_cast<decltype(c.query_event)>(query_event);
   c.synchronize_event = reinterpret_cast<decltype(c.synchronize_event)>(synchronize_event);
-  c.destroy_event = reinterpret_cast<decltype(c.destroy_event)>(destroy_event);
   c.query_stream = reinterpret_cast<decltype(c.query_stream)>(query_stream);
   c.synchronize_stream = reinterpret_cast<decltype(c.synchronize_stream)>(synchronize_stream);
   c.synchronize_device = reinterpret_cast<decltype(c.synchronize_device)>(synchronize_device);
