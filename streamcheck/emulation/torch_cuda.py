@@ -24,15 +24,20 @@ What it stands in for (each row is one place below):
   random operator is issued, so values do not depend on the schedule), memory statistics and
   device properties of an emulated device; several devices with peer copies between them.
 
+- autograd: torch's engine, through the native CUDA guard (autograd.py, native/) where the
+  process was started with it: backward operators on their forward operators' streams, the
+  engine's syncs as sim events and waits; the current streams are the guard's thread-locals.
+
 What it refuses, with one line that names it and the user's line (EmulationError): CuPy,
 operators with no CPU implementation (custom CUDA extensions), Triton kernels, `ExternalStream`,
-`make_graphed_callables`, `backward()` and `torch.autograd.backward/grad` (torch's autograd engine
-asks for a real CUDA device guard and would abort the process; forward operators on tensors that
-require grad run as under no_grad, with a notice). `torch.compile` runs its function as eager
-operators, with a notice (and one more for CUDA graph trees, which are not emulated).
+`make_graphed_callables`, and, without the native guard, `backward()`, `torch.autograd.backward/grad`
+and `Function.apply` on emulated tensors (torch's engine would ask a CPU-only build for a CUDA device
+guard and abort the process; forward operators on tensors that require grad then run as under
+no_grad, with a notice). `torch.compile` runs its function as eager operators, with a notice (and
+one more for CUDA graph trees, which are not emulated).
 docs/emulation.md has the table. The pieces, one module each: running (the active emulation),
 tensors, streams, generators, graphs, device_properties, operators, transfers, factory_mode,
-surface (torch.cuda's names and the refusals), allocator.
+surface (torch.cuda's names and the refusals), autograd (with native/), allocator.
 """
 from __future__ import annotations
 
