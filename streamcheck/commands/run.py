@@ -287,6 +287,8 @@ def run(args) -> int:
     except _Refused as exc:
         print(f"streamcheck run: {exc}", file=sys.stderr)
         return 2
+    if backend == "sim" and getattr(args, "owns_process", False):
+        _with_native_guard()
     if why:
         print(why, file=sys.stderr)
     if backend is None:  # no GPU and --skip-without-gpu
@@ -305,6 +307,15 @@ def run(args) -> int:
     proof = prove_audit(args, sync_audit, session.races)
     write_outputs(args, session, verdicts, sync_audit, proof, edits)
     return exit_status(args, session, recorded.status)
+
+
+def _with_native_guard() -> None:
+    """The sim's autograd needs the native CUDA guard loaded before torch: this process re-execs
+    itself with it preloaded (built once, cached), unless it has it. Where it cannot be had, the
+    run goes on, and a backward() is refused in one line that says why."""
+    from ..emulation import native
+
+    native.reexec_with_library(native.python_argv())
 
 
 def _run_on_sim(args) -> int:

@@ -23,14 +23,15 @@ class FactoryMode(TorchFunctionMode):
     def __init__(self, emulation):
         super().__init__()
         self.emulation = emulation
+        self.without_autograd = not emulation.autograd.enabled
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if torch.is_grad_enabled() and _needs_grad(args, kwargs):
-            # Autograd is not emulated: a graph node on an emulated tensor asks a CPU-only build for a
-            # CUDA stream and aborts the process. Forward passes run as under torch.no_grad();
-            # backward() is refused in one line.
-            self.emulation.notice(_NO_AUTOGRAD)
+        if self.without_autograd and torch.is_grad_enabled() and _needs_grad(args, kwargs):
+            # Without the native guard, a graph node on an emulated tensor asks a CPU-only build for a
+            # CUDA stream and aborts the process: forward passes run as under torch.no_grad(), and
+            # backward() is refused in one line (autograd.py).
+            self.emulation.notice(self.emulation.autograd.no_grad_notice())
             with torch.no_grad():
                 return self._call(func, args, kwargs)
         return self._call(func, args, kwargs)
@@ -68,11 +69,6 @@ class FactoryMode(TorchFunctionMode):
             if not any(type(v) is CudaTensor for v in flat):
                 raise
             return self.emulation.whole_function(func, flat, spec, exc)
-
-
-_NO_AUTOGRAD = ("autograd is not emulated on the sim: operators on tensors that require grad ran as under "
-                "torch.no_grad() (their results do not require grad), and backward() is refused; check the backward "
-                "pass on a GPU")
 
 
 def _needs_grad(args, kwargs) -> bool:

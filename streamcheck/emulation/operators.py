@@ -95,6 +95,9 @@ class OperatorDispatch:
     `empty`, `pinned`, `stage_for_host`, `generators` and `enter`."""
 
     def dispatch(self, func, args, kwargs):
+        if self.autograd.calls:  # maybe on torch's autograd thread: recorded as the backward() caller's
+            with self.autograd.engine_thread(), caller_site.held(caller_site()):
+                return self._dispatch(func, args, kwargs)
         with caller_site.held(caller_site()):  # one user call: its allocations, launch and frees share the site
             return self._dispatch(func, args, kwargs)
 

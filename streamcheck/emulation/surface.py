@@ -81,12 +81,6 @@ def patch_torch(emu) -> list:
             return lambda fn: fn
         return model
 
-    def refuse_backward(what: str = "backward()"):
-        raise EmulationError(f"{what} at {caller_site()}: autograd is not emulated on the sim (torch's "
-                             "engine asks a CPU-only build for a CUDA device guard and would abort the process); "
-                             "check the forward pass here, or the backward pass on a GPU "
-                             "(streamcheck run --backend gpu)")
-
     surface = {
         "is_available": lambda: True, "is_initialized": lambda: True, "init": lambda: None,
         "_lazy_init": lambda: None, "device_count": lambda: emu.device.devices,
@@ -131,10 +125,7 @@ def patch_torch(emu) -> list:
     put(torch.Tensor, "record_stream", record_stream)
     put(torch, "Generator", Generator)
     put(torch, "compile", compile_)
-    # One function object per name: Dynamo's trace rules refuse one object under two names.
-    put(torch.Tensor, "backward", lambda *a, **k: refuse_backward("backward()"))
-    put(torch.autograd, "backward", lambda *a, **k: refuse_backward("torch.autograd.backward"))
-    put(torch.autograd, "grad", lambda *a, **k: refuse_backward("torch.autograd.grad"))
+    emu.autograd.patch(put)  # torch's engine through the native guard, or its refusals
     # Module.cuda()/.to("cuda") must make new Parameters around emulated tensors: `param.data =` an
     # emulated tensor would leave a plain Parameter that says cuda with no data behind it.
     shallow = torch._has_compatible_shallow_copy_type

@@ -25,15 +25,21 @@ What it stands in for (each row is one place below):
   statistics, capacity and out-of-memory errors, and device properties of an emulated device; several
   devices with peer copies between them.
 
+- autograd: torch's engine, through the native CUDA guard (autograd.py, native/) where the
+  process was started with it: backward operators on their forward operators' streams, the
+  engine's syncs as sim events and waits; the current streams are the guard's thread-locals.
+
 What it refuses, with one line that names it and the user's line (EmulationError): CuPy,
 operators with no CPU implementation (custom CUDA extensions), Triton kernels, `ExternalStream`,
-`make_graphed_callables`, `backward()` and `torch.autograd.backward/grad` (torch's autograd engine
-asks for a real CUDA device guard and would abort the process; forward operators on tensors that
-require grad run as under no_grad, with a notice). `torch.compile` runs its function as eager
-operators, with a notice (and one more for CUDA graph trees, which are not emulated).
+`make_graphed_callables`, and, without the native guard, `backward()`, `torch.autograd.backward/grad`
+and `Function.apply` on emulated tensors (torch's engine would ask a CPU-only build for a CUDA device
+guard and abort the process; forward operators on tensors that require grad then run as under
+no_grad, with a notice). `torch.compile` runs its function as eager operators, with a notice (and
+one more for CUDA graph trees, which are not emulated).
 docs/emulation.md has the table. The pieces, one module each: running (the active emulation),
 tensors, streams, generators, graphs, device_properties, operators, transfers, factory_mode,
-surface (torch.cuda's names and the refusals), allocator (with its segments and capacity), memory_stats.
+surface (torch.cuda's names and the refusals), autograd (with native/), allocator (with its segments
+and capacity), memory_stats.
 """
 from __future__ import annotations
 
@@ -47,6 +53,7 @@ import torch
 from ..core.trace import skip_wrapper_frames
 from . import running
 from .allocator import CachingAllocator, rounded
+from .autograd import Autograd
 from .device_properties import DeviceProperties
 from .factory_mode import FactoryMode
 from .generators import EmulatedGenerator
@@ -84,6 +91,11 @@ class Emulation(OperatorDispatch, HostTransfers):
         self._pools = 0
         self._streams = 0
         self._legacies = [EmulatedStream(self, legacy) for legacy in device.legacies]
+        self._by_id: dict = {}  # sim stream id -> EmulatedStream, for the native guard's stream ids
+        self.autograd = Autograd(self)
+        # The current device and streams of each thread: the native guard's (C++ thread-locals that
+        # torch's autograd engine reads and sets too) where it is loaded, else these tables.
+        self._native = self.autograd.library
         self._current: dict = {}  # (thread ident, device index) -> EmulatedStream
         self._current_device: dict = {}  # thread ident -> device index
         self.generators = [EmulatedGenerator(k) for k in range(device.devices)]
@@ -101,6 +113,8 @@ class Emulation(OperatorDispatch, HostTransfers):
         # torch.cuda's functions by name.
         importlib.import_module("torch._dynamo")
         self._undo.extend(patch_torch(self))
+        self.autograd.start()
+        self._undo.append(self.autograd.stop)
         self._mode = FactoryMode(self)
         self._mode.__enter__()
         # Python's full collections walk every object alive, some 300,000 after torch's import: a
@@ -148,21 +162,40 @@ class Emulation(OperatorDispatch, HostTransfers):
         return index
 
     def current_device(self) -> int:
+        if self._native is not None:
+            return self._native.current_device()
         return self._current_device.get(threading.get_ident(), 0)
 
     def set_current_device(self, index) -> None:
-        self._current_device[threading.get_ident()] = self.device_index(index)
+        index = self.device_index(index)
+        if self._native is not None:
+            self._native.set_current_device(index)
+        else:
+            self._current_device[threading.get_ident()] = index
 
     def current_stream(self, index=None) -> EmulatedStream:
         index = self.current_device() if index is None else self.device_index(index)
+        if self._native is not None:
+            return self.stream_by_id(index, self._native.current_stream(index))
         found = self._current.get((threading.get_ident(), index))
         return found if found is not None else self._legacies[index]
+
+    def stream_by_id(self, index: int, stream_id: int) -> EmulatedStream:
+        """The stream a native guard's stream id names: 0 is the device's legacy default stream (as
+        torch's CUDA stream ids), another its sim stream id; one this run did not make, the legacy."""
+        found = self._by_id.get(stream_id) if stream_id else None
+        return found if found is not None and found.device_index == index else self._legacies[index]
 
     def default_stream(self, index=None) -> EmulatedStream:
         return self._legacies[self.current_device() if index is None else self.device_index(index)]
 
     def set_current_stream(self, s) -> None:
-        if s is not None:
+        if s is None:
+            return
+        if self._native is not None:
+            stream_id = 0 if s is self._legacies[s.device_index] else s.device_stream.id
+            self._native.set_current_stream(s.device_index, stream_id)
+        else:
             self._current[(threading.get_ident(), s.device_index)] = s
 
     def new_stream(self, device=None, priority: int = 0) -> EmulatedStream:
@@ -170,8 +203,10 @@ class Emulation(OperatorDispatch, HostTransfers):
         index = self.current_device() if device is None else self.device_index(device)
         self._streams += 1
         # torch's pool streams are non-blocking (cudaStreamNonBlocking): no join with the legacy stream.
-        return EmulatedStream(self, self.device.stream(name=f"s{self._streams}", kind="non_blocking",
+        made = EmulatedStream(self, self.device.stream(name=f"s{self._streams}", kind="non_blocking",
                                                        priority=int(priority), device=index), priority)
+        self._by_id[made.device_stream.id] = made
+        return made
 
     def new_pool(self) -> tuple:
         self._pools += 1

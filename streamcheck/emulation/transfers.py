@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from .autograd import HostToDevice
 from .operators import Kernel
 from .tensors import PinnedTensor, byte_region, contiguous_strides
 
@@ -54,6 +55,8 @@ class HostTransfers:
         """A host tensor copied to cuda:index on the current stream (`.cuda()`, `.to("cuda")`,
         a factory's `device="cuda"`): from pageable memory, staged now and waited for."""
         self.enter()
+        if source.requires_grad and self.autograd.enabled and torch.is_grad_enabled():
+            return HostToDevice.apply(source, self, index, dtype, non_blocking)  # a graph node, as torch's copy
         if dtype is not None and dtype != source.dtype:
             source = source.to(dtype)
         src = source.contiguous() if not source.is_contiguous() else source
@@ -74,7 +77,7 @@ class HostTransfers:
                                name="aten._to_copy.default")
             # From pageable memory: synchronous, as on CUDA.
             self.device.host_access(name="aten._to_copy.default", sync=s.device_stream)
-        if source.requires_grad:
+        if source.requires_grad:  # no autograd here (autograd.py): a leaf that requires grad
             t.requires_grad_(True)
         return t
 
