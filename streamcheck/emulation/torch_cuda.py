@@ -80,6 +80,8 @@ class Emulation(OperatorDispatch, HostTransfers):
         self._current_device: dict = {}  # thread ident -> device index
         self.generators = [EmulatedGenerator(k) for k in range(device.devices)]
         self._meta: dict = {}  # operator signature -> output layout, or None if it has none
+        self.sync_debug_mode = 0  # torch.cuda.set_sync_debug_mode: 0 quiet, 1 warn, 2 error on implicit syncs
+        self.memory_fraction: dict = {}  # device index -> set_per_process_memory_fraction's fraction
         self._undo: list = []
         self._mode = None
         self._froze = False
