@@ -36,7 +36,7 @@ class _LegacyTensorType(type):
             return other.view_as(other)
         if len(args) == 1 and isinstance(args[0], (list, tuple)) and not isinstance(args[0], torch.Size):
             return torch.tensor(args[0], dtype=cls.dtype, device=where)  # data
-        sizes = args[0] if len(args) == 1 and isinstance(args[0], torch.Size) else args
+        sizes = args[0] if len(args) == 1 and isinstance(args[0], torch.Size) else args or (0,)  # (): empty
         if not all(isinstance(n, int) for n in sizes):
             raise TypeError(f"{cls.__module__}.{cls.__name__}() takes sizes (ints), a sequence of values or a "
                             f"{cls.__name__}, got {tuple(type(a).__name__ for a in args)}")

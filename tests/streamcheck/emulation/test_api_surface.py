@@ -439,3 +439,182 @@ def test_unchanged_names_resolve_and_reexports_are_the_emulations_in_both_places
 
     _, problems, _ = emulate(program)
     assert not problems, problems
+
+
+# --- what each emulated name does, as a GPU does it ---------------------------------------------------------
+
+def test_legacy_constructors_make_emulated_tensors_of_their_dtype():
+    def program():
+        sizes = torch.cuda.FloatTensor(2, 3)
+        values = torch.cuda.LongTensor([1, 2])
+        empty = torch.cuda.HalfTensor()
+        with pytest.raises(TypeError):
+            torch.cuda.FloatTensor(torch.ones(2))  # a host tensor is not a torch.cuda.FloatTensor
+        return ((sizes.shape, sizes.dtype, sizes.device.type), values.tolist(), values.dtype, empty.shape,
+                isinstance(values, torch.cuda.LongTensor), isinstance(values, torch.cuda.FloatTensor),
+                torch.cuda.FloatTensor(sizes) is not None)
+
+    _, got, _ = emulate(program)
+    assert got == ((torch.Size([2, 3]), torch.float32, "cuda"), [1, 2], torch.int64, torch.Size([0]), True, False,
+                   True)
+
+
+def test_deepcopy_is_a_clone_on_the_current_stream_so_an_unjoined_producer_races_with_it():
+    def program(wait):
+        side = torch.cuda.Stream()
+        x = torch.zeros(256, device="cuda")
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            x.add_(5)  # produce
+        if wait:
+            torch.cuda.current_stream().wait_stream(side)
+        copied = copy.deepcopy(x)  # deepcopy
+        return copied.device.type, copied.data_ptr() != x.data_ptr(), copied.sum().item(), x
+
+    dev, (kind, fresh, total, _), _ = emulate(lambda: program(False), policy="delay", streams=["s1"], steps=8)
+    assert kind == "cuda" and fresh
+    found = {(r.kind, r.first.site.line, r.second.site.line) for r in dev.races}
+    assert ("RAW", _line("# produce"), _line("# deepcopy")) in found
+    assert total == 0.0  # the copy ran before the producer: stale bytes, as on a GPU
+    dev, (_, _, total, _), _ = emulate(lambda: program(True), policy="delay", streams=["s1"], steps=8)
+    assert not dev.races and total == 5.0 * 256
+
+
+def test_deepcopy_of_a_module_and_of_pinned_memory_keeps_values_parameters_and_pinnedness_as_torch_does():
+    def program():
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 2).cuda()
+        twin = copy.deepcopy(model)
+        pinned = torch.arange(4.0).pin_memory()
+        host = copy.deepcopy(pinned)
+        return ([torch.equal(a.cpu(), b.cpu()) for a, b in zip(model.parameters(), twin.parameters())],
+                [isinstance(p, torch.nn.Parameter) and p.device.type == "cuda" for p in twin.parameters()],
+                twin.weight.data_ptr() != model.weight.data_ptr(), host.tolist(), host.is_pinned())
+
+    _, (equal, params, fresh, host, pinned), _ = emulate(program)
+    assert all(equal) and all(params) and fresh
+    assert host == [0.0, 1.0, 2.0, 3.0] and not pinned  # torch's storage clone is pageable
+
+
+def test_storage_of_emulated_and_pinned_tensors_describes_their_bytes():
+    def program():
+        t = torch.ones(2, 3, device="cuda")
+        p = torch.ones(5, dtype=torch.float64, pin_memory=True)
+        s, ps = t.storage(), p.storage()
+        return (s.size(), s.dtype, s.device.type, s.is_cuda, s.data_ptr() == t.data_ptr(), ps.size(),
+                ps.is_pinned(), p.untyped_storage().is_pinned(), t.untyped_storage().is_pinned())
+
+    _, got, _ = emulate(program)
+    # Whole 512-byte blocks back both (the allocator rounds), counted in elements of the dtype.
+    assert got == (128, torch.float32, "cuda", True, True, 64, True, True, False)
+
+
+def test_stream_and_event_handles_and_capture_state_read_as_on_a_gpu():
+    def program():
+        side, legacy = torch.cuda.Stream(), torch.cuda.default_stream()
+        event = torch.cuda.Event(external=True)
+        before = event.cuda_event
+        event.record(side)
+        g = torch.cuda.CUDAGraph()
+        x = torch.ones(2, device="cuda")
+        with torch.cuda.graph(g):
+            capturing = torch.cuda.current_stream().is_capturing()
+            x.mul_(2)
+        return (legacy.cuda_stream, side.cuda_stream != 0, side.__cuda_stream__() == (0, side.cuda_stream),
+                before, event.cuda_event != 0, event.device, capturing, side.is_capturing(),
+                isinstance(side, torch.cuda.Stream), isinstance(side, torch.Stream), torch.cuda.Stream.priority_range())
+
+    _, got, _ = emulate(program)
+    assert got == (0, True, True, 0, True, torch.device("cuda", 0), True, False, True, True, (0, -3))
+
+
+def test_instantiate_needs_a_capture_and_keep_graph_and_then_replays():
+    def program():
+        with pytest.raises(RuntimeError, match="capture_end"):
+            torch.cuda.CUDAGraph(keep_graph=True).instantiate()
+        plain = torch.cuda.CUDAGraph()
+        x = torch.ones(2, device="cuda")
+        with torch.cuda.graph(plain):
+            x.add_(1)
+        with pytest.raises(RuntimeError, match="keep_graph=true"):
+            plain.instantiate()
+        return _graph_kept()
+
+    _, values, _ = emulate(program)
+    assert values == [2.0, 2.0]
+
+
+def test_sync_debug_mode_warns_or_raises_at_implicit_syncs_never_at_synchronize():
+    def program():
+        x = torch.ones(3, device="cuda")
+        torch.cuda.set_sync_debug_mode("warn")
+        with pytest.warns(UserWarning, match="called a synchronizing CUDA operation"):
+            x.sum().item()
+        torch.cuda.set_sync_debug_mode(2)
+        with pytest.raises(RuntimeError, match="called a synchronizing CUDA operation"):
+            x.cpu()
+        torch.cuda.synchronize()  # explicit: allowed
+        mode = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode(0)
+        return mode, x.sum().item()
+
+    _, got, _ = emulate(program)
+    assert got == (2, 3.0)
+
+
+def test_torch_stream_and_event_on_cuda_are_emulated_and_their_missing_wait_is_a_race():
+    def program(wait):
+        x = torch.zeros(256, device="cuda")
+        side = torch.Stream(device="cuda")
+        side.wait_stream(torch.accelerator.current_stream())
+        with side:
+            x.add_(1)  # generic-produce
+        if wait:
+            done = torch.Event(device="cuda")
+            done.record(side)
+            done.wait(torch.accelerator.current_stream())
+        return (x * 2).sum().item()  # generic-consume
+
+    dev, total, _ = emulate(lambda: program(False), policy="delay", streams=["s1"], steps=8)
+    assert ("RAW", _line("# generic-produce"), _line("# generic-consume")) in {
+        (r.kind, r.first.site.line, r.second.site.line) for r in dev.races}
+    dev, total, _ = emulate(lambda: program(True), policy="delay", streams=["s1"], steps=8)
+    assert not dev.races and total == 512.0
+
+
+def test_accelerator_answers_for_the_emulated_cuda_device():
+    def program():
+        side = torch.cuda.Stream(device=1)
+        torch.accelerator.set_stream(side)
+        return (torch.accelerator.current_accelerator(), torch.accelerator.device_count(),
+                torch.accelerator.current_device_index(), torch.accelerator.current_stream() == side,
+                torch.backends.cuda.is_built())
+
+    _, got, _ = emulate(program, devices=2)
+    assert got == (torch.device("cuda"), 2, 1, True, True)
+
+
+def test_autocast_on_cuda_applies_cudas_rules_to_emulated_tensors():
+    def program():
+        a = torch.ones(2, 2, device="cuda")
+        with torch.autocast("cuda"):
+            return (a @ a).dtype, (a + a).dtype, (a @ a).float().softmax(0).dtype
+
+    _, got, _ = emulate(program)
+    assert got == (torch.float16, torch.float32, torch.float32)  # as an H100 gives them
+
+
+def test_cudart_error_codes_read_as_cudas_and_the_profiler_markers_run():
+    def program():
+        torch.cuda.check_error(0)
+        with torch.cuda.profiler.profile():
+            pass
+        with pytest.raises(torch.cuda.CudaError, match=r"out of memory \(2\)"):
+            torch.cuda.check_error(2)
+        torch.cuda.manual_seed(3)
+        a = torch.randn(4, device="cuda").tolist()
+        torch.cuda.default_generators[0].manual_seed(3)
+        return a == torch.randn(4, device="cuda").tolist()
+
+    _, same, _ = emulate(program)
+    assert same
