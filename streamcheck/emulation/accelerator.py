@@ -1,6 +1,6 @@
 """torch's device-generic surfaces on the sim: `torch.accelerator` (the current accelerator is the emulated
-CUDA device), `torch.Stream(device="cuda")` / `torch.Event(device="cuda")`, and `torch.backends.cuda`'s
-answers that a CPU-only build gives differently from a GPU build (`is_built()`, the cuFFT plan cache).
+CUDA device), `torch.Stream(device="cuda")` / `torch.Event(device="cuda")`, and `torch.backends.cuda`'s cuFFT
+plan cache (a CPU-only build refuses to read it).
 """
 from __future__ import annotations
 
@@ -180,6 +180,6 @@ def patch_accelerator(emu, put) -> None:
                 put(module, name, value)
     put(torch, "Stream", Stream)
     put(torch, "Event", Event)
-    # A GPU build of torch answers these; the emulated device is one.
-    put(torch.backends.cuda, "is_built", lambda: True)
+    # torch.backends.cuda.is_built() stays False: torch's own code reads it as "this library has CUDA's C
+    # symbols" (torch._inductor's cudagraph_trees imports CUDA-only names when it is True).
     put(torch.backends.cuda, "cufft_plan_cache", _CufftPlanCache())

@@ -30,9 +30,11 @@ operators with no CPU implementation (custom CUDA extensions), Triton kernels, `
 asks for a real CUDA device guard and would abort the process; forward operators on tensors that
 require grad run as under no_grad, with a notice). `torch.compile` runs its function as eager
 operators, with a notice (and one more for CUDA graph trees, which are not emulated).
-docs/emulation.md has the table. The pieces, one module each: running (the active emulation),
+docs/emulation.md has the table, and a second one classifying every public torch.cuda name (NVML,
+NCCL, raw handles, pluggable allocators, ... are refused there). The pieces, one module each: running (the active emulation),
 tensors, streams, generators, graphs, device_properties, operators, transfers, factory_mode,
-surface (torch.cuda's names and the refusals), allocator.
+surface (torch.cuda's names and the refusals), legacy_types (torch.cuda.FloatTensor & co.), accelerator
+(torch.accelerator, torch.Stream / torch.Event on cuda, torch.backends.cuda), allocator.
 """
 from __future__ import annotations
 
