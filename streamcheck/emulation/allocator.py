@@ -80,12 +80,13 @@ class CachingAllocator:
     # --- handing out ----------------------------------------------------------------------
     def allocate(self, nbytes: int, stream, pool=None, name: str = "torch tensor") -> Block:
         """A block of at least `nbytes` for work on device stream `stream`."""
-        self.collect()
-        self._busy += 1
-        try:
-            return self._allocate(nbytes, stream, pool, name)
-        finally:
-            self._busy -= 1
+        with self.device._lock:  # host threads allocate one at a time, as the real allocator's mutex makes them
+            self.collect()
+            self._busy += 1
+            try:
+                return self._allocate(nbytes, stream, pool, name)
+            finally:
+                self._busy -= 1
 
     def _allocate(self, nbytes: int, stream, pool, name: str) -> Block:
         size = rounded(nbytes)
@@ -109,11 +110,12 @@ class CachingAllocator:
 
     def release(self, block) -> None:
         """Free `block` now, whatever still views it (`untyped_storage().resize_(0)`)."""
-        if block.allocator is None:
-            return
-        block.allocator = None
-        self._dead.append(block.entry)
-        self.collect()
+        with self.device._lock:
+            if block.allocator is None:
+                return
+            block.allocator = None
+            self._dead.append(block.entry)
+            self.collect()
 
     def _died(self, entry) -> None:
         """The last tensor on a block died. Outside any device call (the usual case: `del x`, a
@@ -151,11 +153,12 @@ class CachingAllocator:
         """Record the frees of blocks whose tensors died since the last call."""
         if not self._dead:  # the usual case, at every entry point of the emulation
             return
-        self._busy += 1
-        try:
-            self._collect()
-        finally:
-            self._busy -= 1
+        with self.device._lock:
+            self._busy += 1
+            try:
+                self._collect()
+            finally:
+                self._busy -= 1
 
     def _collect(self) -> None:
         while self._dead:
@@ -182,11 +185,12 @@ class CachingAllocator:
 
     def empty_cache(self) -> None:
         """Cached blocks go back to the device (torch.cuda.empty_cache): they are never reused."""
-        self.collect()
-        for key, blocks in list(self._free.items()):
-            if key[2] is None:
-                self.reserved[key[0]] = self.reserved.get(key[0], 0) - sum(b.buffer.nbytes for b in blocks)
-                del self._free[key]
+        with self.device._lock:
+            self.collect()
+            for key, blocks in list(self._free.items()):
+                if key[2] is None:
+                    self.reserved[key[0]] = self.reserved.get(key[0], 0) - sum(b.buffer.nbytes for b in blocks)
+                    del self._free[key]
 
 
 class _Returned:

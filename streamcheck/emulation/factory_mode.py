@@ -18,10 +18,12 @@ class FactoryMode(TorchFunctionMode):
 
     def __init__(self, emulation):
         super().__init__()
-        self.emulation = emulation
+        self.emulation = emulation  # None once the emulation ended (threads.py): every call passes through
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self.emulation is None:
+            return func(*args, **kwargs)
         if torch.is_grad_enabled() and _needs_grad(args, kwargs):
             # Autograd is not emulated: a graph node on an emulated tensor asks a CPU-only build for a
             # CUDA stream and aborts the process. Forward passes run as under torch.no_grad();

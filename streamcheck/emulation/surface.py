@@ -139,6 +139,19 @@ def patch_torch(emu) -> list:
     }
     for name, value in surface.items():
         put(cuda, name, value)
+
+    def set_device_index(device):
+        if not (isinstance(device, int) and device < 0):  # torch's: a negative index is a no-op
+            emu.set_current_device(device)
+
+    # torch.accelerator: what DataLoader(pin_memory=True) asks (its pin thread sets the loader's device).
+    accelerator = {
+        "is_available": lambda: True, "current_accelerator": lambda check_available=False: torch.device("cuda"),
+        "device_count": lambda: emu.device.devices, "current_device_index": emu.current_device,
+        "set_device_index": set_device_index,
+    }
+    for name, value in accelerator.items():
+        put(torch.accelerator, name, value)
     put(cuda.graphs, "graph", graph)
     put(cuda.graphs, "CUDAGraph", EmulatedGraph)
     def record_stream(tensor, s):

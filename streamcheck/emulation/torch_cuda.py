@@ -46,7 +46,6 @@ import torch
 from ..core.trace import skip_wrapper_frames
 from . import running
 from .allocator import CachingAllocator, rounded
-from .factory_mode import FactoryMode
 from .generators import EmulatedGenerator
 from .graphs import graph
 from .operators import OperatorDispatch
@@ -54,6 +53,7 @@ from .running import EmulationError, active  # noqa: F401 (active: public here)
 from .streams import EmulatedStream
 from .surface import patch_torch
 from .tensors import CudaTensor, HostBlock, PinnedTensor, storage_elements, typed_view
+from .threads import HostThreads
 from .transfers import HostTransfers
 
 SLEEP_CYCLES_PER_STEP = 1_000_000  # torch.cuda._sleep: cycles per host step its stream is held
@@ -78,10 +78,10 @@ class Emulation(OperatorDispatch, HostTransfers):
         self._legacies = [EmulatedStream(self, legacy) for legacy in device.legacies]
         self._current: dict = {}  # (thread ident, device index) -> EmulatedStream
         self._current_device: dict = {}  # thread ident -> device index
+        self.threads = HostThreads(self)
         self.generators = [EmulatedGenerator(k) for k in range(device.devices)]
         self._meta: dict = {}  # operator signature -> output layout, or None if it has none
         self._undo: list = []
-        self._mode = None
         self._froze = False
 
     # --- entering and leaving ------------------------------------------------------------
@@ -93,8 +93,8 @@ class Emulation(OperatorDispatch, HostTransfers):
         # torch.cuda's functions by name.
         importlib.import_module("torch._dynamo")
         self._undo.extend(patch_torch(self))
-        self._mode = FactoryMode(self)
-        self._mode.__enter__()
+        self._undo.extend(self.threads.install())
+        self.threads.enter_here()
         # Python's full collections walk every object alive, some 300,000 after torch's import: a
         # fifth of an emulated operator's time. What exists now is frozen for the run (gc.freeze, where
         # nothing froze it already), so they walk what the run made; the program's garbage is
@@ -106,7 +106,8 @@ class Emulation(OperatorDispatch, HostTransfers):
 
     def __exit__(self, *exc):
         try:
-            self._mode.__exit__(*exc)
+            self.threads.leave_here()
+            self.threads.stop()
         finally:
             for undo in reversed(self._undo):
                 undo()
@@ -117,7 +118,10 @@ class Emulation(OperatorDispatch, HostTransfers):
                 gc.unfreeze()
 
     def enter(self) -> None:
-        """Every entry point: record the frees of tensors that died since the last one."""
+        """Every entry point: record the frees of tensors that died since the last one. A thread that
+        was running before the emulation began enters its factory mode here (threads.py)."""
+        if not self.threads.has_mode() and running._active is self:
+            self.threads.enter_here()
         self.allocator.collect()
 
     def notice(self, text: str) -> None:
@@ -149,6 +153,14 @@ class Emulation(OperatorDispatch, HostTransfers):
         found = self._current.get((threading.get_ident(), index))
         return found if found is not None else self._legacies[index]
 
+    def forget_thread(self) -> None:
+        """The calling thread starts or ends: its current device and streams go (a CUDA thread starts
+        on device 0 and its default stream; Python hands a dead thread's ident to a later one)."""
+        ident = threading.get_ident()
+        self._current_device.pop(ident, None)
+        for index in range(self.device.devices):
+            self._current.pop((ident, index), None)
+
     def default_stream(self, index=None) -> EmulatedStream:
         return self._legacies[self.current_device() if index is None else self.device_index(index)]
 
@@ -159,10 +171,11 @@ class Emulation(OperatorDispatch, HostTransfers):
     def new_stream(self, device=None, priority: int = 0) -> EmulatedStream:
         self.enter()
         index = self.current_device() if device is None else self.device_index(device)
-        self._streams += 1
-        # torch's pool streams are non-blocking (cudaStreamNonBlocking): no join with the legacy stream.
-        return EmulatedStream(self, self.device.stream(name=f"s{self._streams}", kind="non_blocking",
-                                                       priority=int(priority), device=index), priority)
+        with self.device._lock:  # threads making streams at once: one name each
+            self._streams += 1
+            # torch's pool streams are non-blocking (cudaStreamNonBlocking): no join with the legacy stream.
+            return EmulatedStream(self, self.device.stream(name=f"s{self._streams}", kind="non_blocking",
+                                                           priority=int(priority), device=index), priority)
 
     def new_pool(self) -> tuple:
         self._pools += 1
