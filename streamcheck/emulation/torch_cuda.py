@@ -30,9 +30,12 @@ operators with no CPU implementation (custom CUDA extensions), Triton kernels, `
 asks for a real CUDA device guard and would abort the process; forward operators on tensors that
 require grad run as under no_grad, with a notice). `torch.compile` runs its function as eager
 operators, with a notice (and one more for CUDA graph trees, which are not emulated).
+- host threads: every thread uses the emulation, with its own current device and stream; thread
+  start and join are edges, as are queues, events and locks (threads, host_handoffs.py).
+
 docs/emulation.md has the table. The pieces, one module each: running (the active emulation),
 tensors, streams, generators, graphs, device_properties, operators, transfers, factory_mode,
-surface (torch.cuda's names and the refusals), allocator.
+surface (torch.cuda's names and the refusals), threads, allocator.
 """
 from __future__ import annotations
 
