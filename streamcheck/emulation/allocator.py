@@ -76,6 +76,7 @@ class CachingAllocator:
         self.peak_allocated = {}
         self.peak_reserved = {}
         self.live = 0
+        self.closed = False
 
     # --- handing out ----------------------------------------------------------------------
     def allocate(self, nbytes: int, stream, pool=None, name: str = "torch tensor") -> Block:
@@ -121,6 +122,8 @@ class CachingAllocator:
         """The last tensor on a block died. Outside any device call (the usual case: `del x`, a
         temporary dropped at the end of a statement) the free is recorded now, at the user's
         line; inside one (a cycle collected mid-call) it waits for the next entry point."""
+        if self.closed:  # a tensor that outlived its run (a cache, a module attribute): nothing to record
+            return
         self._dead.append(entry)
         if not self._busy and not self.device._lock._is_owned():
             self.collect()
@@ -147,6 +150,11 @@ class CachingAllocator:
 
     def _file(self, block) -> None:
         self._free.setdefault((block.device_index, block.stream, block.pool, block.buffer.nbytes), []).append(block)
+
+    def close(self) -> None:
+        """The run ended: blocks whose tensors die later (at exit, in a cache) are not recorded."""
+        self.collect()
+        self.closed = True
 
     # --- giving back ----------------------------------------------------------------------
     def collect(self) -> None:

@@ -63,7 +63,9 @@ def run_script(path: str, argv=(), *, policy="sequential", seed: int = 0, check:
     parameters), or on `device` (a sim Device a rerun built: confirmation, the sync proof).
     `echo`: its output also goes to this process's stdout. `timeout`: seconds before the run is
     interrupted (None: no limit; always None with `device`, whose thread is the caller's)."""
+    from ..core.trace import CallSite
     from ..device import Device
+    from ..device.objects import caller_site
     from .torch_cuda import Emulation, EmulationError
 
     path = os.path.abspath(path)
@@ -77,7 +79,9 @@ def run_script(path: str, argv=(), *, policy="sequential", seed: int = 0, check:
         device = box["device"] = given if given is not None else Device(
             "sim", check=check, policy=policy, seed=seed, devices=devices, **policy_params)
         emulation = box["emulation"] = Emulation(device)
-        with emulation:
+        # What happens with no frame of the script on the stack (its globals freed as it ends) is the
+        # script's doing at its last line, not runpy's or a thread's.
+        with emulation, caller_site.fallback(CallSite(path, _last_line(path), "<module>")):
             runpy.run_path(path, run_name="__main__")
 
     before = set(sys.modules)
@@ -118,6 +122,14 @@ def run_script(path: str, argv=(), *, policy="sequential", seed: int = 0, check:
                      notices=list(emulation.notices) if emulation is not None else [],
                      capture_errors=list(emulation.capture_errors) if emulation is not None else [], refused=refused,
                      error=error, timed_out=timed_out)
+
+
+def _last_line(path: str) -> int:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return max(1, sum(1 for _ in f))
+    except OSError:
+        return 1
 
 
 def _refusal_inside(exc: BaseException) -> str:

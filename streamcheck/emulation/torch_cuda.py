@@ -111,6 +111,7 @@ class Emulation(OperatorDispatch, HostTransfers):
         try:
             self.threads.leave_here()
             self.threads.stop()
+            self.allocator.close()
         finally:
             for undo in reversed(self._undo):
                 undo()

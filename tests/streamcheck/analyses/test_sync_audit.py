@@ -304,6 +304,33 @@ def test_the_caching_allocators_record_stream_query_is_named_as_the_allocators_a
 
 # --- necessary waits -----------------------------------------------------------------------
 
+def test_a_captured_fork_and_join_are_needed_because_without_either_cuda_refuses_the_capture():
+    d = Device("sim")
+    origin, a = d.stream("origin"), d.stream("A")
+    x, y = d.alloc(4, name="x"), d.alloc(4, name="y")
+    origin.begin_capture()
+    fork = d.event()
+    fork.record(origin)
+    a.wait_event(fork)
+    d.launch(fill, (x,), stream=a, writes=[x], name="fill")
+    join = d.event()
+    join.record(a)
+    origin.wait_event(join)
+    d.launch(copy, (x, y), stream=origin, reads=[x], writes=[y], name="use")
+    graph = origin.end_capture()
+    for _ in range(3):  # launches of a graph the edited trace could not capture are not fed
+        graph.launch(origin)
+    origin.synchronize()
+    assert d.host_read(y).tolist() == [1, 1, 1, 1] and not d.races
+    result = audit(d.trace)
+    fork_wait, join_wait, _ = result.findings
+    assert fork_wait.sync.captured and join_wait.sync.captured
+    assert fork_wait.verdict is Verdict.NECESSARY and join_wait.verdict is Verdict.NECESSARY
+    assert fork_wait.reason.startswith("without it CUDA refuses the capture: cudaErrorStreamCaptureIsolation")
+    assert join_wait.reason.startswith("without it CUDA refuses the capture: cudaErrorStreamCaptureUnjoined")
+    assert {fork_wait.number, join_wait.number} <= set(result.keep)
+
+
 def test_a_necessary_wait_names_the_race_kind_the_buffer_and_both_call_sites():
     d = host_sync_before_consumer(device_side=True)
     finding = only(audit(d.trace))
