@@ -66,14 +66,18 @@ class HostThreads:
             return
         self._local.mode = None
         mode.emulation = None
+        try:
+            self._modes.remove(mode)
+        except ValueError:  # the emulation ended first (stop)
+            pass
         if _top_mode() is mode:
             mode.__exit__(None, None, None)
 
     def stop(self) -> None:
         """The emulation ends: every thread's mode passes calls through from now on."""
-        for mode in self._modes:
+        modes, self._modes = self._modes, []
+        for mode in modes:
             mode.emulation = None
-        self._modes.clear()
 
     # --- threading.Thread ---------------------------------------------------------------------
     def install(self) -> list:
