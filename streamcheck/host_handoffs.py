@@ -192,7 +192,8 @@ def _forget(q, item, channel) -> None:
     in_flight = _in_flight(q)
     entry = in_flight.get(id(item))
     if entry is not None and channel in entry[1:]:
-        entry.remove(channel)
+        # By position past the item: list.remove compares with ==, which a tensor answers elementwise.
+        del entry[entry.index(channel, 1)]
         if len(entry) == 1:
             del in_flight[id(item)]
 

@@ -285,8 +285,8 @@ class Device:
         self.checker: Optional[Checker] = Checker() if check else None
         self._peers: set = set()  # (device, peer): enable_peer_access(device, peer) was called
         self._lock = threading.RLock()
-        self._next = {"stream": 1, "event": 1, "buffer": 1, "graph": 1}
-        self._threads: dict = {threading.get_ident(): 0}
+        self._next = {"stream": 1, "event": 1, "buffer": 1, "graph": 1, "thread": 1}
+        self._threads: dict = {threading.get_ident(): 0}  # ident of a running host thread -> its id
         _joined.device = weakref.ref(self)
         self._per_thread: dict[int, Stream] = {}
         # Named "legacy" for delay targets; recorded without a name so reports say
@@ -306,7 +306,8 @@ class Device:
         tid = self._threads.get(threading.get_ident())
         if tid is None:
             # A thread we did not see start: unordered with everything (conservative).
-            tid = self._threads[threading.get_ident()] = len(self._threads)
+            tid = self._threads[threading.get_ident()] = self._next["thread"]
+            self._next["thread"] += 1
             _joined.device = weakref.ref(self)
             self._record(T.ThreadStart(tid, caller_site(), parent=None))
         return tid
@@ -985,6 +986,35 @@ class Device:
             self._record(T.ImplicitSync(self._thread_id(), site, reason=reason))
 
     # --- threads ------------------------------------------------------------------------
+    # A host thread's start and join are happens-before edges (as threading promises). Layers that
+    # start threads of their own kind (DeviceThread; the emulation's threading.Thread) tell the
+    # device: _thread_starting in the parent, _thread_running and _thread_ended in the child,
+    # _thread_joined in the joiner once the child ended.
+    def _thread_starting(self, site: CallSite) -> int:
+        """The calling thread starts a host thread: its id (its ThreadStart follows the caller's work)."""
+        with self._lock:
+            parent = self._thread_id()
+            child = self._next["thread"]
+            self._next["thread"] += 1
+            self._record(T.ThreadStart(child, site, parent=parent))
+        return child
+
+    def _thread_running(self, child: int) -> None:
+        """In the new thread: it is `child` (what _thread_starting returned)."""
+        with self._lock:
+            self._threads[threading.get_ident()] = child
+        _joined.device = weakref.ref(self)
+
+    def _thread_ended(self) -> None:
+        """In the thread, as it ends: its ident, which Python hands to a later thread, names it no more."""
+        with self._lock:
+            self._threads.pop(threading.get_ident(), None)
+
+    def _thread_joined(self, child: int, site: CallSite) -> None:
+        """The calling thread joined `child` (it ended): what the child did is ordered before what follows."""
+        with self._lock:
+            self._record(T.ThreadJoin(self._thread_id(), site, child=child))
+
     def thread(self, target, args: Sequence = ()) -> "DeviceThread":
         """A host thread whose start and join are ordered for the checker (as threading promises), and
         so are the hand-offs between the device's threads through threading.Event, queue.Queue, a
@@ -1230,19 +1260,12 @@ class DeviceThread(threading.Thread):
     def start(self) -> None:
         dev = self._device
         site = self._site = caller_site()
-        with dev._lock:
-            parent = dev._thread_id()
-            self._tid = len(dev._threads)
-            dev._threads[("pending", self._tid)] = self._tid  # reserve the id
-            dev._record(T.ThreadStart(self._tid, site, parent=parent))
+        self._tid = dev._thread_starting(site)
         super().start()
 
     def run(self) -> None:
         dev = self._device
-        with dev._lock:
-            del dev._threads[("pending", self._tid)]
-            dev._threads[threading.get_ident()] = self._tid
-        _joined.device = weakref.ref(dev)
+        dev._thread_running(self._tid)
         try:
             super().run()
         except BaseException as exc:
@@ -1250,12 +1273,12 @@ class DeviceThread(threading.Thread):
             with dev._lock:
                 DeviceThread._raised.setdefault(dev, []).append(self)
             raise  # threading's excepthook still reports it, as for any thread
+        finally:
+            dev._thread_ended()
 
     def join(self, timeout=None) -> None:
         site = caller_site()
         super().join(timeout)
         if self.is_alive():
             return  # timed out: the child's work is not ordered before anything yet
-        dev = self._device
-        with dev._lock:
-            dev._record(T.ThreadJoin(dev._thread_id(), site, child=self._tid))
+        self._device._thread_joined(self._tid, site)

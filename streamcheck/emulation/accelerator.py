@@ -133,7 +133,8 @@ def patch_accelerator(emu, put) -> None:
         emu.set_current_stream(stream)
 
     def set_device_index(device, /):
-        emu.set_current_device(device)
+        if not (isinstance(device, int) and device < 0):  # torch's: a negative index is a no-op (DataLoader's pin thread)
+            emu.set_current_device(device)
 
     def current_device_index():
         return emu.current_device()

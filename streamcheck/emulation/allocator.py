@@ -142,12 +142,13 @@ class CachingAllocator:
         """A block of at least `nbytes` for work on device stream `stream`."""
         if nbytes >= ONE_EXABYTE:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate more than 1EB memory.")
-        self.collect()
-        self._busy += 1
-        try:
-            return self._allocate(nbytes, stream, pool, name)
-        finally:
-            self._busy -= 1
+        with self.device._lock:  # host threads allocate one at a time, as the real allocator's mutex makes them
+            self.collect()
+            self._busy += 1
+            try:
+                return self._allocate(nbytes, stream, pool, name)
+            finally:
+                self._busy -= 1
 
     def _allocate(self, nbytes: int, stream, pool, name: str) -> Block:
         size = rounded(nbytes)
@@ -231,11 +232,12 @@ class CachingAllocator:
 
     def release(self, block) -> None:
         """Free `block` now, whatever still views it (`untyped_storage().resize_(0)`)."""
-        if block.allocator is None:
-            return
-        block.allocator = None
-        self._dead.append(block.entry)
-        self.collect()
+        with self.device._lock:
+            if block.allocator is None:
+                return
+            block.allocator = None
+            self._dead.append(block.entry)
+            self.collect()
 
     def _died(self, entry) -> None:
         """The last tensor on a block died. Outside any device call (the usual case: `del x`, a
@@ -293,11 +295,12 @@ class CachingAllocator:
         """Record the frees of blocks whose tensors died since the last call."""
         if not self._dead:  # the usual case, at every entry point of the emulation
             return
-        self._busy += 1
-        try:
-            self._collect()
-        finally:
-            self._busy -= 1
+        with self.device._lock:
+            self._busy += 1
+            try:
+                self._collect()
+            finally:
+                self._busy -= 1
 
     def _collect(self) -> None:
         while self._dead:
@@ -331,8 +334,9 @@ class CachingAllocator:
         """torch.cuda.empty_cache: segments none of whose blocks is in use go back to the device
         (their cached blocks are never reused); blocks waiting for record_stream's events are
         waited for first."""
-        self.collect()
-        self._release_cached()
+        with self.device._lock:
+            self.collect()
+            self._release_cached()
 
     def _release_cached(self, wait: bool = True) -> None:
         """torch's release_cached_blocks: the host synchronizes with the pending record_stream

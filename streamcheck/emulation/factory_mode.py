@@ -23,11 +23,13 @@ class FactoryMode(TorchFunctionMode):
 
     def __init__(self, emulation):
         super().__init__()
-        self.emulation = emulation
+        self.emulation = emulation  # None once the emulation ended (threads.py): every call passes through
         self.without_autograd = not emulation.autograd.enabled
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self.emulation is None:
+            return func(*args, **kwargs)
         if self.without_autograd and torch.is_grad_enabled() and _needs_grad(args, kwargs):
             # Without the native guard, a graph node on an emulated tensor asks a CPU-only build for a
             # CUDA stream and aborts the process: forward passes run as under torch.no_grad(), and

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import threading
 
 import torch
 
@@ -26,6 +27,7 @@ class EmulatedGenerator(_REAL_GENERATOR):
     def __init__(self, device_index: int = 0, seed: int = CUDA_DEFAULT_SEED):
         super().__init__()
         self._index = device_index
+        self._taking = threading.RLock()  # threads issuing random operators at once: one state each
         self.manual_seed(seed)
 
     @property
@@ -38,8 +40,9 @@ class EmulatedGenerator(_REAL_GENERATOR):
     def next_cpu_generator(self):
         """The generator one random operator runs with, taken now."""
         child = _REAL_GENERATOR()
-        child.set_state(self.get_state())
-        torch.randint(1 << 62, (1,), generator=self)  # the next operator gets the next state
+        with self._taking:
+            child.set_state(self.get_state())
+            torch.randint(1 << 62, (1,), generator=self)  # the next operator gets the next state
         return child
 
 

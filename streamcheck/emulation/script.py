@@ -115,6 +115,9 @@ def run_script(path: str, argv=(), *, policy="sequential", seed: int = 0, check:
             os.environ["STREAMCHECK_RUN"] = saved_flag
         _forget_modules(before, folder)
     emulation = box.get("emulation")
+    if emulation is not None and emulation.threads.refusals and not refused:
+        # A thread's refusal is the run's, as the main thread's is (the thread's traceback went to stderr).
+        status, refused, error = 2, str(emulation.threads.refusals[0]), ""
     return ScriptRun(stdout=tee.getvalue(), status=status, device=box.get("device"), emulation=emulation,
                      notices=list(emulation.notices) if emulation is not None else [],
                      capture_errors=list(emulation.capture_errors) if emulation is not None else [], refused=refused,

@@ -11,6 +11,7 @@ from typing import Optional
 import torch
 
 from ..device.objects import Region, caller_site
+from . import running
 from .running import EmulationError, active
 
 
@@ -29,6 +30,17 @@ class _EmulatedTensor(torch.Tensor):
         t._inner = inner
         t._block = block
         return t
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        emulation = running._active
+        if emulation is not None and not emulation.threads.has_mode():
+            # A thread that was running before the emulation began, here at its first emulated call:
+            # it enters the factory mode, which takes the call (threads.py).
+            emulation.threads.enter_here()
+            return func(*args, **(kwargs or {}))
+        with torch._C.DisableTorchFunctionSubclass():  # what torch does for a subclass without this method
+            return func(*args, **(kwargs or {}))
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):

@@ -28,6 +28,8 @@ What it stands in for (each row is one place below):
 - autograd: torch's engine, through the native CUDA guard (autograd.py, native/) where the
   process was started with it: backward operators on their forward operators' streams, the
   engine's syncs as sim events and waits; the current streams are the guard's thread-locals.
+- host threads: every thread uses the emulation, with its own current device and stream; thread
+  start and join are edges, as are queues, events and locks (threads, host_handoffs.py).
 
 What it refuses, with one line that names it and the user's line (EmulationError): CuPy,
 operators with no CPU implementation (custom CUDA extensions), Triton kernels, `ExternalStream`,
@@ -39,7 +41,7 @@ one more for CUDA graph trees, which are not emulated).
 docs/emulation.md has the table, and a second one classifying every public torch.cuda name (NVML,
 NCCL, raw handles, pluggable allocators, ... are refused there). The pieces, one module each: running (the active emulation),
 tensors, streams, generators, graphs, device_properties, operators, transfers, factory_mode,
-surface (torch.cuda's names and the refusals), legacy_types (torch.cuda.FloatTensor & co.), accelerator
+surface (torch.cuda's names and the refusals), threads, legacy_types (torch.cuda.FloatTensor & co.), accelerator
 (torch.accelerator, torch.Stream / torch.Event on cuda, torch.backends.cuda), autograd (with native/), allocator (with its segments
 and capacity), memory_stats.
 """
@@ -57,7 +59,6 @@ from . import running
 from .allocator import CachingAllocator, rounded
 from .autograd import Autograd
 from .device_properties import DeviceProperties
-from .factory_mode import FactoryMode
 from .generators import EmulatedGenerator
 from .graphs import graph
 from .memory_stats import capacity_from_environment
@@ -66,6 +67,7 @@ from .running import EmulationError, active  # noqa: F401 (active: public here)
 from .streams import EmulatedStream
 from .surface import patch_torch
 from .tensors import CudaTensor, HostBlock, PinnedTensor, storage_elements, typed_view
+from .threads import HostThreads
 from .transfers import HostTransfers
 
 SLEEP_CYCLES_PER_STEP = 1_000_000  # torch.cuda._sleep: cycles per host step its stream is held
@@ -100,11 +102,11 @@ class Emulation(OperatorDispatch, HostTransfers):
         self._native = self.autograd.library
         self._current: dict = {}  # (thread ident, device index) -> EmulatedStream
         self._current_device: dict = {}  # thread ident -> device index
+        self.threads = HostThreads(self)
         self.generators = [EmulatedGenerator(k) for k in range(device.devices)]
         self._meta: dict = {}  # operator signature -> output layout, or None if it has none
         self.sync_debug_mode = 0  # torch.cuda.set_sync_debug_mode: 0 quiet, 1 warn, 2 error on implicit syncs
         self._undo: list = []
-        self._mode = None
         self._froze = False
 
     # --- entering and leaving ------------------------------------------------------------
@@ -118,8 +120,8 @@ class Emulation(OperatorDispatch, HostTransfers):
         self._undo.extend(patch_torch(self))
         self.autograd.start()
         self._undo.append(self.autograd.stop)
-        self._mode = FactoryMode(self)
-        self._mode.__enter__()
+        self._undo.extend(self.threads.install())
+        self.threads.enter_here()
         # Python's full collections walk every object alive, some 300,000 after torch's import: a
         # fifth of an emulated operator's time. What exists now is frozen for the run (gc.freeze, where
         # nothing froze it already), so they walk what the run made; the program's garbage is
@@ -131,7 +133,8 @@ class Emulation(OperatorDispatch, HostTransfers):
 
     def __exit__(self, *exc):
         try:
-            self._mode.__exit__(*exc)
+            self.threads.leave_here()
+            self.threads.stop()
             self.allocator.close()
         finally:
             for undo in reversed(self._undo):
@@ -143,7 +146,10 @@ class Emulation(OperatorDispatch, HostTransfers):
                 gc.unfreeze()
 
     def enter(self) -> None:
-        """Every entry point: record the frees of tensors that died since the last one."""
+        """Every entry point: record the frees of tensors that died since the last one. A thread that
+        was running before the emulation began enters its factory mode here (threads.py)."""
+        if not self.threads.has_mode() and running._active is self:
+            self.threads.enter_here()
         self.allocator.collect()
 
     def notice(self, text: str) -> None:
@@ -189,6 +195,14 @@ class Emulation(OperatorDispatch, HostTransfers):
         found = self._by_id.get(stream_id) if stream_id else None
         return found if found is not None and found.device_index == index else self._legacies[index]
 
+    def forget_thread(self) -> None:
+        """The calling thread starts or ends: its current device and streams go (a CUDA thread starts
+        on device 0 and its default stream; Python hands a dead thread's ident to a later one)."""
+        ident = threading.get_ident()
+        self._current_device.pop(ident, None)
+        for index in range(self.device.devices):
+            self._current.pop((ident, index), None)
+
     def default_stream(self, index=None) -> EmulatedStream:
         return self._legacies[self.current_device() if index is None else self.device_index(index)]
 
@@ -204,11 +218,12 @@ class Emulation(OperatorDispatch, HostTransfers):
     def new_stream(self, device=None, priority: int = 0) -> EmulatedStream:
         self.enter()
         index = self.current_device() if device is None else self.device_index(device)
-        self._streams += 1
-        # torch's pool streams are non-blocking (cudaStreamNonBlocking): no join with the legacy stream.
-        made = EmulatedStream(self, self.device.stream(name=f"s{self._streams}", kind="non_blocking",
-                                                       priority=int(priority), device=index), priority)
-        self._by_id[made.device_stream.id] = made
+        with self.device._lock:  # threads making streams at once: one name each
+            self._streams += 1
+            # torch's pool streams are non-blocking (cudaStreamNonBlocking): no join with the legacy stream.
+            made = EmulatedStream(self, self.device.stream(name=f"s{self._streams}", kind="non_blocking",
+                                                           priority=int(priority), device=index), priority)
+            self._by_id[made.device_stream.id] = made
         return made
 
     def new_pool(self) -> tuple:

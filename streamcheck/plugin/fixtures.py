@@ -221,6 +221,8 @@ def stop_emulation(item) -> None:
     emulation.__exit__(None, None, None)
     if fallback is not None:
         fallback.__exit__(None, None, None)
+    if emulation.threads.refusals:  # refused in a host thread of the test: one line, as in the test's own
+        pytest.fail(f"{emulation.threads.refusals[0]}\nreplay: {findings(item).replay}", pytrace=False)
     if recording.capture_errors:
         from ..record.recorder import format_capture_errors
 

@@ -252,3 +252,21 @@ def test_condition_notify_of_one_waiter_hands_over_as_notify_all_does(listener):
         assert cond.wait_for(lambda: ready, timeout=5)
     thread.join()
     assert ("Condition.notify", "Condition.wait_for", "notifier", "MainThread") in listener.edges()
+
+
+def test_queued_items_that_compare_elementwise_are_told_apart_by_identity(listener):
+    import numpy as np
+    import torch
+
+    tensor, array = torch.arange(4.0), np.arange(3)  # `==` answers elementwise: no truth value
+    q = queue.Queue(maxsize=3)
+    run(lambda: [q.put(tensor), q.put(array), q.put(tensor)], name="producer")
+    with pytest.raises(queue.Full):
+        q.put(tensor, timeout=0.01)  # refused: its put is forgotten again
+    got = [q.get_nowait() for _ in range(3)]
+    assert got[0] is tensor and got[1] is array and got[2] is tensor and q.empty()
+    # Every get took over a put of its item (the first get both of the tensor's: it was queued twice at once).
+    overs = [h for h in listener.heard if h[0] == "over"]
+    assert len(overs) == 4 and {h[2] for h in overs} == {"Queue.get"}
+    assert {edge for edge in listener.edges() if edge[2] == "producer"} == \
+        {("Queue.put", "Queue.get", "producer", "MainThread")}

@@ -80,3 +80,24 @@ def test_hand_offs_are_heard_only_while_recording(monkeypatch):
     patcher.restore()
     threading.Event().set()  # after the recording stopped
     assert [op.what for op in rec.trace.ops if isinstance(op, T.HandOff)] == ["Event.set"]
+
+
+@pytest.mark.parametrize("synchronizes", [True, False])
+def test_a_workers_device_synchronize_then_its_join_orders_the_joiner(recording, synchronizes):
+    x = FakeArray(0x2000, 64)
+    recording.alloc(0x2000, 64, stream=S1)
+
+    def worker():
+        launch(recording, "fill", S1, writes=(x,))
+        if synchronizes:
+            recording.device_sync(lambda: None)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()  # the only order between the worker's synchronize and the reader: the join
+    launch(recording, "read", S2, reads=(x,))
+    if synchronizes:
+        assert recording.races == [], format_report(recording.races)
+    else:  # a join orders the host, not the worker's stream
+        [race] = recording.races
+        assert race.kind == "RAW" and (race.first.name, race.second.name) == ("fill", "read")
