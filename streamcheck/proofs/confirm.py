@@ -157,18 +157,19 @@ def _run(program: Callable, device: Device) -> None:
 
 
 def confirm(program: Callable, race: Race, *, policy: str = "eager", seed: int = 0, reference: Optional[Device] = None,
-            **params) -> Confirmation:
+            strict_free: bool = False, **params) -> Confirmation:
     """Rerun `program` (a callable taking a sim Device) to make `race` strike; see the module
     docstring. `policy`, `seed`, `params`: the original schedule, which the directed rerun
     follows except for the held access. `reference`: a sim Device that already ran the
-    program (its checker saw the race), to save one run."""
+    program (its checker saw the race), to save one run. `strict_free`: the devices' free rule
+    (Device(strict_free=)), as the run that reported the race had it."""
     if not callable(program):
         raise TypeError(f"confirm: program must be a callable taking a Device, got {type(program).__name__}")
     if not isinstance(race, Race):
         raise TypeError(f"confirm: race must be a streamcheck Race (from device.races), got {type(race).__name__}")
     base = make_policy(policy, seed, **params)  # a bad policy fails here, before any run
     if reference is None:
-        reference = Device("sim", policy="sequential")
+        reference = Device("sim", policy="sequential", strict_free=strict_free)
         _run(program, reference)
     witness = reference.checker.witness(race) if reference.checker is not None else None
     if witness is None:
@@ -194,7 +195,8 @@ def confirm(program: Callable, race: Race, *, policy: str = "eager", seed: int =
 
     def run(hold: bool, base_policy):
         watch = _Watch(race.kind, buffer_id, race.start, race.stop, race.first.write)
-        device = Device("sim", policy=Confirm(first, second, base_policy, hold=hold, observe=watch))
+        device = Device("sim", policy=Confirm(first, second, base_policy, hold=hold, observe=watch),
+                        strict_free=reference.strict_free)
         watch.device = device
         _run(program, device)
         watch.finish()
@@ -238,11 +240,11 @@ def confirm(program: Callable, race: Race, *, policy: str = "eager", seed: int =
 
 
 def confirm_races(program: Callable, races=None, *, max_races: int = MAX_RACES, policy: str = "eager",
-                  seed: int = 0, **params) -> tuple:
+                  seed: int = 0, strict_free: bool = False, **params) -> tuple:
     """Confirm each distinct race of `program` (all the sequential run reports when `races` is
     None), up to `max_races`; the rest come back not attempted."""
     check_max_races("confirm_races", max_races)
-    reference = Device("sim", policy="sequential")
+    reference = Device("sim", policy="sequential", strict_free=strict_free)
     _run(program, reference)
     races = list(reference.races if races is None else races)
     out = []

@@ -223,14 +223,37 @@ def _block_written_on_a(run):
     return rec, on, x, ptr
 
 
-def test_a_block_freed_without_record_stream_races_with_its_side_stream_reader(run):
+@pytest.mark.parametrize("how", ["reused at once", "reused after A waits for B", "nothing reuses it", "strict"])
+def test_a_block_freed_without_record_stream_races_with_its_side_stream_reader_once_reused(run, how):
+    """The free alone corrupts nothing: the race is the allocation on A that the caching allocator
+    hands the block (the same address) before B's read is ordered before it; a block nothing
+    reuses is a hazard line; --strict-free makes the free itself the race."""
     rec, on, x, ptr = _block_written_on_a(run)
+    rec.strict_free = how == "strict"
     with on(B):
         x.sum()  # read on a side stream, no record_stream
     torch_runtime._deallocated(ptr)  # the program dropped x: the block goes back to A's pool
     (free,) = [op for op in rec.trace.ops if type(op) is T.Free]
     assert free.stream == rec.sid(A) and free.pool == "torch" and free.also == ()
-    race = next(r for r in rec.races if r.kind == "FREE")
+    if how == "reused after A waits for B":
+        torch_runtime._event_recorded(0xE2, B)  # A.wait_stream(B)
+        torch_runtime._event_waited(0xE2, A)
+    if how.startswith("reused"):  # the allocator hands the block to the next allocation on A
+        rec.alloc(ptr, x.untyped_storage().nbytes(), what="torch tensor", pool="torch", sid=rec.sid(A))
+        (reuse,) = [op for op in rec.trace.ops if type(op) is T.Alloc and op.reuses]
+        assert reuse.reuses == (T.Range(free.buffer, 0, x.untyped_storage().nbytes()),)
+        assert reuse.stream == rec.sid(A)
+    frees = [r for r in rec.races if r.kind == "FREE"]  # (B's read of A's fill is a RAW besides)
+    if how == "reused after A waits for B":
+        assert frees == [] and rec.hazards == []
+        return
+    if how == "nothing reuses it":
+        assert frees == []
+        (hazard,) = rec.hazards
+        assert hazard.race.first.name == "aten.sum.default" and "record_stream" in hazard.race.hint
+        assert "1 free hazard" in rec.report()
+        return
+    (race,) = frees
     assert race.first.name == "aten.sum.default" and "record_stream" in race.hint
 
 
@@ -284,7 +307,7 @@ def test_a_block_a_graph_tree_warm_up_allocated_goes_back_to_the_trees_pool_and_
     assert entered == [(0, (0, 7))]
     assert torch_runtime.state(rec).graph_pool_blocks == set()  # handed back with the block
     (free,) = read_on_b_then_drop(in_pool=False)
-    assert free.pool == "torch" and [r.kind for r in rec.races] == ["FREE"]
+    assert free.pool == "torch" and rec.races == [] and [h.race.kind for h in rec.hazards] == ["FREE"]
 
 
 def test_a_tensor_the_program_drops_keeps_its_address_while_recording(run):
