@@ -10,6 +10,9 @@ a race. Copies between host and device (`copy_`, `.to()`, `.cuda()`, `.cpu()`):
   host side the stream reads or writes when it gets there;
 - otherwise (pageable memory, or blocking): the host waits for the stream (a stream sync).
 `.item()`, `.tolist()` and printing read through `_local_scalar_dense`: a copy, then a sync.
+Operators whose C++ hands the host a value (`equal`, `allclose`, `nonzero`, boolean masks,
+`unique`, ...: hands_host_a_value, from torch's tags) are their launch, then the host's wait for
+their stream.
 `tensor.record_stream(s)` marks the tensor's block as used on `s` for the caching allocator.
 
 Custom operators (`torch.library.custom_op`, `Library.define`, any namespace but `aten` and
@@ -104,6 +107,62 @@ def operator_accesses(func, args, kwargs):
             yield t, written
 
 
+# Operators whose C++ hands the host a value, so the host waits for their stream inside the call
+# (a free or a write on another stream issued after them is ordered after their work), from
+# torch's own tags: `data_dependent_output` (the result is a host value: `_local_scalar_dense`,
+# `item`, `equal`, `allclose`) and `dynamic_output_shape` (the output's size is read from the data:
+# `nonzero`, `argwhere`, `masked_select`, `unique` and its variants, `bincount`, `_ctc_loss`,
+# `linalg_lstsq`, and the three below). Composites (`is_nonzero`, `bool()`, `tolist` ...) reach a
+# dispatch mode whole or as these. Three of the tagged read the data only for some arguments:
+# `index.Tensor` with a boolean (or uint8) mask (ATen's expandTensors turns a mask into
+# `nonzero()`; `index_put_` does the same, untagged), `repeat_interleave.Tensor` without
+# `output_size`, `one_hot` without `num_classes`.
+_MASK_INDEXED = frozenset({"aten.index.Tensor", "aten.index_put_.default", "aten.index_put.default",
+                           "aten._index_put_impl_.default"})
+_HOST_VALUE_UNLESS = {  # operator -> (argument, position): it reads the data unless that argument is given
+    "aten.repeat_interleave.Tensor": ("output_size", None),
+    "aten.one_hot.default": ("num_classes", 1),
+}
+_host_value_kinds: dict = {}  # operator overload -> "always", "mask", "unless" or ""
+
+
+def _host_value_kind(func) -> str:
+    kind = _host_value_kinds.get(func)
+    if kind is None:
+        import torch
+
+        name = str(func)
+        tags = func.tags
+        if name in _MASK_INDEXED:
+            kind = "mask"
+        elif name in _HOST_VALUE_UNLESS:
+            kind = "unless"
+        elif torch.Tag.data_dependent_output in tags or torch.Tag.dynamic_output_shape in tags:
+            kind = "always"
+        else:
+            kind = ""
+        _host_value_kinds[func] = kind
+    return kind
+
+
+def hands_host_a_value(func, args, kwargs) -> bool:
+    """Whether this call of operator `func` makes the host wait for its stream and read a value
+    (see above): the one rule of the recorder on a GPU and of the emulation on the sim."""
+    kind = _host_value_kind(func)
+    if not kind:
+        return False
+    if kind == "always":
+        return True
+    if kind == "mask":
+        import torch
+
+        indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
+        return any(t is not None and t.dtype in (torch.bool, torch.uint8) for t in indices)
+    argument, position = _HOST_VALUE_UNLESS[str(func)]
+    value = kwargs.get(argument, args[position] if position is not None and len(args) > position else None)
+    return value is None or (argument == "num_classes" and value == -1)
+
+
 def register(rec, torch, t, kind: str) -> None:
     """Make sure the storage under `t` ('cuda', or 'host': pinned) is a known allocation of
     `rec` (its caching-allocator block, filed under the stream it was allocated on)."""
@@ -187,7 +246,17 @@ class Ops:
             if rec.intercepts:
                 rec.before_issue(stream, sid, name)  # before the operator is issued
         site, tid = rec.site(), rec.tid()
-        result = run()
+        # The host's wait inside such a call comes after its work: recorded below, after the access
+        # (torch's callback would report it first, before the operator is recorded).
+        host_value = sid is not None and hands_host_a_value(func, args, kwargs)
+        if host_value or name in _COPIES:
+            rec.reading = True
+            try:
+                result = run()
+            finally:
+                rec.reading = False
+        else:
+            result = run()
         if schema.all_written and writes:
             rec.notice(f"custom operator `{name}` declares no written argument and returns no tensor, so its only "
                        "effect can be a write: every tensor argument is assumed written (declare the written ones "
@@ -206,7 +275,7 @@ class Ops:
         kinds = {k for _, k in reads + writes}
         if not kinds:
             return result
-        if name in _COPIES and ("host" in kinds or self._pageable_side(args, kwargs)):
+        if name in _COPIES and ("host" in kinds or self._pageable_side(args, kwargs, result)):
             self._copy(name, args, kwargs, reads, writes, site, tid)
         elif kinds == {"host"}:
             rec.record(T.HostAccess(tid, site, reads=rec.ranges(t for t, _ in reads),
@@ -219,11 +288,14 @@ class Ops:
             rec.record(T.Launch(tid, site, stream=sid, name=name,
                                 reads=tuple(r for r in rec.ranges(t for t, _ in reads) if r not in written),
                                 writes=written))
+            if host_value:
+                rec.record(T.StreamSync(tid, site, stream=sid, cause=name))
         return result
 
-    def _pageable_side(self, args, kwargs) -> bool:
-        """A copy between a CUDA tensor and pageable CPU memory: synchronous for the host."""
-        tensors = _tensors(list(args) + list(kwargs.values()), self.torch)
+    def _pageable_side(self, args, kwargs, result=None) -> bool:
+        """A copy between a CUDA tensor and pageable CPU memory (an argument, or the fresh result
+        of `.cpu()`, `.tolist()`'s copy): synchronous for the host."""
+        tensors = _tensors(list(args) + list(kwargs.values()), self.torch) + _tensors(result, self.torch)
         kinds = [self._kind(t) for t in tensors]
         return "cuda" in kinds and any(t.device.type == "cpu" and not k for t, k in zip(tensors, kinds))
 

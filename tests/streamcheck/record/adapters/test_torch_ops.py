@@ -212,6 +212,49 @@ def test_item_reads_on_the_current_stream_and_waits_for_it(run):
     assert all(op.stream == rec.sid(B) for op in rec.trace.ops if type(op) in (T.Copy, T.StreamSync))
 
 
+HOST_VALUED = [
+    pytest.param(lambda x, y: torch.equal(x, y), id="equal"),
+    pytest.param(lambda x, y: torch.allclose(x, y), id="allclose"),
+    pytest.param(lambda x, y: torch.nonzero(x), id="nonzero"),
+    pytest.param(lambda x, y: x[x > 0], id="boolean-mask-index"),
+    pytest.param(lambda x, y: torch.masked_select(x, y > 0), id="masked_select"),
+    pytest.param(lambda x, y: torch.unique(x), id="unique"),
+    pytest.param(lambda x, y: torch.repeat_interleave(x.long()), id="repeat_interleave-without-output_size"),
+]
+
+
+@pytest.mark.parametrize("host_valued", HOST_VALUED)
+def test_an_operator_that_hands_the_host_a_value_orders_a_later_write_on_another_stream(run, host_valued):
+    """The host waited for A inside the call (issue 37: equal, allclose, tolist were reported on an
+    H100): the operator's reads are recorded before that wait, so B's overwrite issued next is ordered."""
+    rec, _, on = run
+    x, y = torch.arange(4.0), torch.arange(4.0)
+    with on(A):
+        x.add_(1)
+        host_valued(x, y)
+    with on(B):
+        x.zero_()
+        y.zero_()
+    assert rec.races == [], rec.report()
+    syncs = [op for op in rec.trace.ops if type(op) is T.StreamSync]
+    assert [s.stream for s in syncs][-1:] == [rec.sid(A)] and syncs[-1].cause.startswith("aten.")
+
+
+@pytest.mark.parametrize("device_only", [
+    pytest.param(lambda x, index: torch.add(x, x), id="add"),
+    pytest.param(lambda x, index: x[index - 1], id="integer-index"),
+    pytest.param(lambda x, index: torch.repeat_interleave(x, index, output_size=3), id="repeat_interleave-output_size"),
+])
+def test_an_operator_that_needs_no_host_value_leaves_a_later_write_on_another_stream_racy(run, device_only):
+    rec, _, on = run
+    x, index = torch.arange(2.0), torch.tensor([1, 2])  # (repeats for repeat_interleave, positions for x[index])
+    with on(A):
+        device_only(x, index)
+    with on(B):
+        x.zero_()
+    assert [r.kind for r in rec.races] == ["WAR"], rec.report()
+
+
 def _block_written_on_a(run):
     """(rec, on, x, its block's pointer): a tensor the allocator reported on stream A, filled there."""
     rec, _, on = run
