@@ -119,7 +119,7 @@ def captured_work(ops, origin: int) -> tuple:
 
 class _Alloc:
     __slots__ = ("id", "start", "size", "stop", "stream", "serial", "thread", "external", "ranges", "name", "pool",
-                 "also")
+                 "also", "host_events")
 
     def __init__(self, id, start, size, stream, serial, thread, external, name, pool=""):
         self.id = id
@@ -134,6 +134,7 @@ class _Alloc:
         self.name = name
         self.pool = pool  # the allocator ("cupy", "torch"), for the report's fix
         self.also: tuple = ()  # streams record_stream marked it as used on (torch)
+        self.host_events: list = []  # a pinned block's: events recorded after the copies that used it
 
 
 class Recorder:
@@ -476,6 +477,31 @@ class Recorder:
         if sid is None:
             sid = self.sid(stream)
         return self._add_alloc(ptr, size, sid, False, what + " #{id}" + f" ({size} bytes)", pool)
+
+    def host_alloc(self, ptr: int, size: int, what: str = "pinned host tensor"):
+        """A block of pinned host memory at `ptr` (torch's CachingHostAllocator): filed under no
+        stream; its free and reuse are the host's (host_block_reused)."""
+        return self._add_alloc(ptr, size, None, False, what + " #{id}" + f" ({size} bytes)", "pinned")
+
+    def host_block_used(self, alloc: _Alloc, sid: int) -> None:
+        """A non_blocking copy on stream `sid` used pinned block `alloc`: the CachingHostAllocator
+        records an event on that stream for the block, and hands the block out again only once
+        the event completed."""
+        with self._lock:
+            eid, _ = self._new_event(named=False)
+        tid, site = self.tid(), self.site()
+        self.record(T.EventCreate(tid, site, event=eid, name="pinned block in use"))
+        self.record(T.EventRecord(tid, site, event=eid, stream=sid))
+        alloc.host_events.append(eid)
+
+    def host_block_reused(self, alloc: _Alloc) -> None:
+        """The CachingHostAllocator hands pinned block `alloc` to a new tensor: it queried every
+        event of the copies that used the block and found them complete (so the host is ordered
+        after those copies), and the old tensor's bytes have a new owner."""
+        tid, site = self.tid(), self.site()
+        for eid in alloc.host_events:
+            self.record(T.EventQuery(tid, site, event=eid, done=True))
+        self.free(alloc, tid, site)
 
     def allocation_at(self, ptr: int) -> Optional[_Alloc]:
         """The live allocation that starts at `ptr` (pools free by their block's address)."""

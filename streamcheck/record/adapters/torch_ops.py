@@ -163,20 +163,27 @@ def hands_host_a_value(func, args, kwargs) -> bool:
     return value is None or (argument == "num_classes" and value == -1)
 
 
-def register(rec, torch, t, kind: str) -> None:
+def register(rec, torch, t, kind: str, fresh: bool = False) -> None:
     """Make sure the storage under `t` ('cuda', or 'host': pinned) is a known allocation of
-    `rec` (its caching-allocator block, filed under the stream it was allocated on)."""
+    `rec` (its caching-allocator block, filed under the stream it was allocated on). `fresh`: an
+    operator's new result; a pinned one at a known block's address is that block handed out again
+    by torch's CachingHostAllocator (no callback reports pinned frees)."""
     storage = t.untyped_storage()
     ptr = storage.data_ptr()
-    if not ptr or rec.allocation_at(ptr) is not None:
+    if not ptr:
         return
+    known = rec.allocation_at(ptr)
+    if known is not None:
+        if not (fresh and kind == "host" and known.pool == "pinned"):
+            return
+        rec.host_block_reused(known)
     if kind == "cuda":
         sid = state(rec).pending.pop(ptr, None)
         if sid is None:  # allocated before the recording started: file it under the current stream
             sid = rec.sid(current_stream_ptr(torch, t.device.index))
         rec.alloc(ptr, storage.nbytes(), what="torch tensor", pool="torch", sid=sid)
     else:
-        rec.alloc(ptr, storage.nbytes(), what="pinned host tensor", pool="pinned", sid=0)
+        rec.host_alloc(ptr, storage.nbytes())
 
 
 class Ops:
@@ -200,8 +207,8 @@ class Ops:
             pinned = self._pinned[ptr] = bool(R.inside(t.is_pinned))
         return "host" if pinned else ""
 
-    def register(self, t, kind: str) -> None:
-        register(self.rec, self.torch, t, kind)
+    def register(self, t, kind: str, fresh: bool = False) -> None:
+        register(self.rec, self.torch, t, kind, fresh)
 
     # --- one operator ---------------------------------------------------------------------
     def call(self, func, args, kwargs):
@@ -267,8 +274,10 @@ class Ops:
                 kind = self._kind(t)
                 if kind:
                     fresh.append((t, kind))
-        for t, kind in reads + writes + fresh:
+        for t, kind in reads + writes:
             self.register(t, kind)
+        for t, kind in fresh:
+            self.register(t, kind, fresh=True)
         if name in _NO_ACCESS:
             return result
         writes += fresh
@@ -319,6 +328,11 @@ class Ops:
         host = [t for t in src + dst if self._kind(t) != "cuda"]
         if not (non_blocking and host and all(self._kind(t) == "host" for t in host)):
             rec.record(T.StreamSync(tid, site, stream=sid))
+            return
+        for t in host:  # pending: torch's CachingHostAllocator holds the pinned block until the copy ran
+            alloc = rec.allocation_of(t)
+            if alloc is not None and alloc.pool == "pinned":
+                rec.host_block_used(alloc, sid)
 
     def _host_read(self, run, tensor):
         """`.item()` & co.: a copy to the host on the current stream, then a wait for it."""

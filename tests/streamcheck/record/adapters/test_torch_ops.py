@@ -41,8 +41,8 @@ class CpuStandsInForCuda(torch_ops.Ops):
             return ""
         return "host" if ptr in self.pinned else "cuda"
 
-    def register(self, t, kind):
-        super().register(t, kind)
+    def register(self, t, kind, fresh=False):
+        super().register(t, kind, fresh)
         self.kept.append(t.untyped_storage())
 
 
@@ -150,6 +150,29 @@ def test_a_pinned_buffer_rewritten_by_the_host_while_its_async_copy_is_pending_r
     (race,) = rec.races
     assert (race.kind, race.first.name, race.second.name) == ("WAR", "copy H2D", "aten.fill_.Scalar")
     assert race.second.actor == "host thread 0"
+
+
+def test_a_fresh_pinned_tensor_on_a_reused_block_is_ordered_after_the_old_tensors_pending_copy(run):
+    """torch's CachingHostAllocator (issue 37): the block of a pinned staging tensor whose
+    non_blocking copy is pending goes back to the pool when the tensor dies, and is handed to a new
+    pinned tensor only once the event recorded after that copy completed. So the host's write into
+    the new tensor (same bytes) is ordered after the copy, where a write into the old one races."""
+    rec, ops, on = run
+    staging = torch.ones(16)
+    ptr = staging.untyped_storage().data_ptr()
+    ops.pinned.add(ptr)
+    device = torch.zeros(16)
+    with on(A):
+        device.copy_(staging, non_blocking=True)  # pending on A: the pinned block is in use
+    again = torch.empty(0).set_(staging.untyped_storage())  # a new tensor on the same bytes
+    ops.register(again, "host", fresh=True)  # as torch.empty(16, pin_memory=True) handing the block out again
+    with on(A):
+        again.fill_(5)  # the host writes the new staging tensor
+    assert rec.races == [], rec.report()
+    queries = [op for op in rec.trace.ops if type(op) is T.EventQuery]
+    assert [q.done for q in queries] == [True]  # the allocator's query of the copy's event
+    (reuse,) = [op for op in rec.trace.ops if type(op) is T.Alloc and op.reuses]
+    assert reuse.stream is None and reuse.reuses[0].start == 0
 
 
 def test_the_same_host_write_after_a_stream_sync_is_fine(run):
