@@ -187,12 +187,14 @@ class instrument:
     in creation order, "ptds<thread>", "torch", or "all"); none named: seed-chosen (an
     independent coin per (seed, stream), the sim's rule). delay_kernels: only before these
     kernels (library calls by their label: "cupy.matmul", "cupy.fft.fft", ...).
-    warm_up: get implicit syncs out of the way first."""
+    warm_up: get implicit syncs out of the way first. strict_free: a free while another stream
+    may still use the memory is a FREE race even if no allocation gets its bytes (default: a
+    hazard, session.hazards; core.trace.Free)."""
 
     def __init__(self, *, delay_us: float = 0.0, delay_streams=(), delay_kernels=(), seed: int = 0,
-                 warm_up: bool = True):
+                 warm_up: bool = True, strict_free: bool = False):
         self._options = dict(delay_us=delay_us, delay_streams=delay_streams, delay_kernels=delay_kernels, seed=seed,
-                             warm_up=warm_up)
+                             warm_up=warm_up, strict_free=strict_free)
 
     def __enter__(self) -> Session:
         return start(**self._options)

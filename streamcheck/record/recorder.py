@@ -483,6 +483,16 @@ class Recorder:
         stream; its free and reuse are the host's (host_block_reused)."""
         return self._add_alloc(ptr, size, None, False, what + " #{id}" + f" ({size} bytes)", "pinned")
 
+    def host_view_access(self, lo: int, hi: int, write: bool, name: str) -> None:
+        """The host read or wrote host addresses [lo, hi) through a view (record.host_views): a
+        host access of those bytes, where an allocation holds them."""
+        alloc = self._find(lo, hi)
+        if alloc is None:
+            return
+        rng = Range(alloc.id, lo - alloc.start, hi - alloc.start)
+        self.record(T.HostAccess(self.tid(), self.site(), reads=() if write else (rng,), writes=(rng,) if write else (),
+                                 name=name))
+
     def host_block_used(self, alloc: _Alloc, sid: int) -> None:
         """A non_blocking copy on stream `sid` used pinned block `alloc`: the CachingHostAllocator
         records an event on that stream for the block, and hands the block out again only once

@@ -25,8 +25,10 @@ implementation that writes an argument its schema does not declare is not caught
 dispatch mode torch excludes ADInplaceOrView, so not even the version counter moves); declare
 the write (`mutates_args`, `Tensor(a!)`) or use `streamcheck.declare_access`.
 
-Not seen: memory written through `.numpy()` or raw pointers (numpy writes are not ATen ops:
-declare them with streamcheck.declare_access), kernels of extensions that bypass the
+`pinned.numpy()` is a host view (record.host_views): the host's reads and writes through it are
+host accesses of the pinned bytes.
+Not seen: memory written through `.numpy()` of pageable memory or raw pointers (numpy writes are not
+ATen ops: declare them with streamcheck.declare_access), kernels of extensions that bypass the
 dispatcher, and tensor subclasses whose __torch_dispatch__ runs before ours.
 """
 from __future__ import annotations
@@ -37,6 +39,8 @@ from .. import recorder as R
 from ...core import trace as T
 from ...core.trace import CopyKind
 from ..gpu import is_suppressed
+from ..host_views import HostView
+from .patching import forwarding
 from .threads import add_context
 from .torch_runtime import current_stream_ptr, state
 
@@ -406,5 +410,22 @@ def install(rec, patcher) -> None:
     patcher.on_undo(leave)
 
 
+def _numpy(orig):
+    # `pinned.numpy()` shares the tensor's bytes: the host's reads and writes through the array are
+    # host accesses of pinned memory (record.host_views), which no dispatch mode sees.
+    def numpy(self, *args, **kwargs):
+        array = orig(self, *args, **kwargs)
+        rec = R.current
+        if rec is None or is_suppressed() or R.depth() or "torch" not in rec.state or self.device.type != "cpu" \
+                or self.numel() == 0 or not R.inside(self.is_pinned):
+            return array
+        register(rec, rec.gpu.torch, self, "host")
+        return HostView.of(array, rec.host_view_access)
+    return forwarding(orig, numpy)
+
+
 def patches() -> tuple:
-    return ()
+    """The numpy view of a pinned tensor, whose accesses the dispatch mode never sees."""
+    from .patching import Patch
+
+    return (Patch("torch.Tensor.numpy", _numpy),)

@@ -15,6 +15,8 @@ from streamcheck.record import recorder as R  # noqa: E402
 from streamcheck.record.adapters import torch_graphs, torch_ops, torch_runtime  # noqa: E402
 from streamcheck.record.adapters.cuda_device import CudaGpu  # noqa: E402
 from streamcheck.core import trace as T  # noqa: E402
+from streamcheck.record.host_views import HostView  # noqa: E402
+import numpy as np  # noqa: E402
 
 A, B = 0x10, 0x20  # two torch streams (cudaStream_t)
 
@@ -173,6 +175,37 @@ def test_a_fresh_pinned_tensor_on_a_reused_block_is_ordered_after_the_old_tensor
     assert [q.done for q in queries] == [True]  # the allocator's query of the copy's event
     (reuse,) = [op for op in rec.trace.ops if type(op) is T.Alloc and op.reuses]
     assert reuse.stream is None and reuse.reuses[0].start == 0
+
+
+@pytest.mark.parametrize("synchronized", [False, True], ids=["read-before-sync", "read-after-sync"])
+def test_a_numpy_view_of_pinned_memory_reads_it_as_the_host(run, monkeypatch, synchronized):
+    """vLLM's pattern (issue 37): a non_blocking D2H copy into a pinned tensor, then the host reads
+    its numpy view. The view's read is a host access of the bytes it reads (RAW before the sync)."""
+    rec, ops, on = run
+    pinned = torch.zeros(16)
+    ops.pinned.add(pinned.untyped_storage().data_ptr())
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self: self.untyped_storage().data_ptr() in ops.pinned)
+    counts = torch.arange(16.0)
+    view = torch_ops._numpy(torch.Tensor.numpy)(pinned)  # torch.Tensor.numpy as the adapter patches it
+    assert isinstance(view, HostView)
+    with on(A):
+        pinned.copy_(counts, non_blocking=True)  # async D2H on A into the pinned tensor
+    if synchronized:
+        torch_runtime._stream_synchronized(A)
+    assert view[3] == 3.0
+    if synchronized:
+        assert rec.races == []
+        return
+    (race,) = rec.races
+    assert (race.kind, race.first.name, race.second.name) == ("RAW", "copy D2H", "host view read")
+    assert (race.start, race.stop) == (12, 16)  # the element read, not the whole tensor
+    assert race.second.site.file == __file__
+
+
+def test_numpy_of_pageable_memory_is_a_plain_array(run):
+    rec, ops, on = run
+    array = torch_ops._numpy(torch.Tensor.numpy)(torch.zeros(4))
+    assert type(array) is np.ndarray
 
 
 def test_the_same_host_write_after_a_stream_sync_is_fine(run):
