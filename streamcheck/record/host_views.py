@@ -73,8 +73,8 @@ class HostView(np.ndarray):
     # --- indexing ------------------------------------------------------------------------------
     def __getitem__(self, key):
         out = super().__getitem__(key)
-        if isinstance(out, np.ndarray) and out.size and np.may_share_memory(plain(out), plain(self)):
-            return out  # a view: its own accesses are recorded when they happen
+        if isinstance(out, np.ndarray) and (out.size == 0 or np.may_share_memory(plain(out), plain(self))):
+            return out  # a view (or nothing): its own accesses are recorded when they happen
         self._touch(False, "host view read", self._selected(key))
         return plain(out)
 
