@@ -477,3 +477,23 @@ def test_after_a_host_synchronize_released_the_first_access_later_occurrences_ru
     dev.synchronize()
     launches = [entry for entry in order if entry[0] in ("step", "other")]
     assert launches == [("step", "first"), ("step", None), ("other", "second")]
+
+
+def host_rewrites_pending_copy(dev, synchronized=False):
+    """The host overwrites the source of a copy still pending on A (a pinned staging buffer):
+    the host's write happens after the call that records it returns, as an emulated operator's."""
+    a, _, x, y = setup(dev)  # x holds 0.0
+    dev.copy(y, x, stream=a)  # A reads x when it gets there
+    if synchronized:
+        a.synchronize()
+    dev.host_access(writes=[x], name="host rewrite")
+    x.storage[...] = 5.0  # the host's own write, after the call
+    dev.synchronize()
+    return dev.host_read(y)
+
+
+def test_a_host_write_race_is_confirmed_by_holding_the_device_side_past_the_hosts_write():
+    (c,) = confirm_races(host_rewrites_pending_copy)
+    assert c.race.kind == "WAR" and c.race.second.actor == "host thread 0"
+    assert c.confirmed and (c.got, c.expected) == (5.0, 0.0), c.format()
+    assert confirm_races(lambda d: host_rewrites_pending_copy(d, synchronized=True)) == ()
