@@ -129,7 +129,7 @@ def _raced_buffer(trace, race: Race, ops) -> Optional[int]:
     return None
 
 
-def _new_owner_access(trace, free_index: int, buffer_id: int) -> Optional[int]:
+def new_owner_access(trace, free_index: int, buffer_id: int) -> Optional[int]:
     """The trace index of the first stream access to the bytes of freed buffer `buffer_id` by the
     allocation that got them after the free at `free_index`; None if none got and used them."""
     owners = set()
@@ -186,7 +186,7 @@ def confirm(program: Callable, race: Race, *, policy: str = "eager", seed: int =
                                          "when issued, so no schedule can hold it")
     buffer_id = _raced_buffer(trace, race, witness)
     if race.kind == "FREE":
-        owner = _new_owner_access(trace, index[id(witness[1])], buffer_id)
+        owner = new_owner_access(trace, index[id(witness[1])], buffer_id)
         if owner is None:
             return Confirmation(race, False, "no allocation got the freed bytes and used them in this run (a strict "
                                              "free: --strict-free), so no value can differ; a GPU allocator may hand "
