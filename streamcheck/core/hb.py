@@ -375,13 +375,16 @@ class _Buffer:
 
 
 class _Freed:
-    """A free (not strict) whose bytes had uses pending on other actors: those access tuples, the
-    Free and its actor's owner, and whether an allocation got some of the bytes since."""
+    """A free (not strict) of bytes with uses not yet ordered for every possible new owner: those
+    access tuples (`pending`: all but what record_stream's events cover), the ones its own actor
+    was not ordered after either (`unordered`: the hazard), the Free and its actor's owner, and
+    whether an allocation got some of the bytes since."""
 
-    __slots__ = ("buffer", "op", "owner", "pending", "reused")
+    __slots__ = ("buffer", "op", "owner", "pending", "unordered", "reused")
 
-    def __init__(self, buffer: _Buffer, op: Free, owner: int, pending: list):
-        self.buffer, self.op, self.owner, self.pending, self.reused = buffer, op, owner, pending, False
+    def __init__(self, buffer: _Buffer, op: Free, owner: int, pending: list, unordered: list):
+        self.buffer, self.op, self.owner, self.reused = buffer, op, owner, False
+        self.pending, self.unordered = pending, unordered
 
 
 class Checker:
@@ -457,7 +460,7 @@ class Checker:
             if freed.reused:
                 continue
             buf = freed.buffer
-            for rec in freed.pending:
+            for rec in freed.unordered:
                 key = ("FREE", rec[_OP].site.place, freed.op.site.place)
                 found = seen.get(key)
                 if found is not None:
@@ -889,12 +892,19 @@ class Checker:
                     _join(clock, self._stream(op, other).clock)
         if op.strict:
             self._access(buf, 0, buf.nbytes, True, clock, owner, tick, op, True)
-        else:
-            # Not a race yet: kept for the allocation that gets these bytes (_reuse), or a hazard.
-            get = clock.get
-            pending = [rec for rec in buf.records if get(rec[_OWNER], 0) < rec[_TICK]]
+        elif buf.records:
+            # Not a race yet: kept for the allocation that gets these bytes (_reuse), whose own clock
+            # decides (a pool may hand them to another stream than the free's: CuPy's across
+            # threads), less what record_stream's events cover (the pool waits for them); a use the
+            # free's actor was not ordered after either is a hazard if nothing reuses the bytes.
+            guard: dict = {}
+            for other in op.also:
+                _join(guard, self._stream(op, other).clock)
+            covered, get = guard.get, clock.get
+            pending = [rec for rec in buf.records if covered(rec[_OWNER], 0) < rec[_TICK]]
             if pending:
-                self._freed[buf.id] = _Freed(buf, op, owner, pending)
+                unordered = [rec for rec in pending if get(rec[_OWNER], 0) < rec[_TICK]]
+                self._freed[buf.id] = _Freed(buf, op, owner, pending, unordered)
         buf.freed_at = op.site
         buf.records = []
 

@@ -960,3 +960,19 @@ def test_a_legacy_stream_synchronize_waits_for_blocking_streams_even_without_wor
         assert len(dev.races) == races, dev.report()
         if not races:
             assert (value == 1).all()  # the sim drained the blocking stream too
+
+
+def test_a_block_reused_on_another_stream_than_its_free_races_with_the_frees_own_streams_use():
+    """CuPy's pool across threads (issue 37): x is used on A and freed on A (stream-ordered, safe for
+    A's next allocation), then handed to an allocation on B, whose work is not ordered after A's."""
+    p = two_streams()
+    p.launch("A", "use", reads=["x"])
+    p.free("x", stream="A", pool="cupy")
+    checker = p.checker()
+    assert checker.races == [] and checker.hazards == []  # A's own use: ordered for A's pool
+    p.alloc("y", stream="B", reuses=["x"])
+    [race] = p.races()
+    assert (race.kind, race.first.name, race.first.actor) == ("FREE", "use", "stream A")
+    p.ops.pop()
+    p.alloc("y", stream="A", reuses=["x"])
+    assert p.races() == []
