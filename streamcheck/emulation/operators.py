@@ -440,15 +440,23 @@ class OperatorDispatch:
     def scatter(self, target, index, value):
         """`x[tensor index] = value`: an index_put_ kernel on the current stream."""
         s = self.current_stream(target.device.index)
+        inner_index, staged = cpu_index(index), set()
         masks = [t for t in index_tensors(index) if type(t) is CudaTensor]
         if masks and hands_host_a_value(torch.ops.aten.index_put_.default, (target, list(index_tensors(index)), value),
                                         {}):
-            self.stage_for_host(s, masks, "aten.index_put_.default")  # a mask's nonzero: the host reads it first
-        reads = [r for r in [byte_region(t) for t in index_tensors(index) if is_emulated(t)] if r]
+            # A mask becomes indices on the host first (ATen's nonzero: the host waits for the stream);
+            # the kernel then reads those indices, not the mask.
+            replaced = dict(zip(map(id, masks), self.stage_for_host(s, masks, "aten.index_put_.default")))
+            staged = set(replaced)
+            items = index if isinstance(index, tuple) else (index,)
+            host_index = tuple(replaced.get(id(v), cpu_view(v) if isinstance(v, torch.Tensor) else v) for v in items)
+            inner_index = host_index if isinstance(index, tuple) else host_index[0]
+        reads = [r for r in [byte_region(t) for t in index_tensors(index) if is_emulated(t) and id(t) not in staged]
+                 if r]
         if is_emulated(value):
             reads += [r for r in [byte_region(value)] if r]
         inner_value = self._staged(value) if isinstance(value, torch.Tensor) else value
-        self.device.launch(Kernel(torch.Tensor.__setitem__, (target._inner, cpu_index(index), inner_value), {},
+        self.device.launch(Kernel(torch.Tensor.__setitem__, (target._inner, inner_index, inner_value), {},
                                    (), None), stream=s.device_stream, reads=reads,
                            writes=[r for r in [byte_region(target)] if r], name="aten.index_put_.default")
 
