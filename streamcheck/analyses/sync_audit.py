@@ -1301,6 +1301,8 @@ def _touches(op):
                [(r.buffer, r.start, r.stop, True) for r in op.writes]
     if kind is T.Free:
         return [(op.buffer, 0, float("inf"), True)]
+    if kind is T.Alloc:  # an allocation handed freed bytes: their new owner (a FREE race ends here)
+        return [(r.buffer, r.start, r.stop, True) for r in op.reuses]
     if kind is T.GraphLaunch:
         return None  # its nodes' accesses are in the capture: claim nothing
     return []

@@ -166,6 +166,10 @@ def register(subparsers) -> None:
     p.add_argument("--error-exitcode", type=_exit_code, default=None, metavar="CODE",
                    help="exit with CODE when any race or refused stream capture was found "
                         "(default: the script's own status)")
+    p.add_argument("--strict-free", action="store_true",
+                   help="report a free while another stream may still use the memory as a FREE race even when no "
+                        "allocation gets its bytes in this run (default: such a free is a hazard line, and the race "
+                        "is an allocation that gets the bytes before that use is ordered before it)")
     p.add_argument("--no-warm-up", action="store_true",
                    help="skip the warm-up (first cuBLAS call, pool growth) before the script")
     p.add_argument("--confirm", action="store_true",
@@ -522,7 +526,8 @@ def record_on_gpu(args, source: bytes, probe=None, edits=None) -> Recorded:
     span = _ScriptSpan() if args.time_script else None
     hook = instrument.StartAtImport(delay_us=args.delay_us, delay_streams=args.delay_stream,
                                     delay_kernels=args.delay_kernel, seed=args.seed, warm_up=not args.no_warm_up,
-                                    probe=probe, edits=edits, on_start=span.begin if span else None)
+                                    probe=probe, edits=edits, on_start=span.begin if span else None,
+                                    strict_free=args.strict_free)
 
     def print_span():
         if span is not None and span.started:
@@ -660,7 +665,7 @@ def write_outputs(args, session, verdicts, sync_audit, proof, edits) -> None:
     """--json, --ops-json, --trace and --timeline."""
     races = session.races
     if args.json:
-        _write_json(args.json, races, verdicts, sync_audit, proof, edits)
+        _write_json(args.json, races, verdicts, sync_audit, proof, edits, getattr(session, "hazards", []))
     if args.ops_json:
         write_text(args.ops_json, session.trace.to_json())
     if sync_audit is not None and args.trace:
@@ -677,14 +682,16 @@ def write_outputs(args, session, verdicts, sync_audit, proof, edits) -> None:
         draw_races(session, races, args.trace, args.timeline)
 
 
-def _write_json(path: str, races, verdicts, sync_audit, proof, edits) -> None:
+def _write_json(path: str, races, verdicts, sync_audit, proof, edits, hazards=()) -> None:
     import json
 
     data = [race.to_dict() for race in races]  # core.hb.reports_to_json's entries
     for entry, verdict in zip(data, verdicts):  # each gains what its confirmation found
         entry["confirmation"] = verdict.to_dict()
-    if sync_audit is not None or edits is not None:  # one report: the races, then the audit
+    if sync_audit is not None or edits is not None or hazards:  # one report: the races, then the rest
         data = {"races": data}
+        if hazards:  # frees with a pending use that nothing reused (core.hb.Hazard)
+            data["hazards"] = [hazard.to_dict() for hazard in hazards]
         if sync_audit is not None:
             data["sync_audit"] = sync_audit.to_dict()
         if proof is not None:

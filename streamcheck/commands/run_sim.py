@@ -31,7 +31,7 @@ def record_on_sim(args) -> tuple:
     sites_before = set_site_settings(replace(site_settings(), libraries=tuple(args.library)))
     try:
         run = run_script(args.script, args.args, policy="sequential", devices=args.devices, echo=True,
-                         timeout=args.timeout)
+                         timeout=args.timeout, strict_free=args.strict_free)
     finally:
         set_site_settings(sites_before)
     sys.stdout.flush()
@@ -156,7 +156,8 @@ def confirm_races_on_sim(args, recording) -> list:
     limit = MAX_RACES if args.confirm_max is None else args.confirm_max
     print(f"streamcheck: confirming {min(len(races), limit)} of {len(races)} race(s) on the sim: the script rerun "
           "with each race's first access held until its second ran", file=sys.stderr)
-    return list(confirm_races(script_program(args), races, max_races=limit))  # run.py prints the verdicts
+    return list(confirm_races(script_program(args), races, max_races=limit,  # run.py prints the verdicts
+                              strict_free=args.strict_free))
 
 
 def prove_on_sim(args):

@@ -172,11 +172,11 @@ class Race:
     def fix(self) -> str:
         return self.hint
 
-    def format(self, width: Optional[int] = None, stack: bool = False) -> str:
+    def format(self, width: Optional[int] = None, stack: bool = False, what: str = "race") -> str:
         """The report; with `width`, lines longer than that are wrapped (see wrap_lines); with
-        `stack`, each access's frames follow it (pytest's -v)."""
+        `stack`, each access's frames follow it (pytest's -v). `what`: "race", or "hazard" (Hazard)."""
         times = f" (seen {self.count}x)" if self.count > 1 else ""
-        lines = [f"{self.kind} race on `{self.buffer}` bytes [{self.start}, {self.stop}) "
+        lines = [f"{self.kind} {what} on `{self.buffer}` bytes [{self.start}, {self.stop}) "
                  f"(allocated at {site_path(self.buffer_site)}){times}"]
         for label, access in (("first: ", self.first), ("second:", self.second)):
             lines.append(f"  {label} {access.describe()}")
@@ -210,6 +210,37 @@ class Race:
         return cls(d["kind"], d["buffer"], CallSite(path, int(line)), d["start"], d["stop"],
                    Access.from_dict(d["first"]), Access.from_dict(d["second"]), d["missing_edge"], d["fix"],
                    d["count"], tuple(tuple(pair) for pair in d.get("streams", ())), tuple(d.get("buffers", ())))
+
+
+@dataclass(frozen=True)
+class Hazard:
+    """A free while a use of its bytes on another stream may still be pending, whose bytes no
+    allocation got in this run: nothing was corrupted, but an allocation handed them before that
+    use is ordered before it would be (the FREE race, trace.Free). Not a race unless the free is
+    strict (--strict-free). `race` words it as a report does: kind FREE, the use first, the free
+    second, the fix."""
+
+    race: Race
+
+    @property
+    def key(self) -> tuple:
+        return self.race.key
+
+    def format(self, width: Optional[int] = None, stack: bool = False) -> str:
+        return self.race.format(width, stack, what="hazard")
+
+    def to_dict(self, root: Optional[str] = None) -> dict:
+        return dict(self.race.to_dict(root), hazard=True)
+
+
+def format_hazards(hazards, width: Optional[int] = None, stack: bool = False) -> str:
+    """The hazard lines after a report ("" when there are none)."""
+    if not hazards:
+        return ""
+    head = (f"streamcheck: {len(hazards)} free hazard{'s' if len(hazards) != 1 else ''} (not races in this run: "
+            "memory freed while another stream may still use it, and no allocation got it; "
+            "--strict-free reports them as races)")
+    return "\n\n".join([head] + [h.format(width, stack) for h in hazards])
 
 
 def reports_to_dicts(races, root: Optional[str] = None) -> list:
@@ -343,8 +374,21 @@ class _Buffer:
         self.freed_at: Optional[CallSite] = None
 
 
+class _Freed:
+    """A free (not strict) of bytes with uses not yet ordered for every possible new owner: those
+    access tuples (`pending`: all but what record_stream's events cover), the ones its own actor
+    was not ordered after either (`unordered`: the hazard), the Free and its actor's owner, and
+    whether an allocation got some of the bytes since."""
+
+    __slots__ = ("buffer", "op", "owner", "pending", "unordered", "reused")
+
+    def __init__(self, buffer: _Buffer, op: Free, owner: int, pending: list, unordered: list):
+        self.buffer, self.op, self.owner, self.reused = buffer, op, owner, False
+        self.pending, self.unordered = pending, unordered
+
+
 class Checker:
-    """Feed operations in issue order; read `races` at any time."""
+    """Feed operations in issue order; read `races` (and `hazards`) at any time."""
 
     def __init__(self) -> None:
         self._streams: dict[int, _Stream] = {}
@@ -362,6 +406,7 @@ class Checker:
         self._peers: set = set()  # (device, peer): kernels on device may access peer's memory
         self.peer_errors: list[PeerAccessError] = []
         self._seen: dict[tuple, _Seen] = {}  # Race.key -> what was seen of it, first reported first
+        self._freed: dict[int, _Freed] = {}  # freed buffer id -> the uses pending at its free
         self._capture = CaptureTracker()
         self._replays: dict = {}  # graph id -> (graph, replays so far, the last launch's site, the one before)
         self._graph_buffers: dict = {}  # active graph id -> buffer id -> _Buffer holding its accesses
@@ -409,6 +454,27 @@ class Checker:
     def has_graph(self, graph_id: int) -> bool:
         """Whether a capture of `graph_id` ended without error (a GraphLaunch of it can be fed)."""
         return self._capture.graph(graph_id) is not None
+
+    @property
+    def hazards(self) -> list[Hazard]:
+        """Frees with a use pending on another stream whose bytes no allocation got (so far), one
+        per (use, free) pair of sites, first freed first."""
+        seen: dict = {}
+        for freed in self._freed.values():
+            if freed.reused:
+                continue
+            buf = freed.buffer
+            for rec in freed.unordered:
+                key = ("FREE", rec[_OP].site.place, freed.op.site.place)
+                found = seen.get(key)
+                if found is not None:
+                    found[1] += 1
+                    continue
+                first = self._access_of(rec[_OWNER], rec[_OP], rec[_WRITE], False, rec[_REPLAY])
+                second = self._access_of(freed.owner, freed.op, True, True)
+                edge, hint = self._explain(rec, first, freed.owner, second, "FREE", freed.op, buf, hazard=True)
+                seen[key] = [Race("FREE", buf.name, buf.site, rec[_START], rec[_STOP], first, second, edge, hint), 1]
+        return [Hazard(replace(race, count=count)) for race, count in seen.values()]
 
     def witness(self, race: Race, latest: bool = False) -> Optional[tuple]:
         """The two trace operations (first, second) of the first time `race` was seen (with
@@ -778,7 +844,43 @@ class Checker:
         if op.nbytes < 0:
             raise TraceError(f"Alloc at {op.site}: negative size {op.nbytes} for buffer {op.buffer}")
         self._device(op, op.device)
+        if op.reuses:
+            self._reuse(op)  # before the new buffer replaces an old one of the same id
         self._buffers[op.buffer] = _Buffer(op.buffer, op.nbytes, op.name, op.site, op.device)
+
+    def _reuse(self, op: Alloc) -> None:
+        """An allocation handed freed bytes: each use pending at their free that is not ordered
+        before the allocation (its pool's stream, and the host that allocates) is a FREE race."""
+        for rng in op.reuses:
+            old = self._buffers.get(rng.buffer)
+            if old is None or old.freed_at is None or not 0 <= rng.start <= rng.stop <= old.nbytes:
+                raise TraceError(f"Alloc at {op.site}: reuses {rng} of "
+                                 f"{'a live buffer' if old is not None and old.freed_at is None else 'no freed buffer'}"
+                                 "; an allocation can get only bytes of a freed buffer")
+        thread = self._threads[op.thread]
+        clock = thread.clock
+        if op.stream is not None:
+            clock = dict(self._stream(op, op.stream).clock)
+            _join(clock, thread.clock)
+        get = clock.get
+        for rng in op.reuses:
+            freed = self._freed.get(rng.buffer)
+            if freed is None:
+                continue  # nothing was pending at its free
+            freed.reused = True
+            keep = []
+            for rec in freed.pending:
+                if rec[_START] < rng.stop and rng.start < rec[_STOP]:
+                    if get(rec[_OWNER], 0) < rec[_TICK]:
+                        self._report(freed.buffer, rec, rng.start, rng.stop, True, freed.owner, freed.op, True,
+                                     reuse=op)
+                    if rng.start <= rec[_START] and rec[_STOP] <= rng.stop:
+                        continue  # its bytes have a new owner: checked once
+                keep.append(rec)
+            if keep:
+                freed.pending = keep
+            else:
+                del self._freed[rng.buffer]
 
     def _free(self, op: Free) -> None:
         buf = self._buffer(op, op.buffer)
@@ -792,7 +894,21 @@ class Checker:
                 clock = dict(clock)
                 for other in op.also:
                     _join(clock, self._stream(op, other).clock)
-        self._access(buf, 0, buf.nbytes, True, clock, owner, tick, op, True)
+        if op.strict:
+            self._access(buf, 0, buf.nbytes, True, clock, owner, tick, op, True)
+        elif buf.records:
+            # Not a race yet: kept for the allocation that gets these bytes (_reuse), whose own clock
+            # decides (a pool may hand them to another stream than the free's: CuPy's across
+            # threads), less what record_stream's events cover (the pool waits for them); a use the
+            # free's actor was not ordered after either is a hazard if nothing reuses the bytes.
+            guard: dict = {}
+            for other in op.also:
+                _join(guard, self._stream(op, other).clock)
+            covered, get = guard.get, clock.get
+            pending = [rec for rec in buf.records if covered(rec[_OWNER], 0) < rec[_TICK]]
+            if pending:
+                unordered = [rec for rec in pending if get(rec[_OWNER], 0) < rec[_TICK]]
+                self._freed[buf.id] = _Freed(buf, op, owner, pending, unordered)
         buf.freed_at = op.site
         buf.records = []
 
@@ -952,7 +1068,7 @@ class Checker:
                 "may replay only one after the other, in capture order): order the second replay after the first")
 
     def _report(self, buf: _Buffer, first: tuple, start: int, stop: int, write: bool,
-                owner: int, op: Op, free: bool, replay: Optional[tuple] = None) -> None:
+                owner: int, op: Op, free: bool, replay: Optional[tuple] = None, reuse: Optional[Alloc] = None) -> None:
         if free:
             kind = "FREE"
         elif first[_WRITE] and write:
@@ -964,8 +1080,8 @@ class Checker:
         # This runs for every repeat of a race: a site keeps its place once built (Race.key), and
         # nothing is formatted until the first report of a key.
         key = (kind, first[_OP].site.place, op.site.place)
-        if self.on_race is not None:
-            self.on_race(first[_OP], op, key)
+        if self.on_race is not None:  # a reuse's race is ordered by what comes before the allocation
+            self.on_race(first[_OP], op if reuse is None else reuse, key)
         seen = self._seen.get(key)
         if seen is not None:
             seen.count += 1
@@ -975,7 +1091,7 @@ class Checker:
             return
         first_access = self._access_of(first[_OWNER], first[_OP], first[_WRITE], first[_FREE], first[_REPLAY])
         second = self._access_of(owner, op, write, free, replay)
-        edge, hint = self._explain(first, first_access, owner, second, kind, op, buf)
+        edge, hint = self._explain(first, first_access, owner, second, kind, op, buf, reuse=reuse)
         hint += self._overwritten(first, kind, replay) + self._shared_by_graphs(first, replay)
         race = Race(kind, buf.name, buf.site, max(start, first[_START]), min(stop, first[_STOP]), first_access,
                     second, edge, hint)
@@ -986,9 +1102,25 @@ class Checker:
         return (f"record an event on {src.label} after `{first_access.name}` and make {dst.label} wait "
                 f"on it (stream.wait_event) before `{second.name}` ({site_path(second.site)})")
 
-    def _explain(self, first: tuple, first_access: Access, owner: int, second: Access,
-                 kind: str, op: Op, buf: _Buffer) -> tuple[str, str]:
-        """Say which edge is missing, in the words a CUDA programmer would use."""
+    def _explain(self, first: tuple, first_access: Access, owner: int, second: Access, kind: str, op: Op,
+                 buf: _Buffer, reuse: Optional[Alloc] = None, hazard: bool = False) -> tuple[str, str]:
+        """Say which edge is missing, in the words a CUDA programmer would use; for a free that is
+        not strict, which allocation got the bytes (`reuse`), or that none did (`hazard`)."""
+        edge, hint = self._explain_edge(first, first_access, owner, second, kind, op, buf)
+        if reuse is not None:
+            src = self._owners[first[_OWNER]]
+            by = f" on {self._streams[reuse.stream].label}" if reuse.stream in self._streams else ""
+            edge += (f"; the allocation at {site_path(reuse.site)}{by} got these bytes before that use was ordered "
+                     "before it")
+            waiter = self._streams[reuse.stream].label if reuse.stream in self._streams else "the host"
+            hint += f"; or make {waiter} wait for {src.label} before the allocation at {site_path(reuse.site)}"
+        elif hazard:
+            edge += ("; no allocation got these bytes in this run, so nothing was corrupted, but one that gets them "
+                     "before that use is ordered before it would be")
+        return edge, hint
+
+    def _explain_edge(self, first: tuple, first_access: Access, owner: int, second: Access,
+                      kind: str, op: Op, buf: _Buffer) -> tuple[str, str]:
         producer = f"`{first_access.name}` ({site_path(first_access.site)})"
         at = site_path(second.site)
         src, dst = self._owners[first[_OWNER]], self._owners[owner]

@@ -387,6 +387,7 @@ class Confirm(Policy):
         self.first_started: Optional[int] = None  # how many operations started before it
         self.second_started: Optional[int] = None
         self.first_held = False  # the first reached the head of its stream and was held
+        self._second_at = None  # the host clock while a host second access is being made
 
     def describe(self) -> str:
         verb = "hold" if self.holding else "watch"
@@ -407,10 +408,20 @@ class Confirm(Policy):
     def hold(self, op, now: int) -> bool:
         # Asked for operations at the head of their stream: every earlier one on it has started,
         # so `_seen` counts exactly the occurrences before this one.
-        if self.holding and self.second_started is None and self._is(self.first, op):
+        if self.holding and self._is(self.first, op) and (self.second_started is None or self._host_busy(now)):
             self.first_held = True
             return True
         return self.base.hold(op, now)
+
+    def _host_busy(self, now: int) -> bool:
+        """The second access is the host's own and it is still making it: the host's read or write
+        of the bytes happens after the call that recorded it returns, so the device side is held
+        until the host's next call (a later host clock)."""
+        if self.second.stream != HOST:
+            return False
+        if self._second_at is None:
+            self._second_at = now
+        return now == self._second_at
 
     def choose(self, ready, host_may_continue):
         return self.base.choose(ready, host_may_continue)

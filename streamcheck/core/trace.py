@@ -582,12 +582,18 @@ class PeerAccess(Op):
 
 @dataclass(frozen=True)
 class Alloc(Op):
-    """`nbytes` of memory on `device`."""
+    """`nbytes` of memory on `device`. `reuses`: Ranges of freed buffers whose bytes a pool hands
+    to this allocation (the caching allocator decides that on the host, so the recorder sees it
+    as it happens); `stream`: the stream whose pool handed them out, whose later work the new
+    owner's is ordered after. A use of those bytes still pending from before their free, not
+    ordered before this allocation, is a FREE race (see Free)."""
 
     buffer: int = 0
     nbytes: int = 0
     name: str = ""
     device: int = 0
+    stream: Optional[int] = None
+    reuses: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -596,12 +602,20 @@ class Free(Op):
     hands the bytes to the next allocation on that stream. `also`: streams whose work issued so
     far is ordered before the reuse too (torch's `tensor.record_stream(s)`: the caching allocator
     waits for an event it records on each such stream at the free). `pool`: the allocator, for
-    the report's fix ("torch" suggests record_stream)."""
+    the report's fix ("torch" suggests record_stream).
+
+    A free is not a reuse: a use still pending on another stream corrupts nothing until an
+    allocation gets the bytes (Alloc.reuses) before that use is ordered before it; that is the
+    FREE race, and a pending use at a free whose bytes nothing reuses in the run is a hazard
+    (Checker.hazards). `strict`: any allocation may get the bytes as soon as the free returns,
+    so a pending use is a FREE race at the free itself (asked for with --strict-free, and the
+    rule where the recorder cannot see which allocation gets freed bytes)."""
 
     buffer: int = 0
     stream: Optional[int] = None
     also: tuple = ()
     pool: str = ""
+    strict: bool = False
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,7 @@ import numpy as np
 
 from ..core import trace as T
 from ..core.capture import CaptureError, CapturedGraph, CaptureTracker
-from ..core.hb import Checker, PeerAccessError, format_report, peer_access_error
+from ..core.hb import Checker, PeerAccessError, format_hazards, format_report, peer_access_error
 from ..core.trace import CallSite, StreamKind
 from ..host_handoffs import Listener, listen as listen_to_hand_offs
 from .objects import Buffer, DeviceError, KernelError, Region, UndeclaredWriteError, caller_site
@@ -252,12 +252,14 @@ class Device:
     """Front end: validates, records, forwards to the backend."""
 
     def __init__(self, backend="sim", *, check: bool = True, policy="eager", seed: int = 0, devices: int = 1,
-                 **policy_params):
+                 strict_free: bool = False, **policy_params):
         from .backends import make_backend  # late: cupy is imported only if asked for
 
         site = caller_site()
         if not isinstance(check, bool):
             raise DeviceError(f"Device() at {site}: check must be True or False, got {check!r}")
+        if not isinstance(strict_free, bool):
+            raise DeviceError(f"Device() at {site}: strict_free must be True or False, got {strict_free!r}")
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise DeviceError(f"Device() at {site}: seed must be an integer, got {seed!r}")
         if isinstance(devices, bool) or not isinstance(devices, (int, np.integer)) or devices < 1:
@@ -276,6 +278,9 @@ class Device:
         self._buffers = weakref.WeakValueDictionary()  # buffer id -> Buffer, for what a graph touches
         self._downloaded: dict = {}  # id(array download returned) -> (a weak ref to it, the host bytes the copy writes)
         self.backend = make_backend(backend, device=self, policy=policy, seed=int(seed), **policy_params)
+        # A free is a race only once an allocation gets its bytes too early (core.trace.Free), unless
+        # asked for the strict rule or the backend's pool may hand them out unseen.
+        self.strict_free = strict_free or not self.backend.sees_reuse
         limit = self.backend.max_devices
         if limit is not None and self.devices > limit:
             raise DeviceError(f"Device({self.backend.name!r}, devices={self.devices}) at {site}: the "
@@ -336,9 +341,16 @@ class Device:
     def races(self):
         return self.checker.races if self.checker is not None else []
 
+    @property
+    def hazards(self):
+        """Frees with a use pending on another stream that no allocation reused (core.hb.Hazard)."""
+        return self.checker.hazards if self.checker is not None else []
+
     def report(self, width: Optional[int] = None) -> str:
-        """The race reports; lines wrapped at `width` columns (None: unwrapped, for files)."""
-        return format_report(self.races, width=width)
+        """The race reports, then the free hazards; lines wrapped at `width` columns (None:
+        unwrapped, for files)."""
+        hazards = format_hazards(self.hazards, width=width)
+        return format_report(self.races, width=width) + (f"\n\n{hazards}" if hazards else "")
 
     @property
     def schedule(self):
@@ -471,14 +483,19 @@ class Device:
             return event
 
     def alloc(self, shape, dtype="float32", name: str = "", fill=None, device: int = 0,
-              reuse: Optional[Buffer] = None) -> Buffer:
+              reuse: Optional[Buffer] = None, stream: Optional[Stream] = None) -> Buffer:
         """Allocate memory on cuda:`device`. Contents are garbage (NaN in the sim) unless `fill` is
         given (it broadcasts to `shape` and must convert exactly to `dtype`). `reuse`: a freed
         buffer of the same size whose bytes this one gets, as they were last written (a caching
-        allocator handing a freed block to its next allocation: pending work on them still runs)."""
+        allocator handing a freed block to its next allocation: pending work on them still runs);
+        `stream`: the stream whose pool hands them out (its work so far is ordered before the new
+        owner's). A use of those bytes pending since the free and ordered before neither that
+        stream nor the host is a FREE race."""
         site = caller_site()
         if reuse is not None:
-            return self._realloc(reuse, shape, dtype, name, device, site)
+            if stream is not None:
+                self._stream_or_default(stream, "alloc(reuse=)", site)
+            return self._realloc(reuse, shape, dtype, name, device, site, stream)
         name = self._name(name, "alloc", site)
         device = self._device_index(device, f"alloc {name!r}", site)
         if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
@@ -509,7 +526,7 @@ class Device:
                 fill = fill[()]  # a scalar of the buffer's dtype, as both backends' fills take
         return self._new_buffer(shape, dtype, name, device, site, fill=fill)
 
-    def _realloc(self, reuse, shape, dtype, name: str, device: int, site: CallSite) -> Buffer:
+    def _realloc(self, reuse, shape, dtype, name: str, device: int, site: CallSite, stream=None) -> Buffer:
         """alloc(reuse=): the freed buffer's bytes as they are, under a new buffer (its shape, dtype
         and device must be the ones asked for; a caching allocator's hot path, so nothing else)."""
         if not isinstance(reuse, Buffer) or reuse.device is not self or not reuse.freed:
@@ -520,10 +537,10 @@ class Device:
                 device != reuse.device_index:
             raise DeviceError(f"alloc at {site}: reuse= {reuse!r} is not shape {tuple(shape)}, dtype {dtype} on "
                               f"cuda:{device}; a reused buffer keeps its shape, dtype and device")
-        return self._new_buffer(reuse.shape, reuse.dtype, name, device, site, reuse=reuse)
+        return self._new_buffer(reuse.shape, reuse.dtype, name, device, site, reuse=reuse, stream=stream)
 
     def _new_buffer(self, shape: tuple, dtype, name: str, device: int, site: CallSite, fill=None,
-                    reuse: Optional[Buffer] = None) -> Buffer:
+                    reuse: Optional[Buffer] = None, stream: Optional[Stream] = None) -> Buffer:
         """A buffer of checked arguments: numbered, recorded, and given fresh memory by the backend,
         or `reuse`'s bytes as they are."""
         with self._lock:
@@ -531,7 +548,9 @@ class Device:
             self._next["buffer"] += 1
             buf = Buffer(self, id, shape, dtype, name or f"buffer{id}", site, device)
             self._buffers[id] = buf
-            self._record(T.Alloc(self._thread_id(), site, buffer=id, nbytes=buf.nbytes, name=buf.name, device=device))
+            reuses = () if reuse is None else (T.Range(reuse.id, 0, reuse.nbytes),)
+            self._record(T.Alloc(self._thread_id(), site, buffer=id, nbytes=buf.nbytes, name=buf.name, device=device,
+                                 stream=stream.id if stream is not None else None, reuses=reuses))
             if reuse is None:
                 self.backend.alloc(buf, fill)
             else:
@@ -551,7 +570,7 @@ class Device:
                                       "free it on a stream that is not capturing, or after end_capture")
         with self._lock:
             self._record(T.Free(self._thread_id(), site, buffer=region.buffer.id,
-                                stream=stream.id if stream is not None else None))
+                                stream=stream.id if stream is not None else None, strict=self.strict_free))
             region.buffer.freed = True
             self.backend.free(region.buffer, stream)
             self.backend.tick()

@@ -19,7 +19,8 @@ _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # st
 # so are the runners that call a user's program (the plugin, its time limit, confirmation, the sync
 # audit's proof): a stack ends at the program's outermost frame, not in them.
 caller_site = SiteResolver(os.path.join(_PACKAGE_DIR, name) for name in (
-    "device" + os.sep, "emulation" + os.sep, os.path.join("record", "gpu.py"), "core" + os.sep, "plugin" + os.sep,
+    "device" + os.sep, "emulation" + os.sep, os.path.join("record", "gpu.py"), os.path.join("record", "host_views.py"),
+    "core" + os.sep, "plugin" + os.sep,
     "timeout.py", "host_handoffs.py", os.path.join("proofs", "confirm.py"), os.path.join("proofs", "sync_proof.py")))
 
 

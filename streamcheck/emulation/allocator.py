@@ -163,7 +163,9 @@ class CachingAllocator:
         if reused is not None and pool is not None:
             buffer = reused.buffer  # a graph pool's block is never freed: the same buffer, a new owner
         elif reused is not None:
-            buffer = self.device.alloc((size,), _BYTES, name=name, device=index, reuse=reused.buffer)
+            # Handed out on the host from `stream`'s pool: a use of these bytes still pending on another
+            # stream that neither orders before this is the FREE race (core.trace.Free).
+            buffer = self.device.alloc((size,), _BYTES, name=name, device=index, reuse=reused.buffer, stream=stream)
         else:
             buffer = self.device.alloc((size,), _BYTES, name=name, device=index, fill=0)
         block = Block(buffer, stream.id, pool, index, reused.views if reused is not None else None)

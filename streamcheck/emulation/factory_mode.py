@@ -9,7 +9,8 @@ import copy
 import torch
 from torch.overrides import TorchFunctionMode
 
-from ..device.objects import caller_site
+from ..device.objects import Region, caller_site
+from ..record.host_views import HostView
 from .generators import EmulatedGenerator
 from .operators import cpu_index, flatten_call, is_basic_index
 from .running import EmulationError
@@ -149,13 +150,23 @@ def _numpy(emulation, func, args, kwargs):
     if type(self) is CudaTensor:
         raise TypeError(f"can't convert {self.device} device type tensor to numpy. Use Tensor.cpu() to copy the "
                         "tensor to host memory first.")
-    if type(self) is PinnedTensor:  # the same bytes, as torch's numpy() of pinned memory; the host reads them now
-        emulation.enter()
-        region = byte_region(self)
-        if region is not None:
-            emulation.device.host_access(reads=[region], name="numpy")
-        return self._inner.numpy()
+    if type(self) is PinnedTensor:  # the same bytes, as torch's numpy() of pinned memory
+        return HostView.of(self._inner.numpy(), _host_view_recorder(emulation, self._block))
     return func(*args, **kwargs)
+
+
+def _host_view_recorder(emulation, block):
+    """What a host view of pinned `block` records: each access through it, a host access of the
+    bytes it touched (record.host_views)."""
+    def record(lo: int, hi: int, write: bool, name: str) -> None:
+        emulation.enter()
+        buffer = block.buffer
+        base = block.bytes.ctypes.data
+        start, stop = max(lo - base, 0), min(hi - base, buffer.nbytes)
+        if start < stop and not buffer.freed:
+            region = Region(buffer, start, stop)
+            emulation.device.host_access(reads=() if write else [region], writes=[region] if write else (), name=name)
+    return record
 
 
 def _tolist(emulation, func, args, kwargs):

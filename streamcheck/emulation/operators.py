@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 
 from ..device.objects import caller_site
-from ..record.adapters.torch_ops import operator_accesses, operator_schema
+from ..record.adapters.torch_ops import hands_host_a_value, operator_accesses, operator_schema
 from .generators import CapturedDraw, EmulatedGenerator, is_seeded, takes_generator
 from .running import EmulationError
 from .tensors import (CudaTensor, PinnedTensor, byte_region, contiguous_strides, cpu_view, is_emulated,
@@ -195,7 +195,10 @@ class OperatorDispatch:
         to_host = name == "aten._to_copy.default" and target is not None and target.type == "cpu"
         if to_host:
             host_sides.append("pinned" if non_blocking else "pageable")
-        layout = self._layout(func, flat, spec)
+        # The torch adapter's rule says which operators hand the host a value (as on a GPU); an
+        # operator whose meta kernel cannot say what it returns is computed for the host too.
+        host_value = hands_host_a_value(func, args, kwargs)
+        layout = None if host_value else self._layout(func, flat, spec)
         # What the kernel gets: the CPU views; a pageable source staged now, a pageable destination itself.
         inner_flat = [v if written_host and id(v) in written_host else self._staged(v) for v in flat]
         inner_args, inner_kwargs = unflatten_call(inner_flat, spec)
@@ -419,7 +422,7 @@ class OperatorDispatch:
         s = self.current_stream(source.device.index)
         reads = [r for r in [byte_region(source)] + [byte_region(t) for t in index_tensors(index) if is_emulated(t)] if r]
         inner_index = cpu_index(index)
-        if any(t.dtype == torch.bool for t in index_tensors(index)):
+        if hands_host_a_value(torch.ops.aten.index.Tensor, (source, list(index_tensors(index))), {}):
             # A data-dependent shape: the host waits for the stream and reads (CUDA's nonzero does).
             masks = [t for t in index_tensors(index) if type(t) is CudaTensor]
             host = self.stage_for_host(s, [source] + masks, "aten.index.Tensor")
@@ -442,11 +445,23 @@ class OperatorDispatch:
     def scatter(self, target, index, value):
         """`x[tensor index] = value`: an index_put_ kernel on the current stream."""
         s = self.current_stream(target.device.index)
-        reads = [r for r in [byte_region(t) for t in index_tensors(index) if is_emulated(t)] if r]
+        inner_index, staged = cpu_index(index), set()
+        masks = [t for t in index_tensors(index) if type(t) is CudaTensor]
+        if masks and hands_host_a_value(torch.ops.aten.index_put_.default, (target, list(index_tensors(index)), value),
+                                        {}):
+            # A mask becomes indices on the host first (ATen's nonzero: the host waits for the stream);
+            # the kernel then reads those indices, not the mask.
+            replaced = dict(zip(map(id, masks), self.stage_for_host(s, masks, "aten.index_put_.default")))
+            staged = set(replaced)
+            items = index if isinstance(index, tuple) else (index,)
+            host_index = tuple(replaced.get(id(v), cpu_view(v) if isinstance(v, torch.Tensor) else v) for v in items)
+            inner_index = host_index if isinstance(index, tuple) else host_index[0]
+        reads = [r for r in [byte_region(t) for t in index_tensors(index) if is_emulated(t) and id(t) not in staged]
+                 if r]
         if is_emulated(value):
             reads += [r for r in [byte_region(value)] if r]
         inner_value = self._staged(value) if isinstance(value, torch.Tensor) else value
-        self.device.launch(Kernel(torch.Tensor.__setitem__, (target._inner, cpu_index(index), inner_value), {},
+        self.device.launch(Kernel(torch.Tensor.__setitem__, (target._inner, inner_index, inner_value), {},
                                    (), None), stream=s.device_stream, reads=reads,
                            writes=[r for r in [byte_region(target)] if r], name="aten.index_put_.default")
 

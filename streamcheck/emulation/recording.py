@@ -34,6 +34,10 @@ class EmulatedRecording:
         return self.device.races
 
     @property
+    def hazards(self):
+        return self.device.hazards
+
+    @property
     def notices(self) -> list:
         return list(self.emulation.notices)
 
@@ -53,10 +57,12 @@ class EmulatedRecording:
                 f"{len(self.trace)} operations on {len(self.device._stream_objects)} stream(s)")
 
     def report(self, width: Optional[int] = None) -> str:
-        from ..core.hb import format_report
+        from ..core.hb import format_hazards, format_report
         from ..record.recorder import format_capture_errors
 
         lines = [format_report(self.races, width=width)]
+        if self.hazards:
+            lines.append(format_hazards(self.hazards, width=width))
         if self.capture_errors:
             lines.append(format_capture_errors(self.capture_errors))
         lines.extend(f"streamcheck: note: {text}" for text in self.notices)

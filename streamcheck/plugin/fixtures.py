@@ -95,7 +95,7 @@ def _make_device(config, spec: ScheduleSpec, check: str, sim: bool = False):
 
     backend = "sim" if sim else backend_name(config)
     settings = config.stash[SETTINGS_KEY]
-    return Device(backend, check=check != "off", policy=spec.policy, seed=spec.seed,
+    return Device(backend, check=check != "off", policy=spec.policy, seed=spec.seed, strict_free=settings.strict_free,
                   **_policy_params(spec.policy, backend, settings))
 
 
@@ -159,7 +159,8 @@ def streamcheck_gpu(request, streamcheck_seed):
     found.schedules += 1
     found.check = tconf.check
     found.replay = replay_command(config, request.node.nodeid, None)
-    session = found.recording = instrument.start(delay_us=delay_us, seed=streamcheck_seed)
+    session = found.recording = instrument.start(delay_us=delay_us, seed=streamcheck_seed,
+                                                 strict_free=settings.strict_free)
     try:
         yield session
     finally:

@@ -36,6 +36,7 @@ class Settings:
     audit_syncs: bool = False  # each test's synchronizations are audited (streamcheck.analyses.sync_audit)
     emulate_cuda: bool = False  # every test runs with CUDA emulated on the sim (plugin/emulation.py)
     memory_capacity: Optional[int] = None  # bytes of each emulated device; None: the emulation's default
+    strict_free: bool = False  # a free with a pending use is a FREE race even if nothing reuses it (core.trace.Free)
 
 
 SETTINGS_KEY = pytest.StashKey[Settings]()
@@ -78,6 +79,10 @@ _OPTIONS = (
      "memory of each emulated CUDA device (e.g. 16GiB; --streamcheck-emulate-cuda and streamcheck_gpu tests on "
      "the sim): more than it raises torch's OutOfMemoryError. Default: STREAMCHECK_MEMORY_CAPACITY's, else 8GiB.",
      ""),
+    ("--streamcheck-strict-free", "streamcheck_strict_free", "",
+     "report a free while another stream may still use the memory as a FREE race even when no allocation gets "
+     "its bytes in the test (default: a hazard line; the race is an allocation that gets the bytes before that use "
+     "is ordered before it).", "false"),
     ("--streamcheck-gpus", "streamcheck_gpus", "auto|N|0",
      "pytest-xdist: GPUs the workers are pinned to, one each, round-robin (CUDA_VISIBLE_DEVICES); auto: "
      "CUDA_VISIBLE_DEVICES's, else nvidia-smi -L's, else the driver's count; 0: no pinning.", "0"),
@@ -93,7 +98,7 @@ _OPTIONS = (
      "as the site, and show the wrapper's line as the innermost frame. Relative as --streamcheck-trace-dir.", ""),
 )
 _DEFAULTS = {ini: default for _, ini, _, _, default in _OPTIONS}
-_SWITCHES = {"streamcheck_confirm", "streamcheck_audit_syncs", "streamcheck_emulate_cuda"}
+_SWITCHES = {"streamcheck_confirm", "streamcheck_audit_syncs", "streamcheck_emulate_cuda", "streamcheck_strict_free"}
 _BOOLS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
 
 
@@ -255,6 +260,7 @@ def _read_settings(config) -> Settings:
         confirm=_bool(config, "streamcheck_confirm"),
         audit_syncs=_bool(config, "streamcheck_audit_syncs"),
         emulate_cuda=_bool(config, "streamcheck_emulate_cuda"),
+        strict_free=_bool(config, "streamcheck_strict_free"),
         timeout=parse_timeout(*option_value(config, "streamcheck_timeout")),
         memory_capacity=_memory_capacity(config),
     )

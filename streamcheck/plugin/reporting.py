@@ -353,6 +353,11 @@ def pytest_runtest_makereport(item, call):
             found.sync_audit = audit(recorded.trace)
     if found.sync_audit is not None:
         report.sections.append(("streamcheck sync audit", found.sync_audit.format(terminal_width(config))))
+    hazards = [h for source in (device, recording) if source is not None for h in getattr(source, "hazards", ())]
+    if hazards and found.check != "off":  # said, never failing: nothing reused the memory (core.hb.Hazard)
+        from ..core.hb import format_hazards
+
+        report.sections.append(("streamcheck free hazards", format_hazards(hazards, terminal_width(config))))
     races = list(found.races.values())
     check = found.check
     width = terminal_width(config)

@@ -11,8 +11,11 @@ kernels on numpy arrays, so the values are read, not inferred:
   sequential run;
 - WAR: what the first (the reader, now run after the overwrite) read, against the sequential run;
 - WAW: the raced bytes once both writes ran, against the sequential run;
-- FREE: the inversion is forced, but the sim never hands freed bytes to another allocation,
-  so no value can differ: reported as not confirmed, with that reason.
+- FREE: the use held past the free, while the allocation that got the bytes (`alloc(reuse=)`,
+  the emulated caching allocator) writes them: a read shows what the new owner wrote (what the
+  use read, against the sequential run), a write clobbers the new owner's bytes (the bytes at
+  the end of the run). A strict FREE whose bytes nothing reused cannot change a value: reported
+  as not confirmed, with that reason.
 
 What it proves: the reported order can be inverted by a legal schedule and the inversion
 changes a value. What it does not: that a GPU would pick that schedule (docs/confirm.md).
@@ -26,7 +29,7 @@ import numpy as np
 
 from ..core.hb import Race
 from ..core.schedule import HOST, Confirm, Sequential, Target, make_policy
-from ..core.trace import Free
+from ..core.trace import Alloc, Free
 from ..device import Device
 
 MAX_RACES = 8  # distinct races confirmed per call (here and on the GPU); the rest are listed as not attempted
@@ -72,8 +75,10 @@ class _Watch:
     """Reads the raced bytes at the moment that matters for the race's kind (see the module
     docstring); `observe` of the Confirm policy."""
 
-    def __init__(self, kind: str, buffer_id: int, start: int, stop: int):
+    def __init__(self, kind: str, buffer_id: int, start: int, stop: int, first_writes: bool = False):
         self.kind, self.buffer_id, self.start, self.stop = kind, buffer_id, start, stop
+        self.first_writes = first_writes  # FREE: the held use writes (read the bytes at the end)
+        self._at_end = False
         self.lo = 0  # the first element read (the raced bytes widened to whole elements)
         self.device: Optional[Device] = None
         self.buffer = None  # kept alive from the first snapshot on: the program may drop it
@@ -99,11 +104,16 @@ class _Watch:
         self._roles.add(role)
         if self.kind == "RAW" and role == "second" or self.kind == "WAR" and role == "first":
             self.value = self._read()
+        elif self.kind == "FREE" and role == "first":
+            # The freed bytes, as the held use finds them: a read sees them now; a write's effect
+            # on the new owner shows at the end (the buffer is kept alive until then).
+            self.value = self._read()
+            self._at_end = self.first_writes
         elif self.kind == "WAW" and len(self._roles) == 2:
             self._armed = True
 
     def finish(self) -> None:
-        if self._armed:
+        if self._armed or self._at_end:
             self.value, self._armed = self._read(), False
 
 
@@ -116,6 +126,20 @@ def _raced_buffer(trace, race: Race, ops) -> Optional[int]:
         for rng in ranges:
             if names.get(rng.buffer) == race.buffer and rng.start < race.stop and race.start < rng.stop:
                 return rng.buffer
+    return None
+
+
+def new_owner_access(trace, free_index: int, buffer_id: int) -> Optional[int]:
+    """The trace index of the first stream access to the bytes of freed buffer `buffer_id` by the
+    allocation that got them after the free at `free_index`; None if none got and used them."""
+    owners = set()
+    for i in range(free_index + 1, len(trace.ops)):
+        op = trace.ops[i]
+        if type(op) is Alloc and any(r.buffer == buffer_id for r in op.reuses):
+            owners.add(op.buffer)
+        elif owners and hasattr(op, "stream") and any(r.buffer in owners for r in (*getattr(op, "reads", ()),
+                                                                                  *getattr(op, "writes", ()))):
+            return i
     return None
 
 
@@ -133,18 +157,19 @@ def _run(program: Callable, device: Device) -> None:
 
 
 def confirm(program: Callable, race: Race, *, policy: str = "eager", seed: int = 0, reference: Optional[Device] = None,
-            **params) -> Confirmation:
+            strict_free: bool = False, **params) -> Confirmation:
     """Rerun `program` (a callable taking a sim Device) to make `race` strike; see the module
     docstring. `policy`, `seed`, `params`: the original schedule, which the directed rerun
     follows except for the held access. `reference`: a sim Device that already ran the
-    program (its checker saw the race), to save one run."""
+    program (its checker saw the race), to save one run. `strict_free`: the devices' free rule
+    (Device(strict_free=)), as the run that reported the race had it."""
     if not callable(program):
         raise TypeError(f"confirm: program must be a callable taking a Device, got {type(program).__name__}")
     if not isinstance(race, Race):
         raise TypeError(f"confirm: race must be a streamcheck Race (from device.races), got {type(race).__name__}")
     base = make_policy(policy, seed, **params)  # a bad policy fails here, before any run
     if reference is None:
-        reference = Device("sim", policy="sequential")
+        reference = Device("sim", policy="sequential", strict_free=strict_free)
         _run(program, reference)
     witness = reference.checker.witness(race) if reference.checker is not None else None
     if witness is None:
@@ -160,10 +185,18 @@ def confirm(program: Callable, race: Race, *, policy: str = "eager", seed: int =
         return Confirmation(race, False, f"the first access is the host's own ({first.describe()}): it executes "
                                          "when issued, so no schedule can hold it")
     buffer_id = _raced_buffer(trace, race, witness)
+    if race.kind == "FREE":
+        owner = new_owner_access(trace, index[id(witness[1])], buffer_id)
+        if owner is None:
+            return Confirmation(race, False, "no allocation got the freed bytes and used them in this run (a strict "
+                                             "free: --strict-free), so no value can differ; a GPU allocator may hand "
+                                             "them out")
+        second = Target.at(trace, owner)  # held until the new owner's first use: the bytes it clobbers or sees
 
     def run(hold: bool, base_policy):
-        watch = _Watch(race.kind, buffer_id, race.start, race.stop)
-        device = Device("sim", policy=Confirm(first, second, base_policy, hold=hold, observe=watch))
+        watch = _Watch(race.kind, buffer_id, race.start, race.stop, race.first.write)
+        device = Device("sim", policy=Confirm(first, second, base_policy, hold=hold, observe=watch),
+                        strict_free=reference.strict_free)
         watch.device = device
         _run(program, device)
         watch.finish()
@@ -187,15 +220,13 @@ def confirm(program: Callable, race: Race, *, policy: str = "eager", seed: int =
         return Confirmation(race, False, f"a host synchronize between them held the host: it waited for "
                                          f"{first.describe()}, which therefore ran before {second.describe()} was "
                                          "issued", held=held, replay=replay)
-    if race.kind == "FREE":
-        return Confirmation(race, False, "the free ran before the access, but the sim never hands freed bytes to "
-                                         "another allocation, so no value can differ (a GPU allocator may reuse them)",
-                            held=held, replay=replay)
     if got.value is None or expected.value is None:
         return Confirmation(race, False, "the raced buffer was gone before its bytes could be read",
                             held=held, replay=replay)
     k = _differ(got.value, expected.value)
     reader = {"RAW": second.describe(), "WAR": first.describe()}.get(race.kind, "")
+    if race.kind == "FREE" and not race.first.write:
+        reader = first.describe()
     if k is None:
         what = f"{reader} read" if reader else "both writes left"
         return Confirmation(race, False, f"the inversion was forced, but {what} the same values as in the sequential "
@@ -209,11 +240,11 @@ def confirm(program: Callable, race: Race, *, policy: str = "eager", seed: int =
 
 
 def confirm_races(program: Callable, races=None, *, max_races: int = MAX_RACES, policy: str = "eager",
-                  seed: int = 0, **params) -> tuple:
+                  seed: int = 0, strict_free: bool = False, **params) -> tuple:
     """Confirm each distinct race of `program` (all the sequential run reports when `races` is
     None), up to `max_races`; the rest come back not attempted."""
     check_max_races("confirm_races", max_races)
-    reference = Device("sim", policy="sequential")
+    reference = Device("sim", policy="sequential", strict_free=strict_free)
     _run(program, reference)
     races = list(reference.races if races is None else races)
     out = []

@@ -35,9 +35,9 @@ import time
 from dataclasses import dataclass, replace
 from typing import Optional
 
-from .confirm import MAX_RACES, check_max_races  # noqa: F401 (MAX_RACES: --confirm-max's default, re-exported)
+from .confirm import MAX_RACES, check_max_races, new_owner_access  # noqa: F401 (MAX_RACES: --confirm-max's default)
 from ..core.schedule import HOST, Target
-from ..core.trace import CallSite, GraphLaunch
+from ..core.trace import CallSite, Free, GraphLaunch
 from ..record.gpu import MAX_DELAY_US
 
 FIRST_DELAY_US = 2000.0  # the first try: longer than the host takes between most racing calls
@@ -88,6 +88,13 @@ def plan_probe(checker, trace, race, latest: bool = False):
         at[1] = after[0] if after else None
     if None in at:
         return "an access of the race is a captured node whose graph launch is not in the trace"
+    if race.kind == "FREE" and type(witness[1]) is Free:
+        # A free is not a reuse: what can differ is the new owner's use of the bytes, so the second
+        # target is the first access of the allocation that got them (the sim's confirmation does the same).
+        at[1] = new_owner_access(trace, at[1], witness[1].buffer)
+        if at[1] is None:
+            return ("no allocation got the freed bytes and used them in this run (a strict free: --strict-free), so "
+                    "no value can differ; the caching allocator may still hand them out in another run")
     first, second = Target.at(trace, at[0]), Target.at(trace, at[1])
     if first.stream == HOST:
         return (f"the first access is the host's own ({first.describe()}): it runs when issued, so no delay can "

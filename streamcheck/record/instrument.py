@@ -42,7 +42,7 @@ class Session(Recorder):
     the adapters of the libraries it uses (CuPy, torch) patched in while it is active."""
 
     def __init__(self, *, delay_us: float = 0.0, delay_streams=(), delay_kernels=(), seed: int = 0,
-                 check: bool = True, probe=None):
+                 check: bool = True, probe=None, strict_free: bool = False):
         from .adapters.cuda_device import CudaGpu
 
         if not isinstance(delay_us, (int, float)) or not 0 <= delay_us <= MAX_DELAY_US:
@@ -53,7 +53,8 @@ class Session(Recorder):
             raise InstrumentError("streamcheck.instrument: neither CuPy nor torch is installed; install "
                                   "'streamcheck[gpu]' (CuPy) or a CUDA build of torch")
         super().__init__(CudaGpu(libraries.get("cupy"), libraries.get("torch")), delay_us=delay_us,
-                         delay_streams=delay_streams, delay_kernels=delay_kernels, seed=seed, check=check)
+                         delay_streams=delay_streams, delay_kernels=delay_kernels, seed=seed, check=check,
+                         strict_free=strict_free)
         self.libraries = set(libraries)
         self.patcher = None
         self.started_at = self.site()
@@ -109,7 +110,7 @@ def current_session() -> Optional[Session]:
 
 
 def start(*, delay_us: float = 0.0, delay_streams=(), delay_kernels=(), seed: int = 0, warm_up: bool = True,
-          check: bool = True, probe=None, edits=None, on_start=None) -> Session:
+          check: bool = True, probe=None, edits=None, on_start=None, strict_free: bool = False) -> Session:
     """Begin recording (see instrument()). Raises InstrumentError without a GPU or if a session
     is already active."""
     running = R.current
@@ -125,7 +126,7 @@ def start(*, delay_us: float = 0.0, delay_streams=(), delay_kernels=(), seed: in
                               "'streamcheck[gpu]') or a CUDA build of torch; none found here. The device API's sim "
                               "backend (Device('sim')) checks stream programs on the CPU.")
     session = Session(delay_us=delay_us, delay_streams=delay_streams, delay_kernels=delay_kernels, seed=seed,
-                      check=check, probe=probe)
+                      check=check, probe=probe, strict_free=strict_free)
     session.patcher = install(session, session.libraries)
     session.activate()
     if warm_up:
@@ -186,12 +187,14 @@ class instrument:
     in creation order, "ptds<thread>", "torch", or "all"); none named: seed-chosen (an
     independent coin per (seed, stream), the sim's rule). delay_kernels: only before these
     kernels (library calls by their label: "cupy.matmul", "cupy.fft.fft", ...).
-    warm_up: get implicit syncs out of the way first."""
+    warm_up: get implicit syncs out of the way first. strict_free: a free while another stream
+    may still use the memory is a FREE race even if no allocation gets its bytes (default: a
+    hazard, session.hazards; core.trace.Free)."""
 
     def __init__(self, *, delay_us: float = 0.0, delay_streams=(), delay_kernels=(), seed: int = 0,
-                 warm_up: bool = True):
+                 warm_up: bool = True, strict_free: bool = False):
         self._options = dict(delay_us=delay_us, delay_streams=delay_streams, delay_kernels=delay_kernels, seed=seed,
-                             warm_up=warm_up)
+                             warm_up=warm_up, strict_free=strict_free)
 
     def __enter__(self) -> Session:
         return start(**self._options)

@@ -23,7 +23,7 @@ from typing import Optional, Protocol
 
 from . import kernel_access
 from ..core import trace as T
-from ..core.hb import Checker, TraceError, format_report
+from ..core.hb import Checker, TraceError, format_hazards, format_report
 from ..core.schedule import graph_delay_name, seed_delays
 from .gpu import thread_state as _state
 from ..core.trace import UNKNOWN_SITE, CallSite, CaptureMode, CopyKind, Range, SiteResolver, StreamKind
@@ -119,7 +119,7 @@ def captured_work(ops, origin: int) -> tuple:
 
 class _Alloc:
     __slots__ = ("id", "start", "size", "stop", "stream", "serial", "thread", "external", "ranges", "name", "pool",
-                 "also")
+                 "also", "host_events")
 
     def __init__(self, id, start, size, stream, serial, thread, external, name, pool=""):
         self.id = id
@@ -134,6 +134,7 @@ class _Alloc:
         self.name = name
         self.pool = pool  # the allocator ("cupy", "torch"), for the report's fix
         self.also: tuple = ()  # streams record_stream marked it as used on (torch)
+        self.host_events: list = []  # a pinned block's: events recorded after the copies that used it
 
 
 class Recorder:
@@ -144,8 +145,11 @@ class Recorder:
     (schedule.seed_delays, the sim's rule); `delay_kernels` narrows it to those launches."""
 
     def __init__(self, gpu: Gpu, *, delay_us: float = 0.0, delay_streams=(), delay_kernels=(), seed: int = 0,
-                 check: bool = True):
+                 check: bool = True, strict_free: bool = False):
         self.gpu = gpu
+        # A free is a race only once an allocation gets its bytes too early (core.trace.Free): the
+        # pools' allocations are seen by address, so the one that gets freed bytes is known.
+        self.strict_free = strict_free
         self.trace = T.Trace()
         self.reading = False  # inside a blocking host read, which records its own StreamSync
         self.edits = None  # the sync audit's proof rerun (analyses.sync_audit.SyncEdits): syncs to skip
@@ -186,6 +190,8 @@ class Recorder:
         self._next_buffer = 1
         self._alloc_serial = 0
         self._deferred: list = []  # frees that arrived while the lock was held: (alloc, thread, site)
+        self._freed_starts: list = []  # sorted starts of pool blocks freed and not yet handed out again
+        self._freed: list = []  # (start, stop, buffer id) in the same order
         self._unmapped: Optional[int] = None  # pseudo-buffer of absolute addresses (last resort)
         self._graph_held: dict = {}  # buffer id -> graphs alive whose nodes use it
         self._freed_while_held: dict = {}  # buffer id -> (alloc, thread, site) of a free a graph defers
@@ -247,6 +253,11 @@ class Recorder:
         return self.checker.races if self.checker is not None else []
 
     @property
+    def hazards(self) -> list:
+        """Frees with a use pending on another stream that no allocation got (core.hb.Hazard)."""
+        return self.checker.hazards if self.checker is not None else []
+
+    @property
     def capture_errors(self) -> list:
         """What CUDA refuses during stream capture (capture.CaptureError), as the checker saw it."""
         return list(self.checker.capture_errors) if self.checker is not None else []
@@ -264,6 +275,8 @@ class Recorder:
     def report(self, width: Optional[int] = None) -> str:
         """Races, capture errors, notices and internal errors; race lines wrapped at `width`."""
         lines = [format_report(self.races, width=width)]
+        if self.hazards:
+            lines.append(format_hazards(self.hazards, width=width))
         if self.capture_errors:
             lines.append(format_capture_errors(self.capture_errors))
         lines.extend(f"streamcheck: note: {text}" for text in self.notices)
@@ -435,8 +448,27 @@ class Recorder:
             i = bisect.bisect_left(self._starts, start)
             self._starts.insert(i, start)
             self._allocs.insert(i, alloc)
-        self.record(T.Alloc(tid, site, buffer=bid, nbytes=size, name=name.format(id=bid)))
+            reuses = () if external or not self._freed else self._take_freed(start, start + size)
+        self.record(T.Alloc(tid, site, buffer=bid, nbytes=size, name=name.format(id=bid), stream=stream,
+                            reuses=reuses))
         return alloc
+
+    def _take_freed(self, start: int, stop: int) -> tuple:
+        """Ranges of freed blocks that [start, stop) reuses: the pool handed their bytes to a new
+        allocation (a block fully covered is forgotten; a split one keeps its other bytes)."""
+        starts, freed = self._freed_starts, self._freed
+        i = max(bisect.bisect_right(starts, start) - 1, 0)
+        reuses = []
+        while i < len(freed) and freed[i][0] < stop:
+            lo, hi, bid = freed[i]
+            if hi > start:
+                reuses.append(Range(bid, max(lo, start) - lo, min(hi, stop) - lo))
+                if start <= lo and hi <= stop:
+                    del starts[i]
+                    del freed[i]
+                    continue
+            i += 1
+        return tuple(reuses)
 
     def alloc(self, ptr: int, size: int, stream=None, what: str = "array", pool: str = "", sid=None):
         """A pool allocation of `size` bytes at `ptr`, filed (as CuPy's and torch's pools do)
@@ -445,6 +477,41 @@ class Recorder:
         if sid is None:
             sid = self.sid(stream)
         return self._add_alloc(ptr, size, sid, False, what + " #{id}" + f" ({size} bytes)", pool)
+
+    def host_alloc(self, ptr: int, size: int, what: str = "pinned host tensor"):
+        """A block of pinned host memory at `ptr` (torch's CachingHostAllocator): filed under no
+        stream; its free and reuse are the host's (host_block_reused)."""
+        return self._add_alloc(ptr, size, None, False, what + " #{id}" + f" ({size} bytes)", "pinned")
+
+    def host_view_access(self, lo: int, hi: int, write: bool, name: str) -> None:
+        """The host read or wrote host addresses [lo, hi) through a view (record.host_views): a
+        host access of those bytes, where an allocation holds them."""
+        alloc = self._find(lo, hi)
+        if alloc is None:
+            return
+        rng = Range(alloc.id, lo - alloc.start, hi - alloc.start)
+        self.record(T.HostAccess(self.tid(), self.site(), reads=() if write else (rng,), writes=(rng,) if write else (),
+                                 name=name))
+
+    def host_block_used(self, alloc: _Alloc, sid: int) -> None:
+        """A non_blocking copy on stream `sid` used pinned block `alloc`: the CachingHostAllocator
+        records an event on that stream for the block, and hands the block out again only once
+        the event completed."""
+        with self._lock:
+            eid, _ = self._new_event(named=False)
+        tid, site = self.tid(), self.site()
+        self.record(T.EventCreate(tid, site, event=eid, name="pinned block in use"))
+        self.record(T.EventRecord(tid, site, event=eid, stream=sid))
+        alloc.host_events.append(eid)
+
+    def host_block_reused(self, alloc: _Alloc) -> None:
+        """The CachingHostAllocator hands pinned block `alloc` to a new tensor: it queried every
+        event of the copies that used the block and found them complete (so the host is ordered
+        after those copies), and the old tensor's bytes have a new owner."""
+        tid, site = self.tid(), self.site()
+        for eid in alloc.host_events:
+            self.record(T.EventQuery(tid, site, event=eid, done=True))
+        self.free(alloc, tid, site)
 
     def allocation_at(self, ptr: int) -> Optional[_Alloc]:
         """The live allocation that starts at `ptr` (pools free by their block's address)."""
@@ -492,8 +559,12 @@ class Recorder:
                 return
             del self._starts[i]
             del self._allocs[i]
+            j = bisect.bisect_left(self._freed_starts, alloc.start)
+            self._freed_starts.insert(j, alloc.start)
+            self._freed.insert(j, (alloc.start, alloc.stop, alloc.id))
         try:
-            self.record(T.Free(tid, site, buffer=alloc.id, stream=alloc.stream, also=alloc.also, pool=alloc.pool))
+            self.record(T.Free(tid, site, buffer=alloc.id, stream=alloc.stream, also=alloc.also, pool=alloc.pool,
+                               strict=self.strict_free))
         except Exception as exc:  # never raise from a finalizer
             self.errors.append(f"free of {alloc.name}: {exc}")
 

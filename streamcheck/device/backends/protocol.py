@@ -20,6 +20,10 @@ import numpy as np
 
 class Backend(abc.ABC):
     name: str = ""  # what Device(backend=...) and --streamcheck-backend call it
+    # True when freed bytes reach a new allocation only through Device.alloc(reuse=) (the sim): a
+    # free is then a race only once an allocation gets its bytes too early (trace.Free). False:
+    # the backend's pool may hand them to any allocation unseen, so every free keeps the strict rule.
+    sees_reuse: bool = False
 
     # --- availability -------------------------------------------------------------------
     @classmethod

@@ -225,6 +225,7 @@ class SimBackend(Backend):
     """Device-API backend on the CPU. See the module docstring."""
 
     name = "sim"
+    sees_reuse = True  # freed bytes go to a new buffer only through Device.alloc(reuse=)
     supports_capture = True
     max_devices = None  # any number, on the CPU
 
@@ -301,8 +302,8 @@ class SimBackend(Backend):
             buf.storage = np.zeros(buf.shape, dtype=buf.dtype)
 
     def free(self, buf, stream) -> None:
-        # The storage stays: work still pending on other streams may touch it (the checker
-        # reports that as a FREE race); a real allocator would hand the bytes to someone else.
+        # The storage stays: work still pending on other streams may touch it; an allocation
+        # that gets these bytes (alloc(reuse=)) before that work is ordered is a FREE race.
         self._host_starting("free", HOST if stream is None else stream.id)
 
     def _host_starting(self, name: str, stream: int = HOST) -> None:

@@ -10,6 +10,9 @@ a race. Copies between host and device (`copy_`, `.to()`, `.cuda()`, `.cpu()`):
   host side the stream reads or writes when it gets there;
 - otherwise (pageable memory, or blocking): the host waits for the stream (a stream sync).
 `.item()`, `.tolist()` and printing read through `_local_scalar_dense`: a copy, then a sync.
+Operators whose C++ hands the host a value (`equal`, `allclose`, `nonzero`, boolean masks,
+`unique`, ...: hands_host_a_value, from torch's tags) are their launch, then the host's wait for
+their stream.
 `tensor.record_stream(s)` marks the tensor's block as used on `s` for the caching allocator.
 
 Custom operators (`torch.library.custom_op`, `Library.define`, any namespace but `aten` and
@@ -22,8 +25,10 @@ implementation that writes an argument its schema does not declare is not caught
 dispatch mode torch excludes ADInplaceOrView, so not even the version counter moves); declare
 the write (`mutates_args`, `Tensor(a!)`) or use `streamcheck.declare_access`.
 
-Not seen: memory written through `.numpy()` or raw pointers (numpy writes are not ATen ops:
-declare them with streamcheck.declare_access), kernels of extensions that bypass the
+`pinned.numpy()` is a host view (record.host_views): the host's reads and writes through it are
+host accesses of the pinned bytes.
+Not seen: memory written through `.numpy()` of pageable memory or raw pointers (numpy writes are not
+ATen ops: declare them with streamcheck.declare_access), kernels of extensions that bypass the
 dispatcher, and tensor subclasses whose __torch_dispatch__ runs before ours.
 """
 from __future__ import annotations
@@ -34,6 +39,8 @@ from .. import recorder as R
 from ...core import trace as T
 from ...core.trace import CopyKind
 from ..gpu import is_suppressed
+from ..host_views import HostView
+from .patching import forwarding
 from .threads import add_context
 from .torch_runtime import current_stream_ptr, state
 
@@ -114,20 +121,83 @@ def operator_accesses(func, args, kwargs):
             yield t, written
 
 
-def register(rec, torch, t, kind: str) -> None:
+# Operators whose C++ hands the host a value, so the host waits for their stream inside the call
+# (a free or a write on another stream issued after them is ordered after their work), from
+# torch's own tags: `data_dependent_output` (the result is a host value: `_local_scalar_dense`,
+# `item`, `equal`, `allclose`) and `dynamic_output_shape` (the output's size is read from the data:
+# `nonzero`, `argwhere`, `masked_select`, `unique` and its variants, `bincount`, `_ctc_loss`,
+# `linalg_lstsq`, and the three below). Composites (`is_nonzero`, `bool()`, `tolist` ...) reach a
+# dispatch mode whole or as these. Three of the tagged read the data only for some arguments:
+# `index.Tensor` with a boolean (or uint8) mask (ATen's expandTensors turns a mask into
+# `nonzero()`; `index_put_` does the same, untagged), `repeat_interleave.Tensor` without
+# `output_size`, `one_hot` without `num_classes`.
+_MASK_INDEXED = frozenset({"aten.index.Tensor", "aten.index_put_.default", "aten.index_put.default",
+                           "aten._index_put_impl_.default"})
+_HOST_VALUE_UNLESS = {  # operator -> (argument, position): it reads the data unless that argument is given
+    "aten.repeat_interleave.Tensor": ("output_size", None),
+    "aten.one_hot.default": ("num_classes", 1),
+}
+_host_value_kinds: dict = {}  # operator overload -> "always", "mask", "unless" or ""
+
+
+def _host_value_kind(func) -> str:
+    kind = _host_value_kinds.get(func)
+    if kind is None:
+        import torch
+
+        name = str(func)
+        tags = func.tags
+        if name in _MASK_INDEXED:
+            kind = "mask"
+        elif name in _HOST_VALUE_UNLESS:
+            kind = "unless"
+        elif torch.Tag.data_dependent_output in tags or torch.Tag.dynamic_output_shape in tags:
+            kind = "always"
+        else:
+            kind = ""
+        _host_value_kinds[func] = kind
+    return kind
+
+
+def hands_host_a_value(func, args, kwargs) -> bool:
+    """Whether this call of operator `func` makes the host wait for its stream and read a value
+    (see above): the one rule of the recorder on a GPU and of the emulation on the sim."""
+    kind = _host_value_kind(func)
+    if not kind:
+        return False
+    if kind == "always":
+        return True
+    if kind == "mask":
+        import torch
+
+        indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
+        return any(t is not None and t.dtype in (torch.bool, torch.uint8) for t in indices)
+    argument, position = _HOST_VALUE_UNLESS[str(func)]
+    value = kwargs.get(argument, args[position] if position is not None and len(args) > position else None)
+    return value is None or (argument == "num_classes" and value == -1)
+
+
+def register(rec, torch, t, kind: str, fresh: bool = False) -> None:
     """Make sure the storage under `t` ('cuda', or 'host': pinned) is a known allocation of
-    `rec` (its caching-allocator block, filed under the stream it was allocated on)."""
+    `rec` (its caching-allocator block, filed under the stream it was allocated on). `fresh`: an
+    operator's new result; a pinned one at a known block's address is that block handed out again
+    by torch's CachingHostAllocator (no callback reports pinned frees)."""
     storage = t.untyped_storage()
     ptr = storage.data_ptr()
-    if not ptr or rec.allocation_at(ptr) is not None:
+    if not ptr:
         return
+    known = rec.allocation_at(ptr)
+    if known is not None:
+        if not (fresh and kind == "host" and known.pool == "pinned"):
+            return
+        rec.host_block_reused(known)
     if kind == "cuda":
         sid = state(rec).pending.pop(ptr, None)
         if sid is None:  # allocated before the recording started: file it under the current stream
             sid = rec.sid(current_stream_ptr(torch, t.device.index))
         rec.alloc(ptr, storage.nbytes(), what="torch tensor", pool="torch", sid=sid)
     else:
-        rec.alloc(ptr, storage.nbytes(), what="pinned host tensor", pool="pinned", sid=0)
+        rec.host_alloc(ptr, storage.nbytes())
 
 
 class Ops:
@@ -151,8 +221,8 @@ class Ops:
             pinned = self._pinned[ptr] = bool(R.inside(t.is_pinned))
         return "host" if pinned else ""
 
-    def register(self, t, kind: str) -> None:
-        register(self.rec, self.torch, t, kind)
+    def register(self, t, kind: str, fresh: bool = False) -> None:
+        register(self.rec, self.torch, t, kind, fresh)
 
     # --- one operator ---------------------------------------------------------------------
     def call(self, func, args, kwargs):
@@ -197,7 +267,17 @@ class Ops:
             if rec.intercepts:
                 rec.before_issue(stream, sid, name)  # before the operator is issued
         site, tid = rec.site(), rec.tid()
-        result = run()
+        # The host's wait inside such a call comes after its work: recorded below, after the access
+        # (torch's callback would report it first, before the operator is recorded).
+        host_value = sid is not None and hands_host_a_value(func, args, kwargs)
+        if host_value or name in _COPIES:
+            rec.reading = True
+            try:
+                result = run()
+            finally:
+                rec.reading = False
+        else:
+            result = run()
         if schema.all_written and writes:
             rec.notice(f"custom operator `{name}` declares no written argument and returns no tensor, so its only "
                        "effect can be a write: every tensor argument is assumed written (declare the written ones "
@@ -208,15 +288,17 @@ class Ops:
                 kind = self._kind(t)
                 if kind:
                     fresh.append((t, kind))
-        for t, kind in reads + writes + fresh:
+        for t, kind in reads + writes:
             self.register(t, kind)
+        for t, kind in fresh:
+            self.register(t, kind, fresh=True)
         if name in _NO_ACCESS:
             return result
         writes += fresh
         kinds = {k for _, k in reads + writes}
         if not kinds:
             return result
-        if name in _COPIES and ("host" in kinds or self._pageable_side(args, kwargs)):
+        if name in _COPIES and ("host" in kinds or self._pageable_side(args, kwargs, result)):
             self._copy(name, args, kwargs, reads, writes, site, tid)
         elif kinds == {"host"}:
             rec.record(T.HostAccess(tid, site, reads=rec.ranges(t for t, _ in reads),
@@ -229,11 +311,14 @@ class Ops:
             rec.record(T.Launch(tid, site, stream=sid, name=name,
                                 reads=tuple(r for r in rec.ranges(t for t, _ in reads) if r not in written),
                                 writes=written))
+            if host_value:
+                rec.record(T.StreamSync(tid, site, stream=sid, cause=name))
         return result
 
-    def _pageable_side(self, args, kwargs) -> bool:
-        """A copy between a CUDA tensor and pageable CPU memory: synchronous for the host."""
-        tensors = _tensors(list(args) + list(kwargs.values()), self.torch)
+    def _pageable_side(self, args, kwargs, result=None) -> bool:
+        """A copy between a CUDA tensor and pageable CPU memory (an argument, or the fresh result
+        of `.cpu()`, `.tolist()`'s copy): synchronous for the host."""
+        tensors = _tensors(list(args) + list(kwargs.values()), self.torch) + _tensors(result, self.torch)
         kinds = [self._kind(t) for t in tensors]
         return "cuda" in kinds and any(t.device.type == "cpu" and not k for t, k in zip(tensors, kinds))
 
@@ -257,6 +342,11 @@ class Ops:
         host = [t for t in src + dst if self._kind(t) != "cuda"]
         if not (non_blocking and host and all(self._kind(t) == "host" for t in host)):
             rec.record(T.StreamSync(tid, site, stream=sid))
+            return
+        for t in host:  # pending: torch's CachingHostAllocator holds the pinned block until the copy ran
+            alloc = rec.allocation_of(t)
+            if alloc is not None and alloc.pool == "pinned":
+                rec.host_block_used(alloc, sid)
 
     def _host_read(self, run, tensor):
         """`.item()` & co.: a copy to the host on the current stream, then a wait for it."""
@@ -330,5 +420,22 @@ def install(rec, patcher) -> None:
     patcher.on_undo(leave)
 
 
+def _numpy(orig):
+    # `pinned.numpy()` shares the tensor's bytes: the host's reads and writes through the array are
+    # host accesses of pinned memory (record.host_views), which no dispatch mode sees.
+    def numpy(self, *args, **kwargs):
+        array = orig(self, *args, **kwargs)
+        rec = R.current
+        if rec is None or is_suppressed() or R.depth() or "torch" not in rec.state or self.device.type != "cpu" \
+                or self.numel() == 0 or not R.inside(self.is_pinned):
+            return array
+        register(rec, rec.gpu.torch, self, "host")
+        return HostView.of(array, rec.host_view_access)
+    return forwarding(orig, numpy)
+
+
 def patches() -> tuple:
-    return ()
+    """The numpy view of a pinned tensor, whose accesses the dispatch mode never sees."""
+    from .patching import Patch
+
+    return (Patch("torch.Tensor.numpy", _numpy),)

@@ -608,3 +608,29 @@ def test_device_side_is_offered_only_once_the_trace_with_the_replacement_wait_ch
     assert [(r.kind, r.buffer) for r in finding.prevents] == [("RAW", "x")]
     assert "its device-side replacement, checked in the trace, does not order every one" in finding.reason
     assert result.keep == (1,) and result.replaced == ()
+
+
+def test_a_wait_before_an_allocation_that_gets_freed_bytes_is_necessary():
+    """A prefetch loader's fix (issue 37): each batch is loaded on P into the previous batch's
+    bytes (the caching allocator's reuse) and read on C; P waits for C before each allocation.
+    Removing the wait makes the reuse a FREE race: the audit keeps it."""
+    d = Device("sim")
+    p, c = d.stream("P"), d.stream("C")
+    previous = None
+    for k in range(2):
+        if previous is not None:
+            p.wait_event(c.record())  # P waits for C's read of the previous batch
+        batch = d.alloc(4, name=f"batch{k}", reuse=previous, stream=p) if previous is not None else \
+            d.alloc(4, name=f"batch{k}")
+        out = d.alloc(4, name=f"out{k}")
+        d.launch(fill, (batch,), stream=p, writes=[batch], name="load")
+        c.wait_event(p.record())
+        d.launch(copy, (batch, out), stream=c, reads=[batch], writes=[out], name="train step")
+        d.free(batch, stream=p)
+        previous = batch
+    assert not d.races and [h.race.buffer for h in d.hazards] == ["batch1"]  # the last batch: nothing reuses it
+    result = audit(d.trace)
+    reuse_wait = next(f for f in result.findings if f.sync.what.startswith("stream P waits"))
+    assert reuse_wait.verdict is Verdict.NECESSARY, result.format()
+    (race,) = reuse_wait.prevents
+    assert (race.kind, race.buffer, race.first.name, race.second.name) == ("FREE", "batch0", "train step", "free")

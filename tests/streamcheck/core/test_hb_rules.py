@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from streamcheck.core.hb import (Checker, Race, TraceError, check, format_report, reports_to_dicts, reports_to_json,
-                                site_path)
+from streamcheck.core.hb import (Checker, Race, TraceError, check, format_hazards, format_report, reports_to_dicts,
+                                reports_to_json, site_path)
 from streamcheck.core.trace import (Alloc, CallSite, Copy, CopyKind, DeviceSync, EventCreate, EventQuery, EventRecord,
                                EventSync, HandOff, Free, HostAccess, ImplicitSync, Launch, Range, StreamCreate,
                                StreamKind, StreamQuery, StreamSync, StreamWait, TakeOver, ThreadJoin, ThreadStart,
@@ -55,8 +55,10 @@ class Prog:
     def event(self, name: str) -> CallSite:
         return self._add(EventCreate, event=self._id(name), name=name)
 
-    def alloc(self, name: str, nbytes: int = NBYTES) -> CallSite:
-        return self._add(Alloc, buffer=self._id(name), nbytes=nbytes, name=name)
+    def alloc(self, name: str, nbytes: int = NBYTES, stream=None, reuses=()) -> CallSite:
+        """`reuses`: freed buffers (names, or (name, start, stop)) whose bytes the allocation gets."""
+        return self._add(Alloc, buffer=self._id(name), nbytes=nbytes, name=name,
+                         stream=self._id(stream) if stream else None, reuses=tuple(map(self._range, reuses)))
 
     # work
     def launch(self, stream: str, kernel: str, reads=(), writes=(), thread: int = 0) -> CallSite:
@@ -71,9 +73,9 @@ class Prog:
         return self._add(HostAccess, thread, reads=tuple(map(self._range, reads)),
                          writes=tuple(map(self._range, writes)), name=name)
 
-    def free(self, buffer: str, stream=None, thread: int = 0, also=(), pool: str = "") -> CallSite:
+    def free(self, buffer: str, stream=None, thread: int = 0, also=(), pool: str = "", strict: bool = False) -> CallSite:
         return self._add(Free, thread, buffer=self._id(buffer), stream=self._id(stream) if stream else None,
-                         also=tuple(self._id(s) for s in also), pool=pool)
+                         also=tuple(self._id(s) for s in also), pool=pool, strict=strict)
 
     # synchronization
     def record(self, event: str, stream: str) -> CallSite:
@@ -114,6 +116,12 @@ class Prog:
 
     def races(self) -> list[Race]:
         return check(Trace(list(self.ops)))
+
+    def checker(self) -> Checker:
+        checker = Checker()
+        for op in self.ops:
+            checker.feed(op)
+        return checker
 
 
 def two_streams(kind_a="non_blocking", kind_b="non_blocking", buffers=("x",)) -> Prog:
@@ -344,23 +352,64 @@ def byte_ranges(a_range: tuple, b_range: tuple):
     return p
 
 
-def free_program(how: str):
+def free_program(how: str, strict: bool = True):
+    """The strict rule (--strict-free): a free with a use pending on another stream is the race."""
     p = two_streams()
     p.event("done")
     p.launch("A", "produce", writes=["x"])
     if how == "host, no sync":
-        p.free("x")
+        p.free("x", strict=strict)
     elif how == "host, after sync":
         p.sync("A")
-        p.free("x")
+        p.free("x", strict=strict)
     elif how == "on other stream, no wait":
-        p.free("x", stream="B")
+        p.free("x", stream="B", strict=strict)
     elif how == "on other stream, after wait":
         p.record("done", "A")
         p.wait("B", "done")
-        p.free("x", stream="B")
+        p.free("x", stream="B", strict=strict)
     elif how == "on same stream":
-        p.free("x", stream="A")
+        p.free("x", stream="A", strict=strict)
+    return p
+
+
+def reuse_program(how: str):
+    """torch's caching allocator without the strict rule: x is allocated on A and read on B; its
+    block goes back to A's pool at the free, and the race is an allocation that gets it before
+    B's read is ordered before that allocation."""
+    p = two_streams()
+    p.event("read")
+    p.launch("A", "produce", writes=["x"])
+    p.record("read", "A")
+    p.wait("B", "read")
+    p.launch("B", "consume", reads=[("x", 0, 32)])
+    p.free("x", stream="A", pool="torch", also=("B",) if how == "record_stream" else ())
+    if how == "nothing reuses":
+        return p
+    if how == "A waits for B":
+        p.record("read", "B")
+        p.wait("A", "read")
+    elif how == "host syncs B":
+        p.sync("B")
+    elif how == "A waits too early":  # the wait is issued before the read it should cover
+        return _reuse_waits_too_early()
+    reused = ("x", 32, 64) if how == "other bytes reused" else "x"
+    p.alloc("y", stream="A", reuses=[reused])
+    return p
+
+
+def _reuse_waits_too_early():
+    p = two_streams()
+    p.event("produced")
+    p.event("read")
+    p.launch("A", "produce", writes=["x"])
+    p.record("produced", "A")
+    p.wait("B", "produced")
+    p.record("read", "B")
+    p.wait("A", "read")
+    p.launch("B", "consume", reads=["x"])
+    p.free("x", stream="A", pool="torch")
+    p.alloc("y", stream="A", reuses=["x"])
     return p
 
 
@@ -524,6 +573,15 @@ CASES = [
     pytest.param(lambda: free_program("on other stream, no wait"), ["FREE"], id="stream-free-racy"),
     pytest.param(lambda: free_program("on other stream, after wait"), [], id="stream-free-after-wait-safe"),
     pytest.param(lambda: free_program("on same stream"), [], id="stream-free-same-stream-safe"),
+    # A free is not a reuse: the race is the allocation that gets the bytes too early.
+    pytest.param(lambda: free_program("host, no sync", strict=False), [], id="host-free-not-reused-hazard"),
+    pytest.param(lambda: free_program("on other stream, no wait", strict=False), [], id="stream-free-not-reused-hazard"),
+    pytest.param(lambda: reuse_program("reused at once"), ["FREE"], id="reuse-before-the-read-is-ordered-racy"),
+    pytest.param(lambda: reuse_program("A waits for B"), [], id="reuse-after-the-allocating-stream-waits-safe"),
+    pytest.param(lambda: reuse_program("host syncs B"), [], id="reuse-after-the-host-synchronized-safe"),
+    pytest.param(lambda: reuse_program("record_stream"), [], id="reuse-after-record-stream-safe"),
+    pytest.param(lambda: reuse_program("other bytes reused"), [], id="reuse-of-other-bytes-safe"),
+    pytest.param(lambda: reuse_program("A waits too early"), ["FREE"], id="reuse-after-a-wait-issued-too-early-racy"),
     # Host threads: each has its own clock.
     pytest.param(lambda: thread_start(None), ["RAW"], id="thread-without-parent-racy"),
     pytest.param(lambda: thread_start(0), [], id="thread-with-parent-safe"),
@@ -667,10 +725,100 @@ def test_host_read_without_sync_says_synchronize():
 
 
 def test_free_race_names_the_free():
-    [race] = free_program("on other stream, no wait").races()
+    [race] = free_program("on other stream, no wait", strict=True).races()
     assert race.kind == "FREE"
     assert (race.second.actor, race.second.name, race.second.write) == ("stream B", "free", True)
     assert (race.start, race.stop) == (0, NBYTES)
+
+
+def test_a_reuse_race_names_the_use_the_free_and_the_allocation_that_got_the_bytes():
+    p = reuse_program("reused at once")
+    [race] = p.races()
+    assert (race.kind, race.first.name, race.second.name, race.second.actor) == ("FREE", "consume", "free", "stream A")
+    assert (race.buffer, race.start, race.stop) == ("x", 0, 32)  # the bytes the pending read uses
+    alloc_site = next(op.site for op in p.ops if isinstance(op, Alloc) and op.reuses)
+    assert f"the allocation at {site_path(alloc_site)} on stream A got these bytes" in race.missing_edge
+    assert race.hint.startswith("call tensor.record_stream(stream B) after `consume`")
+    assert p.checker().hazards == []  # reported as the race, not again as a hazard
+
+
+def test_a_free_nothing_reuses_is_a_hazard_with_the_record_stream_fix():
+    p = reuse_program("nothing reuses")
+    checker = p.checker()
+    assert checker.races == []
+    [hazard] = checker.hazards
+    race = hazard.race
+    assert (race.kind, race.first.name, race.second.name) == ("FREE", "consume", "free")
+    assert "no allocation got these bytes in this run" in race.missing_edge
+    assert race.hint.startswith("call tensor.record_stream(stream B) after `consume`")
+    text = format_hazards(checker.hazards)
+    assert text.startswith("streamcheck: 1 free hazard (not races in this run")
+    assert "\nFREE hazard on `x` bytes [0, 32)" in text
+    assert hazard.to_dict()["hazard"] is True and hazard.to_dict()["kind"] == "FREE"
+    assert format_hazards([]) == ""
+
+
+def test_a_strict_free_is_the_race_itself_and_no_hazard():
+    checker = free_program("host, no sync", strict=True).checker()
+    assert [r.kind for r in checker.races] == ["FREE"] and checker.hazards == []
+    checker = free_program("host, no sync", strict=False).checker()
+    assert checker.races == [] and len(checker.hazards) == 1
+
+
+def test_hazards_fold_repeats_of_one_free_site():
+    p = two_streams()
+    for k in range(3):
+        p.alloc(f"x{k}")
+        p.launch("A", "produce", writes=[f"x{k}"])
+        p.free(f"x{k}")
+    [hazard] = p.checker().hazards
+    assert hazard.race.count == 3
+
+
+def test_a_prefetch_loader_that_waits_before_each_allocation_is_clean():
+    """The pattern of issue 37: each batch allocated on the prefetch stream P (getting the previous
+    batch's block), read on the compute stream C; P waits for C before each allocation instead of
+    record_stream. The last batch's free is reused by nothing: a hazard, not a race."""
+    p = Prog()
+    p.stream("P")
+    p.stream("C")
+    p.event("consumed")
+    previous = None
+    for k in range(3):
+        if previous is not None:
+            p.record("consumed", "C")
+            p.wait("P", "consumed")
+        p.alloc(f"batch{k}", stream="P", reuses=[previous] if previous else [])
+        p.launch("P", "load", writes=[f"batch{k}"])
+        p.event(f"loaded{k}")
+        p.record(f"loaded{k}", "P")
+        p.wait("C", f"loaded{k}")
+        p.launch("C", "train step", reads=[f"batch{k}"])
+        p.free(f"batch{k}", stream="P", pool="torch")
+        previous = f"batch{k}"
+    checker = p.checker()
+    assert checker.races == [], format_report(checker.races)
+    [hazard] = checker.hazards
+    assert hazard.race.buffer == "batch2"
+
+
+def test_an_allocation_may_reuse_only_freed_bytes():
+    p = two_streams()
+    p.alloc("y", reuses=["x"])  # x is alive
+    with pytest.raises(TraceError, match="reuses .* of a live buffer"):
+        p.races()
+
+
+def test_the_sync_audit_sees_a_reuse_race_end_at_the_allocation():
+    """on_race gets the allocation as the second operation: a wait issued between the free and
+    the allocation is what orders the pair."""
+    p = reuse_program("reused at once")
+    pairs = []
+    checker = Checker()
+    checker.on_race = lambda first, second, key: pairs.append((type(second).__name__, key[0]))
+    for op in p.ops:
+        checker.feed(op)
+    assert pairs == [("Alloc", "FREE")]
 
 
 def caching_allocator_reuse(record_stream: bool):
@@ -682,7 +830,7 @@ def caching_allocator_reuse(record_stream: bool):
     p.record("produced", "A")
     p.wait("B", "produced")
     p.launch("B", "copy to host", reads=["x"])
-    p.free("x", stream="A", also=("B",) if record_stream else (), pool="torch")
+    p.free("x", stream="A", also=("B",) if record_stream else (), pool="torch", strict=True)
     return p
 
 
@@ -739,7 +887,7 @@ def test_races_seen_so_far_are_readable_while_feeding():
 
 def test_json_round_trips():
     p, sites = flashnorm_bug(steps=2)
-    races = p.races() + free_program("host, no sync").races()
+    races = p.races() + free_program("host, no sync", strict=True).races()
     data = json.loads(reports_to_json(races))
     assert data == reports_to_dicts(races) == [r.to_dict() for r in races]
     first = data[0]
@@ -783,7 +931,7 @@ def test_a_report_of_one_pair_and_one_buffer_lists_no_folds():
 def test_host_free_fix_offers_the_stream_ordered_free_first():
     """The device API's free takes a stream: freeing on the stream that still uses the memory
     orders the reuse after it without blocking the host, so that is the first fix offered."""
-    [race] = free_program("host, no sync").races()
+    [race] = free_program("host, no sync", strict=True).races()
     assert race.kind == "FREE" and race.second.actor == "host thread 0"
     assert race.hint.startswith("free it on stream A instead: device.free(x, stream=<stream A>) at ")
     assert "; or call stream A.synchronize()" in race.hint
@@ -812,3 +960,19 @@ def test_a_legacy_stream_synchronize_waits_for_blocking_streams_even_without_wor
         assert len(dev.races) == races, dev.report()
         if not races:
             assert (value == 1).all()  # the sim drained the blocking stream too
+
+
+def test_a_block_reused_on_another_stream_than_its_free_races_with_the_frees_own_streams_use():
+    """CuPy's pool across threads (issue 37): x is used on A and freed on A (stream-ordered, safe for
+    A's next allocation), then handed to an allocation on B, whose work is not ordered after A's."""
+    p = two_streams()
+    p.launch("A", "use", reads=["x"])
+    p.free("x", stream="A", pool="cupy")
+    checker = p.checker()
+    assert checker.races == [] and checker.hazards == []  # A's own use: ordered for A's pool
+    p.alloc("y", stream="B", reuses=["x"])
+    [race] = p.races()
+    assert (race.kind, race.first.name, race.first.actor) == ("FREE", "use", "stream A")
+    p.ops.pop()
+    p.alloc("y", stream="A", reuses=["x"])
+    assert p.races() == []

@@ -808,6 +808,56 @@ def test_a_pinned_tensors_numpy_view_holds_its_values_or_is_refused_in_one_line(
     assert got == [0.0, 1.0, 2.0, 3.0] or ("numpy" in got and "\n" not in got)
 
 
+@pytest.mark.parametrize("synchronized", [False, True], ids=["written-while-upload-pending", "after-sync"])
+def test_a_write_through_a_pinned_numpy_view_is_the_hosts_write_of_those_bytes(synchronized):
+    """A host view (record/host_views.py): the host writes the staging tensor through its numpy view
+    while the upload from it may be pending; only the bytes it writes count."""
+    def program():
+        side = torch.cuda.Stream()
+        staging = torch.zeros(8, pin_memory=True)
+        view = staging.numpy()
+        out = torch.zeros(8, device="cuda")
+        torch.cuda.synchronize()
+        with torch.cuda.stream(side):
+            out.copy_(staging, non_blocking=True)  # view-upload
+        if synchronized:
+            side.synchronize()
+        view[2:4] = 7.0  # view-write
+        view[6]  # a read: no race with the upload's read
+        torch.cuda.synchronize()
+        return out.tolist()
+
+    dev, got, _ = emulate(program)
+    assert got == [0.0] * 8
+    if synchronized:
+        assert races(dev) == set()
+    else:
+        assert races(dev) == {("WAR", line("view-upload"), line("view-write"))}
+        (race,) = dev.races
+        assert (race.start, race.stop) == (8, 16)
+
+
+@pytest.mark.parametrize("masked", [True, False], ids=["boolean-mask", "integer-index"])
+def test_an_assignment_through_a_boolean_mask_makes_the_host_wait_as_cudas_nonzero_does(masked):
+    """`x[mask] = v` turns the mask into indices on the host (ATen's expandTensors: nonzero), so the
+    host waited for the stream: a later write on another stream is ordered; an integer index is not."""
+    def program():
+        s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+        x = torch.arange(4.0, device="cuda")
+        index = x > 1 if masked else torch.tensor([2, 3], device="cuda")
+        torch.cuda.synchronize()
+        with torch.cuda.stream(s1):
+            x[index] = 0.0  # mask-assign
+        with torch.cuda.stream(s2):
+            index.zero_()  # index-overwritten
+        torch.cuda.synchronize()
+        return x.tolist()
+
+    dev, got, _ = emulate(program)
+    assert got == [0.0, 1.0, 0.0, 0.0]
+    assert races(dev) == (set() if masked else {("WAR", line("mask-assign"), line("index-overwritten"))})
+
+
 # --- the caching allocator -------------------------------------------------------------------------------
 
 def _reuse(record: bool):

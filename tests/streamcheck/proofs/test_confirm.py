@@ -193,6 +193,23 @@ def free_in_use(dev, waited=False):
     dev.synchronize()
 
 
+def reused_in_use(dev, waited=False, first_reads=False):
+    """x's bytes handed to a new allocation on B (a caching allocator's reuse) while A's use of x
+    may still be pending: A's write clobbers the new owner's, or A's read sees what it wrote."""
+    a, b, x, y = setup(dev)
+    if first_reads:
+        consume(dev, y, x, a)
+    else:
+        produce(dev, x, a)
+    if waited:
+        b.wait_event(a.record())
+    dev.free(x, stream=b)
+    z = dev.alloc((4,), "float32", name="z", reuse=x, stream=b)
+    produce(dev, z, b, 7.0)
+    dev.synchronize()
+    return dev.host_read(z), dev.host_read(y)
+
+
 def decode(dev, **kwargs):
     return decode_steps(dev, **kwargs)
 
@@ -266,10 +283,39 @@ def test_the_replay_line_repeats_the_stale_read():
     np.testing.assert_array_equal(two_streams(Device("sim", policy="sequential")), [1.0] * 4)
 
 
-def test_a_free_race_is_forced_but_not_claimed_since_the_sim_never_reuses_freed_bytes():
-    (c,) = confirm_races(free_in_use)
-    assert c.race.kind == "FREE" and not c.confirmed
-    assert "never hands freed bytes to another allocation" in c.why and c.held.startswith("held `produce`")
+def test_a_free_nothing_reuses_is_no_race_but_a_hazard():
+    assert confirm_races(free_in_use) == ()
+    dev = Device("sim", policy="sequential")
+    free_in_use(dev)
+    assert dev.races == [] and [h.race.first.name for h in dev.hazards] == ["produce"]
+    assert "1 free hazard" in dev.report()
+
+
+def test_a_strict_free_race_is_not_claimed_since_nothing_got_its_bytes():
+    from streamcheck.proofs.confirm import confirm
+
+    reference = Device("sim", policy="sequential", strict_free=True)
+    free_in_use(reference)
+    reference.synchronize()
+    [race] = reference.races
+    c = confirm(free_in_use, race, reference=reference)
+    assert race.kind == "FREE" and not c.confirmed and "no allocation got the freed bytes" in c.why
+
+
+@pytest.mark.parametrize("first_reads", [False, True], ids=["held-write-clobbers-new-owner", "held-read-sees-new-owner"])
+def test_a_reuse_free_race_is_confirmed_by_the_values(first_reads):
+    (c,) = confirm_races(lambda d: reused_in_use(d, first_reads=first_reads))
+    assert c.race.kind == "FREE" and c.confirmed, c.format()
+    if first_reads:  # A's read of x, held past the reuse, sees what the new owner wrote
+        assert c.reader.startswith("`consume` on stream A") and (c.got, c.expected) == (7.0, 0.0)
+    else:  # A's write, held past the new owner's, is what z holds at the end
+        assert (c.got, c.expected) == (1.0, 7.0) and c.element.startswith("x[")
+
+
+def test_a_reuse_after_the_allocating_stream_waited_is_clean():
+    dev = Device("sim", policy="sequential")
+    reused_in_use(dev, waited=True)
+    assert dev.races == [] and dev.hazards == []
 
 
 def test_a_synchronize_that_does_not_wait_for_the_first_access_leaves_the_hold_in_place():
@@ -431,3 +477,23 @@ def test_after_a_host_synchronize_released_the_first_access_later_occurrences_ru
     dev.synchronize()
     launches = [entry for entry in order if entry[0] in ("step", "other")]
     assert launches == [("step", "first"), ("step", None), ("other", "second")]
+
+
+def host_rewrites_pending_copy(dev, synchronized=False):
+    """The host overwrites the source of a copy still pending on A (a pinned staging buffer):
+    the host's write happens after the call that records it returns, as an emulated operator's."""
+    a, _, x, y = setup(dev)  # x holds 0.0
+    dev.copy(y, x, stream=a)  # A reads x when it gets there
+    if synchronized:
+        a.synchronize()
+    dev.host_access(writes=[x], name="host rewrite")
+    x.storage[...] = 5.0  # the host's own write, after the call
+    dev.synchronize()
+    return dev.host_read(y)
+
+
+def test_a_host_write_race_is_confirmed_by_holding_the_device_side_past_the_hosts_write():
+    (c,) = confirm_races(host_rewrites_pending_copy)
+    assert c.race.kind == "WAR" and c.race.second.actor == "host thread 0"
+    assert c.confirmed and (c.got, c.expected) == (5.0, 0.0), c.format()
+    assert confirm_races(lambda d: host_rewrites_pending_copy(d, synchronized=True)) == ()

@@ -79,6 +79,25 @@ def test_the_rerun_targets_the_first_access_on_its_stream_and_the_second_on_its_
     assert first.site == race.first.site and second.site == race.second.site
 
 
+def test_a_reuse_free_race_is_aimed_at_the_new_owners_first_access_not_at_the_free():
+    """A free is not a reuse (issue 37): the rerun times the held use against the first access of
+    the allocation that got the bytes; a strict free nothing reused cannot be confirmed."""
+    from streamcheck.device import Device
+    from tests.streamcheck.proofs.test_confirm import free_in_use, reused_in_use
+
+    dev = Device("sim", policy="sequential")
+    reused_in_use(dev)
+    (race,) = dev.races
+    first, second = plan_probe(dev.checker, dev.trace, race)
+    assert race.kind == "FREE" and race.second.name == "free"
+    assert (first.name, first.label, second.name, second.label) == ("produce", "stream A", "produce", "stream B")
+    assert second.site != race.second.site  # the new owner's write, not the free
+    strict = Device("sim", policy="sequential", strict_free=True)
+    free_in_use(strict)
+    (race,) = strict.races
+    assert "no allocation got the freed bytes" in plan_probe(strict.checker, strict.trace, race)
+
+
 def test_the_probe_spins_right_before_the_first_access_and_times_both_ends():
     reference = recorded()
     (race,) = reference.races

@@ -15,6 +15,8 @@ from streamcheck.record import recorder as R  # noqa: E402
 from streamcheck.record.adapters import torch_graphs, torch_ops, torch_runtime  # noqa: E402
 from streamcheck.record.adapters.cuda_device import CudaGpu  # noqa: E402
 from streamcheck.core import trace as T  # noqa: E402
+from streamcheck.record.host_views import HostView  # noqa: E402
+import numpy as np  # noqa: E402
 
 A, B = 0x10, 0x20  # two torch streams (cudaStream_t)
 
@@ -41,8 +43,8 @@ class CpuStandsInForCuda(torch_ops.Ops):
             return ""
         return "host" if ptr in self.pinned else "cuda"
 
-    def register(self, t, kind):
-        super().register(t, kind)
+    def register(self, t, kind, fresh=False):
+        super().register(t, kind, fresh)
         self.kept.append(t.untyped_storage())
 
 
@@ -152,6 +154,60 @@ def test_a_pinned_buffer_rewritten_by_the_host_while_its_async_copy_is_pending_r
     assert race.second.actor == "host thread 0"
 
 
+def test_a_fresh_pinned_tensor_on_a_reused_block_is_ordered_after_the_old_tensors_pending_copy(run):
+    """torch's CachingHostAllocator (issue 37): the block of a pinned staging tensor whose
+    non_blocking copy is pending goes back to the pool when the tensor dies, and is handed to a new
+    pinned tensor only once the event recorded after that copy completed. So the host's write into
+    the new tensor (same bytes) is ordered after the copy, where a write into the old one races."""
+    rec, ops, on = run
+    staging = torch.ones(16)
+    ptr = staging.untyped_storage().data_ptr()
+    ops.pinned.add(ptr)
+    device = torch.zeros(16)
+    with on(A):
+        device.copy_(staging, non_blocking=True)  # pending on A: the pinned block is in use
+    again = torch.empty(0).set_(staging.untyped_storage())  # a new tensor on the same bytes
+    ops.register(again, "host", fresh=True)  # as torch.empty(16, pin_memory=True) handing the block out again
+    with on(A):
+        again.fill_(5)  # the host writes the new staging tensor
+    assert rec.races == [], rec.report()
+    queries = [op for op in rec.trace.ops if type(op) is T.EventQuery]
+    assert [q.done for q in queries] == [True]  # the allocator's query of the copy's event
+    (reuse,) = [op for op in rec.trace.ops if type(op) is T.Alloc and op.reuses]
+    assert reuse.stream is None and reuse.reuses[0].start == 0
+
+
+@pytest.mark.parametrize("synchronized", [False, True], ids=["read-before-sync", "read-after-sync"])
+def test_a_numpy_view_of_pinned_memory_reads_it_as_the_host(run, monkeypatch, synchronized):
+    """vLLM's pattern (issue 37): a non_blocking D2H copy into a pinned tensor, then the host reads
+    its numpy view. The view's read is a host access of the bytes it reads (RAW before the sync)."""
+    rec, ops, on = run
+    pinned = torch.zeros(16)
+    ops.pinned.add(pinned.untyped_storage().data_ptr())
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self: self.untyped_storage().data_ptr() in ops.pinned)
+    counts = torch.arange(16.0)
+    view = torch_ops._numpy(torch.Tensor.numpy)(pinned)  # torch.Tensor.numpy as the adapter patches it
+    assert isinstance(view, HostView)
+    with on(A):
+        pinned.copy_(counts, non_blocking=True)  # async D2H on A into the pinned tensor
+    if synchronized:
+        torch_runtime._stream_synchronized(A)
+    assert view[3] == 3.0
+    if synchronized:
+        assert rec.races == []
+        return
+    (race,) = rec.races
+    assert (race.kind, race.first.name, race.second.name) == ("RAW", "copy D2H", "host view read")
+    assert (race.start, race.stop) == (12, 16)  # the element read, not the whole tensor
+    assert race.second.site.file == __file__
+
+
+def test_numpy_of_pageable_memory_is_a_plain_array(run):
+    rec, ops, on = run
+    array = torch_ops._numpy(torch.Tensor.numpy)(torch.zeros(4))
+    assert type(array) is np.ndarray
+
+
 def test_the_same_host_write_after_a_stream_sync_is_fine(run):
     rec, ops, on = run
     staging = torch.ones(16)
@@ -212,6 +268,49 @@ def test_item_reads_on_the_current_stream_and_waits_for_it(run):
     assert all(op.stream == rec.sid(B) for op in rec.trace.ops if type(op) in (T.Copy, T.StreamSync))
 
 
+HOST_VALUED = [
+    pytest.param(lambda x, y: torch.equal(x, y), id="equal"),
+    pytest.param(lambda x, y: torch.allclose(x, y), id="allclose"),
+    pytest.param(lambda x, y: torch.nonzero(x), id="nonzero"),
+    pytest.param(lambda x, y: x[x > 0], id="boolean-mask-index"),
+    pytest.param(lambda x, y: torch.masked_select(x, y > 0), id="masked_select"),
+    pytest.param(lambda x, y: torch.unique(x), id="unique"),
+    pytest.param(lambda x, y: torch.repeat_interleave(x.long()), id="repeat_interleave-without-output_size"),
+]
+
+
+@pytest.mark.parametrize("host_valued", HOST_VALUED)
+def test_an_operator_that_hands_the_host_a_value_orders_a_later_write_on_another_stream(run, host_valued):
+    """The host waited for A inside the call (issue 37: equal, allclose, tolist were reported on an
+    H100): the operator's reads are recorded before that wait, so B's overwrite issued next is ordered."""
+    rec, _, on = run
+    x, y = torch.arange(4.0), torch.arange(4.0)
+    with on(A):
+        x.add_(1)
+        host_valued(x, y)
+    with on(B):
+        x.zero_()
+        y.zero_()
+    assert rec.races == [], rec.report()
+    syncs = [op for op in rec.trace.ops if type(op) is T.StreamSync]
+    assert [s.stream for s in syncs][-1:] == [rec.sid(A)] and syncs[-1].cause.startswith("aten.")
+
+
+@pytest.mark.parametrize("device_only", [
+    pytest.param(lambda x, index: torch.add(x, x), id="add"),
+    pytest.param(lambda x, index: x[index - 1], id="integer-index"),
+    pytest.param(lambda x, index: torch.repeat_interleave(x, index, output_size=3), id="repeat_interleave-output_size"),
+])
+def test_an_operator_that_needs_no_host_value_leaves_a_later_write_on_another_stream_racy(run, device_only):
+    rec, _, on = run
+    x, index = torch.arange(2.0), torch.tensor([1, 2])  # (repeats for repeat_interleave, positions for x[index])
+    with on(A):
+        device_only(x, index)
+    with on(B):
+        x.zero_()
+    assert [r.kind for r in rec.races] == ["WAR"], rec.report()
+
+
 def _block_written_on_a(run):
     """(rec, on, x, its block's pointer): a tensor the allocator reported on stream A, filled there."""
     rec, _, on = run
@@ -223,14 +322,37 @@ def _block_written_on_a(run):
     return rec, on, x, ptr
 
 
-def test_a_block_freed_without_record_stream_races_with_its_side_stream_reader(run):
+@pytest.mark.parametrize("how", ["reused at once", "reused after A waits for B", "nothing reuses it", "strict"])
+def test_a_block_freed_without_record_stream_races_with_its_side_stream_reader_once_reused(run, how):
+    """The free alone corrupts nothing: the race is the allocation on A that the caching allocator
+    hands the block (the same address) before B's read is ordered before it; a block nothing
+    reuses is a hazard line; --strict-free makes the free itself the race."""
     rec, on, x, ptr = _block_written_on_a(run)
+    rec.strict_free = how == "strict"
     with on(B):
         x.sum()  # read on a side stream, no record_stream
     torch_runtime._deallocated(ptr)  # the program dropped x: the block goes back to A's pool
     (free,) = [op for op in rec.trace.ops if type(op) is T.Free]
     assert free.stream == rec.sid(A) and free.pool == "torch" and free.also == ()
-    race = next(r for r in rec.races if r.kind == "FREE")
+    if how == "reused after A waits for B":
+        torch_runtime._event_recorded(0xE2, B)  # A.wait_stream(B)
+        torch_runtime._event_waited(0xE2, A)
+    if how.startswith("reused"):  # the allocator hands the block to the next allocation on A
+        rec.alloc(ptr, x.untyped_storage().nbytes(), what="torch tensor", pool="torch", sid=rec.sid(A))
+        (reuse,) = [op for op in rec.trace.ops if type(op) is T.Alloc and op.reuses]
+        assert reuse.reuses == (T.Range(free.buffer, 0, x.untyped_storage().nbytes()),)
+        assert reuse.stream == rec.sid(A)
+    frees = [r for r in rec.races if r.kind == "FREE"]  # (B's read of A's fill is a RAW besides)
+    if how == "reused after A waits for B":
+        assert frees == [] and rec.hazards == []
+        return
+    if how == "nothing reuses it":
+        assert frees == []
+        (hazard,) = rec.hazards
+        assert hazard.race.first.name == "aten.sum.default" and "record_stream" in hazard.race.hint
+        assert "1 free hazard" in rec.report()
+        return
+    (race,) = frees
     assert race.first.name == "aten.sum.default" and "record_stream" in race.hint
 
 
@@ -284,7 +406,7 @@ def test_a_block_a_graph_tree_warm_up_allocated_goes_back_to_the_trees_pool_and_
     assert entered == [(0, (0, 7))]
     assert torch_runtime.state(rec).graph_pool_blocks == set()  # handed back with the block
     (free,) = read_on_b_then_drop(in_pool=False)
-    assert free.pool == "torch" and [r.kind for r in rec.races] == ["FREE"]
+    assert free.pool == "torch" and rec.races == [] and [h.race.kind for h in rec.hazards] == ["FREE"]
 
 
 def test_a_tensor_the_program_drops_keeps_its_address_while_recording(run):
