@@ -35,6 +35,8 @@ def _races(program: Path, backend: str, json_path: Path) -> tuple:
     env = {k: v for k, v in os.environ.items() if k != "STREAMCHECK_RUN"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=ROOT, env=env)
     reports = json.loads(json_path.read_text(encoding="utf-8")) if json_path.exists() else []
+    if isinstance(reports, dict):  # with hazards (or an audit) the races are one key of the report
+        reports = reports["races"]
     found = set()
     for r in reports:
         first, second = r["first"]["site"], r["second"]["site"]
