@@ -16,6 +16,7 @@ the program was, not only that it was late.
 """
 from __future__ import annotations
 
+import _thread
 import ctypes
 import signal
 import sys
@@ -133,8 +134,11 @@ class TimeLimit:
         self.fired = False
         self.stack = traceback.StackSummary()
         self._done = False
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
+        # Plain C locks: a threading.Event's set() would be recorded as the program's hand-off
+        # (host_handoffs.py) while a device listens. `_ended` is held until the block ends.
+        self._lock = _thread.allocate_lock()
+        self._ended = _thread.allocate_lock()
+        self._ended.acquire()
         self._previous = None
 
     def __enter__(self) -> "TimeLimit":
@@ -155,7 +159,7 @@ class TimeLimit:
             with self._lock:
                 self._done = True
                 fired = self.fired
-            self._wake.set()
+            self._ended.release()
             if fired and not self._by_signal:
                 _interrupt(self._target, None)  # one still pending must not land after the block
             if self._by_signal:
@@ -174,7 +178,7 @@ class TimeLimit:
             previous(signum, frame)
 
     def _watch(self) -> None:
-        if self._wake.wait(self.seconds):
+        if self._ended.acquire(timeout=self.seconds):
             return
         with self._lock:
             if self._done:
@@ -191,7 +195,7 @@ class TimeLimit:
                     signal.pthread_kill(self._target, WAKE_SIGNAL)
                 else:
                     _interrupt(self._target)
-            if self._wake.wait(pause):
+            if self._ended.acquire(timeout=pause):
                 return
             pause = min(pause * 2, 1.0)
 

@@ -68,7 +68,7 @@ def run_script(path: str, argv=(), *, policy="sequential", seed: int = 0, check:
     interrupted (None: no limit). The script runs in the caller's thread: from the main thread, a
     blocking call (time.sleep) is interrupted too (timeout.TimeLimit)."""
     from ..device import Device
-    from .torch_cuda import Emulation, EmulationError
+    from .torch_cuda import EmulationError, run_on
 
     path = os.path.abspath(path)
     folder = os.path.dirname(path)
@@ -80,9 +80,12 @@ def run_script(path: str, argv=(), *, policy="sequential", seed: int = 0, check:
     def body():
         device = box["device"] = given if given is not None else Device(
             "sim", check=check, policy=policy, seed=seed, devices=devices, **policy_params)
-        emulation = box["emulation"] = Emulation(device)
-        with emulation:
-            runpy.run_path(path, run_name="__main__")
+        with run_on(device) as emulation:
+            box["emulation"] = emulation
+            try:
+                runpy.run_path(path, run_name="__main__")
+            finally:  # what the run said (an emulation already running goes back to its own run after it)
+                box["notices"], box["capture_errors"] = list(emulation.notices), list(emulation.capture_errors)
 
     before = set(sys.modules)
     saved_argv, saved_path = sys.argv, list(sys.path)
@@ -115,10 +118,8 @@ def run_script(path: str, argv=(), *, policy="sequential", seed: int = 0, check:
         else:
             os.environ["STREAMCHECK_RUN"] = saved_flag
         _forget_modules(before, folder)
-    emulation = box.get("emulation")
-    return ScriptRun(stdout=tee.getvalue(), status=status, device=box.get("device"), emulation=emulation,
-                     notices=list(emulation.notices) if emulation is not None else [],
-                     capture_errors=list(emulation.capture_errors) if emulation is not None else [], refused=refused,
+    return ScriptRun(stdout=tee.getvalue(), status=status, device=box.get("device"), emulation=box.get("emulation"),
+                     notices=box.get("notices", []), capture_errors=box.get("capture_errors", []), refused=refused,
                      error=error, timed_out=timed_out, hung_at=hung_at)
 
 

@@ -50,17 +50,17 @@ def patch_torch(emu) -> list:
                              "torch.cuda.graph / CUDAGraph (emulated), or check this program on a GPU "
                              "(streamcheck run --backend gpu)")
 
-    def memory_stat(table):
+    # The allocator is looked up at each call: reset() gives the emulation a new one for each test.
+    def memory_stat(table: str):
         def read(device=None):
             emu.enter()
-            return table.get(0 if device is None else emu.device_index(device), 0)
+            return getattr(emu.allocator, table).get(0 if device is None else emu.device_index(device), 0)
         return read
-
-    alloc = emu.allocator
 
     def memory_stats(device=None):
         index = 0 if device is None else emu.device_index(device)
         emu.enter()
+        alloc = emu.allocator
         return {"allocated_bytes.all.current": alloc.allocated.get(index, 0),
                 "allocated_bytes.all.peak": alloc.peak_allocated.get(index, 0),
                 "reserved_bytes.all.current": alloc.reserved.get(index, 0),
@@ -68,12 +68,13 @@ def patch_torch(emu) -> list:
 
     def reset_peaks(device=None):
         index = 0 if device is None else emu.device_index(device)
+        alloc = emu.allocator
         alloc.peak_allocated[index] = alloc.allocated.get(index, 0)
         alloc.peak_reserved[index] = alloc.reserved.get(index, 0)
 
     def mem_get_info(device=None):
         index = 0 if device is None else emu.device_index(device)
-        return TOTAL_MEMORY - alloc.reserved.get(index, 0), TOTAL_MEMORY
+        return TOTAL_MEMORY - emu.allocator.reserved.get(index, 0), TOTAL_MEMORY
 
     def manual_seed(seed, device=None):
         emu.generators[emu.current_device() if device is None else emu.device_index(device)].manual_seed(int(seed))
@@ -126,11 +127,11 @@ def patch_torch(emu) -> list:
         "CUDAGraph": EmulatedGraph, "graph": graph, "graph_pool_handle": emu.new_pool,
         "make_graphed_callables": make_graphed_callables,
         "is_current_stream_capturing": is_current_stream_capturing,
-        "memory_allocated": memory_stat(alloc.allocated), "max_memory_allocated": memory_stat(alloc.peak_allocated),
-        "memory_reserved": memory_stat(alloc.reserved), "max_memory_reserved": memory_stat(alloc.peak_reserved),
+        "memory_allocated": memory_stat("allocated"), "max_memory_allocated": memory_stat("peak_allocated"),
+        "memory_reserved": memory_stat("reserved"), "max_memory_reserved": memory_stat("peak_reserved"),
         "memory_stats": memory_stats, "reset_peak_memory_stats": reset_peaks,
         "reset_max_memory_allocated": reset_peaks, "mem_get_info": mem_get_info,
-        "empty_cache": alloc.empty_cache, "ipc_collect": lambda: None,
+        "empty_cache": lambda: emu.allocator.empty_cache(), "ipc_collect": lambda: None,
         "manual_seed": manual_seed, "manual_seed_all": manual_seed_all,
         "seed": lambda: emu.generators[emu.current_device()].seed(),
         "seed_all": lambda: [g.seed() for g in emu.generators] and None,

@@ -36,6 +36,7 @@ surface (torch.cuda's names and the refusals), allocator.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib
 import threading
@@ -68,6 +69,13 @@ class Emulation(OperatorDispatch, HostTransfers):
     generators, what was refused. Enter it with `with Emulation(device):`."""
 
     def __init__(self, device):
+        self._undo: list = []
+        self._mode = None
+        self._froze = False
+        self._start(device)
+
+    def _start(self, device) -> None:
+        """The state of one run on `device` (what reset() makes fresh)."""
         self.device = device
         self.allocator = CachingAllocator(device)
         self.notices: list = []
@@ -80,9 +88,8 @@ class Emulation(OperatorDispatch, HostTransfers):
         self._current_device: dict = {}  # thread ident -> device index
         self.generators = [EmulatedGenerator(k) for k in range(device.devices)]
         self._meta: dict = {}  # operator signature -> output layout, or None if it has none
-        self._undo: list = []
-        self._mode = None
-        self._froze = False
+        self._adopted: dict = {}  # id(a block of an earlier run) -> (that block, its copy in this run)
+        graph.default_capture_stream = None
 
     # --- entering and leaving ------------------------------------------------------------
     def __enter__(self):
@@ -115,6 +122,62 @@ class Emulation(OperatorDispatch, HostTransfers):
             graph.default_capture_stream = None
             if self._froze:
                 gc.unfreeze()
+
+    def reset(self, device) -> None:
+        """Go on as a fresh run on `device`, the patches staying in place (an emulation that lasts a
+        whole pytest session, reset for each test): new streams (numbered from s1), allocator
+        (memory statistics from 0), generators (torch's default seeds), notices, recording. Tensors
+        of the earlier runs keep their values: the first operator of this run that uses one copies
+        its block into this run (adopt)."""
+        self._start(device)
+
+    @contextlib.contextmanager
+    def running_on(self, device):
+        """`with emulation.running_on(device):` a run of its own on `device` in this thread (one of
+        run_schedules' torch programs inside an emulated test), then the run it interrupted again."""
+        saved = dict(self.__dict__)
+        self._start(device)
+        mode = FactoryMode(self)  # torch's mode stack is per thread: this thread needs its own
+        mode.__enter__()
+        try:
+            yield self
+        finally:
+            mode.__exit__(None, None, None)
+            self.__dict__.update(saved)
+
+    def adopt_earlier(self, flat) -> None:
+        """Tensors among an operator's arguments that an earlier run made: adopted (below)."""
+        device = self.device
+        for v in flat:
+            kind = type(v)
+            if (kind is CudaTensor or kind is PinnedTensor) and v._block.buffer.device is not device:
+                self.adopt(v)
+
+    def adopt(self, t) -> None:
+        """`t` is a tensor an earlier run made (module-level code, a module- or session-scoped
+        fixture): its block's bytes are copied into a block of this run, and every tensor over the
+        earlier block moves to the copy when this run first uses it. Its values carry over (after
+        the earlier run finished its work); its history does not (no race with earlier runs)."""
+        old = t._block
+        found = self._adopted.get(id(old))
+        if found is None:
+            nbytes = old.buffer.nbytes
+            index = old.buffer.device_index
+            if type(t) is PinnedTensor:
+                buffer = self.device.alloc((nbytes,), "uint8", name="pinned host tensor", fill=0, device=index)
+                new = HostBlock(buffer)
+            else:
+                new = self.allocator.allocate(nbytes, self.current_stream(index).device_stream)
+            new.bytes[:nbytes] = old.bytes[:nbytes]
+            found = self._adopted[id(old)] = (old, new)
+        new = found[1]
+        t._inner = typed_view(new, t._inner.dtype, t._inner.shape, t._inner.stride(), t._inner.storage_offset())
+        t._block = new
+
+    def finish(self) -> None:
+        """The end of a run that later runs may follow: its pending work done, as a GPU does it
+        before the next test's (recorded as its last synchronize)."""
+        self.synchronize()
 
     def enter(self) -> None:
         """Every entry point: record the frees of tensors that died since the last one."""
@@ -215,3 +278,11 @@ class Emulation(OperatorDispatch, HostTransfers):
         block = HostBlock(buffer)
         return PinnedTensor(typed_view(block, dtype, shape, stride), block)
 
+
+
+def run_on(device):
+    """`with run_on(device) as emulation:` one run on `device`: on the emulation already running in
+    this process (a pytest session's, see Emulation.running_on), else on a new one entered for it."""
+    if running.is_active():
+        return running.active().running_on(device)
+    return Emulation(device)
