@@ -47,11 +47,16 @@ class RunTimedOut(Exception):
         self.seconds, self.interrupted, self.stack = seconds, interrupted, traceback.StackSummary.from_list(stack)
 
     def where(self, keep: Callable[[str], bool], relative: Callable[[str], str] = lambda path: path,
-              limit: int = 6) -> list:
+              limit: int = 6, below: Optional[Callable[[str], bool]] = None) -> list:
         """Where the run was, innermost last, one line per frame: the frames whose file `keep`
-        accepts (the user's), at most `limit`; the innermost frames of all when none is kept (it
-        hung inside a library before reaching the user's code)."""
-        frames = [f for f in self.stack if keep(f.filename)] or list(self.stack)[-2:]
+        accepts (the user's), at most `limit`, and only those inside the last frame whose file
+        `below` accepts (the runner that started the program); the innermost frames of all when
+        none is kept (it hung inside a library before reaching the user's code)."""
+        stack = list(self.stack)
+        if below is not None:
+            starts = [i for i, f in enumerate(stack) if below(f.filename)]
+            stack = stack[starts[-1] + 1:] if starts else stack
+        frames = [f for f in stack if keep(f.filename)] or stack[-2:]
         return [f"{relative(f.filename)}:{f.lineno} in {f.name}" + (f": {f.line.strip()}" if f.line else "")
                 for f in frames[-limit:]]
 

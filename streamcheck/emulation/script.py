@@ -83,7 +83,8 @@ def run_script(path: str, argv=(), *, policy="sequential", seed: int = 0, check:
         with run_on(device) as emulation:
             box["emulation"] = emulation
             try:
-                runpy.run_path(path, run_name="__main__")
+                with TimeLimit(timeout):  # the script's time, not the emulation's set-up (torch._dynamo's import)
+                    runpy.run_path(path, run_name="__main__")
             finally:  # what the run said (an emulation already running goes back to its own run after it)
                 box["notices"], box["capture_errors"] = list(emulation.notices), list(emulation.capture_errors)
 
@@ -97,8 +98,7 @@ def run_script(path: str, argv=(), *, policy="sequential", seed: int = 0, check:
     try:
         with contextlib.redirect_stdout(tee):
             try:
-                with TimeLimit(timeout):
-                    body()
+                body()
             except SystemExit as exc:
                 status = exit_status(exc.code)
             except EmulationError as exc:
@@ -124,8 +124,8 @@ def run_script(path: str, argv=(), *, policy="sequential", seed: int = 0, check:
 
 
 def _script_frames(exc: RunTimedOut) -> list:
-    """Where the script was when its time ran out: its own frames (not runpy's, torch's, or ours:
-    the command that ran it is on the same stack)."""
+    """Where the script was when its time ran out: its own frames, inside run_script's (not the
+    callers of the command that ran it, on the same stack), not runpy's, torch's or ours."""
     from ..core.trace import USER
     from ..device.objects import caller_site
 
@@ -136,7 +136,7 @@ def _script_frames(exc: RunTimedOut) -> list:
         return path if shown.startswith(os.pardir) else shown
 
     return exc.where(lambda path: caller_site.kind_of(path) == USER and not os.path.abspath(path).startswith(ours),
-                     relative)
+                     relative, below=lambda path: os.path.abspath(path) == os.path.abspath(__file__))
 
 
 def _refusal_inside(exc: BaseException) -> str:
