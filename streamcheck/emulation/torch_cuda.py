@@ -163,12 +163,21 @@ class Emulation(OperatorDispatch, HostTransfers):
         if found is None:
             nbytes = old.buffer.nbytes
             index = old.buffer.device_index
-            if type(t) is PinnedTensor:
+            if type(t) is PinnedTensor:  # host memory: written now
                 buffer = self.device.alloc((nbytes,), "uint8", name="pinned host tensor", fill=0, device=index)
                 new = HostBlock(buffer)
+                new.bytes[:nbytes] = old.bytes[:nbytes]
             else:
-                new = self.allocator.allocate(nbytes, self.current_stream(index).device_stream)
-            new.bytes[:nbytes] = old.bytes[:nbytes]
+                # A block may come back from the allocator with work still pending on it: the values are
+                # written by a kernel on the block's stream, after that work, as a copy would be.
+                stream = self.current_stream(index).device_stream
+                new = self.allocator.allocate(nbytes, stream)
+                source, target = old.bytes, new.bytes
+
+                def carry_over(*_):
+                    target[:nbytes] = source[:nbytes]
+                self.device.launch(carry_over, stream=stream, writes=[new.buffer.region()],
+                                   name="values of a tensor from an earlier test")
             found = self._adopted[id(old)] = (old, new)
         new = found[1]
         t._inner = typed_view(new, t._inner.dtype, t._inner.shape, t._inner.stride(), t._inner.storage_offset())

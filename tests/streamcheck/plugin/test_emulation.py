@@ -202,11 +202,12 @@ def test_fixed():
 TORCH_AT_CONFIGURE = '''
 import sys
 
-def pytest_configure(config):
-    # trylast: after every plugin's configure, the plugin's included
-    print("torch imported by configure:", "torch" in sys.modules)
+import pytest
 
-pytest_configure.trylast = True
+
+@pytest.hookimpl(trylast=True)  # after every plugin's configure, streamcheck's included
+def pytest_configure(config):
+    print("torch imported by configure:", "torch" in sys.modules)
 '''
 
 
@@ -328,4 +329,4 @@ def test_a_hung_test_fails_with_where_it_was_and_the_next_test_runs(pytester):
         assert f"where it was (innermost last): test_hung.py:{line} in {test}: {fragment}" in out, out
         took = re.search(rf"([\d.]+)s call +test_hung.py::{test}", result.stdout.str())
         assert took and float(took.group(1)) < 3 * 3, result.stdout.str()  # about 3 s plus a margin, not 1000
-    assert "last recorded operation: Alloc `torch tensor` at test_hung.py:" in out
+    assert re.search(r"last recorded operation: \w+ .*? at test_hung.py:\d+ \(in test_loops\)", out), out
