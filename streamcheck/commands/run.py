@@ -18,6 +18,7 @@ GPU (no CUDA device, or neither CuPy nor a CUDA build of torch); with --skip-wit
 no GPU is one line and 0. 3 (INTERNAL_ERROR), whatever the script's status: the recorder
 hit an internal error (a record the checker refused, a call it could not record), so the
 check is incomplete: a race may hide behind it; each error and refused record is printed.
+124 (TIMED_OUT, sim): --timeout, one limit for all the sim's runs together, ran out (run_sim.py).
 
 With --confirm, each distinct race (up to --confirm-max) is then confirmed by rerunning the
 script in a fresh process with a bounded delay exactly before the race's first access and CUDA
