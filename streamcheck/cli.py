@@ -115,6 +115,7 @@ def _main(argv) -> int:
     args, unknown = parser.parse_known_args(argv)
     if unknown and not getattr(args, "takes_any_arguments", False):
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    args.owns_process = argv is None  # this process's own command line: it may re-exec itself (run --backend sim)
     try:
         status = int(args.func(args) or 0)
         sys.stdout.flush()  # here, where a closed pipe is caught, not at exit

@@ -906,8 +906,12 @@ def parse_duration(text: str) -> float:
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "fuzz", help="fuzz the pipeline's sync plans x shapes x schedules",
-        description="Draw sync plans x shapes x schedules, run the FlashNorm decode loop on each, and report "
+        "fuzz", help="fuzz FlashNorm's dual-stream pipeline: its sync plans x shapes x schedules",
+        description="Fuzz the sync plans of FlashNorm's dual-stream pipeline (the subject streamcheck ships), not your "
+                    "own program: to check your program, use `streamcheck run script.py` (its schedules: --schedules "
+                    "N --policy delay,random,pct) or, in pytest, the run_schedules fixture with hypothesis "
+                    "(docs/plugin.md). "
+                    "Draw sync plans x shapes x schedules, run the FlashNorm decode loop on each, and report "
                     "races and wrong values. With --plans all (the default) findings are expected: most plans leave "
                     "an edge out on purpose. Only a count, not a time budget, repeats a run exactly: the same "
                     "--seed and --examples N print the same table (times aside). A --budget stops wherever the "
@@ -993,11 +997,36 @@ def _write_json(name: str, data: dict, stdout=None) -> Optional[str]:
 
 
 def main(args) -> int:
-    if args.json == STDOUT:  # `--json -`: the JSON alone on stdout, the table and the rest on stderr
-        json_stdout = sys.stdout
-        with contextlib.redirect_stdout(sys.stderr):
-            return _main(args, json_stdout)
-    return _main(args)
+    with _hypothesis_storage_elsewhere():
+        if args.json == STDOUT:  # `--json -`: the JSON alone on stdout, the table and the rest on stderr
+            json_stdout = sys.stdout
+            with contextlib.redirect_stdout(sys.stderr):
+                return _main(args, json_stdout)
+        return _main(args)
+
+
+@contextlib.contextmanager
+def _hypothesis_storage_elsewhere():
+    """hypothesis keeps a cache (and, by default, its example database) in ./.hypothesis: a fuzz run
+    leaves nothing in the user's working directory, so it points hypothesis at a temporary directory
+    (its workers too, through the environment) unless the user named one
+    (HYPOTHESIS_STORAGE_DIRECTORY). The shared database of --workers is --example-db's, elsewhere."""
+    if os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
+        yield
+        return
+    import tempfile
+
+    from hypothesis.configuration import set_hypothesis_home_dir
+
+    folder = tempfile.mkdtemp(prefix="streamcheck-fuzz-hypothesis-")
+    os.environ["HYPOTHESIS_STORAGE_DIRECTORY"] = folder
+    set_hypothesis_home_dir(folder)
+    try:
+        yield
+    finally:
+        set_hypothesis_home_dir(None)
+        os.environ.pop("HYPOTHESIS_STORAGE_DIRECTORY", None)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _main(args, json_stdout=None) -> int:

@@ -347,6 +347,16 @@ def _verdict_cell(finding: Finding) -> str:
     return f"{finding.verdict.value} ({needed} of {finding.sync.count})"
 
 
+_ALLOCATOR_QUERY = ("torch's caching allocator queries the events of `record_stream` before it hands a freed block out "
+                    "again: not the program's synchronization, so never offered for removal (the program's "
+                    "record_stream call is what makes it)")
+
+
+def _allocators(sync) -> bool:
+    """A query torch's caching allocator makes for record_stream, not the program."""
+    return sync.key[-1] == "record_stream"
+
+
 def _why_host_stays(finding: Finding) -> str:
     """Why the minimal set keeps a host synchronize blocking the host: what the host reads there."""
     if finding.host_bytes:
@@ -354,6 +364,8 @@ def _why_host_stays(finding: Finding) -> str:
     if finding.verdict is Verdict.HOST_NEEDED:
         return finding.reason
     if finding.verdict is Verdict.TIMING:
+        if _allocators(finding.sync):
+            return "the caching allocator's own query (record_stream), not the program's"
         return "a query that returned done: the program's loop or branch on it depends on timing"
     if finding.verdict is Verdict.NECESSARY:
         return "its device-side replacement, checked in the trace, does not order every race it prevents"
@@ -417,7 +429,8 @@ def sync_key(op, names: _Names) -> Optional[tuple]:
         return ("query",) + base + (names.stream(op.stream), "")
     if kind is T.EventQuery and op.done:
         src = names.recorded_on.get(op.event)  # as a wait: a fresh event each step is one poll
-        return ("query",) + base + (names.stream(src) if src is not None else names.event(op.event), "event")
+        what = "record_stream" if names.event(op.event) == T.RECORD_STREAM_EVENT else "event"
+        return ("query",) + base + (names.stream(src) if src is not None else names.event(op.event), what)
     return None
 
 
@@ -442,6 +455,11 @@ def _describe(op, names: _Names) -> str:
         return f"the host synchronizes cuda:{op.device}"
     if kind is T.StreamQuery:
         return f"the host polled {names.stream(op.stream)} until query() returned done"
+    if names.event(op.event) == T.RECORD_STREAM_EVENT:
+        src = names.recorded_on.get(op.event)
+        on = f" on {names.stream(src)}" if src is not None else ""
+        return (f"torch's caching allocator found its record_stream event{on} passed before handing the freed block "
+                "out again")
     return f"the host polled event `{names.event(op.event)}` until query() returned done"
 
 
@@ -739,17 +757,17 @@ def _findings(ops) -> set:
 
 
 def _feed(ops, stop=None, on_race=None) -> Checker:
-    """A checker fed `ops`; with `stop`, feeding ends as soon as stop(checker) is true."""
+    """A checker fed `ops`; with `stop`, feeding ends as soon as stop(checker) is true. In an edited
+    trace whose capture CUDA refuses (a join dropped), the program would have got the error at
+    end_capture and had no graph: that graph's launches are left out, not fed."""
     checker = Checker()
     checker.on_race = on_race
     feed = checker.feed
-    if stop is None:
-        for op in ops:
-            feed(op)
-        return checker
     for op in ops:
+        if type(op) is T.GraphLaunch and checker.capture_errors and not checker.has_graph(op.graph):
+            continue
         feed(op)
-        if stop(checker):
+        if stop is not None and stop(checker):
             break
     return checker
 
@@ -870,13 +888,14 @@ def audit(trace) -> Audit:
     for number, sync in enumerate(syncs, 1):
         every = (lambda verdict, n=sync.count: (verdict,) * n)
         if sync.kind == "query":
-            findings.append(Finding(number, sync, Verdict.TIMING,
+            findings.append(Finding(number, sync, Verdict.TIMING, _ALLOCATOR_QUERY if _allocators(sync) else
                                     "it ordered the host only because it returned done; a loop or branch on "
                                     "query() depends on timing, so it is never offered for removal",
                                     at=every(Verdict.TIMING)))
             continue
-        if sync.kind != "legacy join" and not adds_order[sync.key]:
-            # It changed no clock at any occurrence, so the trace without it checks the same.
+        if sync.kind != "legacy join" and not adds_order[sync.key] and not sync.captured:
+            # It changed no clock at any occurrence, so the trace without it checks the same. (A captured
+            # edge changes none when captured: it orders the graph's nodes, checked at each launch.)
             findings.append(Finding(number, sync, Verdict.REDUNDANT, _why_redundant(sync, implied, via, numbers),
                                     at=every(Verdict.REDUNDANT)))
             continue

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import builtins
+import contextlib
 import os
 import sys
 import threading
@@ -100,6 +101,15 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _size(text: str) -> int:
+    from ..emulation.memory_stats import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _count(text: str) -> int:
     try:
         value = int(text)
@@ -143,6 +153,9 @@ def register(subparsers) -> None:
                    help="sim: how many host calls a delayed operation is held (default 8)")
     p.add_argument("--devices", type=_count, default=1, metavar="N",
                    help="sim: how many CUDA devices to emulate (cuda:0 .. cuda:N-1; default 1)")
+    p.add_argument("--memory-capacity", type=_size, default=None, metavar="SIZE",
+                   help="sim: memory of each emulated device (e.g. 16GiB; default 8GiB, or "
+                        "STREAMCHECK_MEMORY_CAPACITY's); more than it raises torch's OutOfMemoryError")
     p.add_argument("--timeout", type=_seconds, default=None, metavar="S",
                    help=f"sim: seconds all the runs together may take (the reference, the determinism rerun, the "
                         f"schedules, --confirm's and --prove's reruns; default {DEFAULT_TIMEOUT:g}, 0: no limit); a run "
@@ -279,6 +292,8 @@ def run(args) -> int:
     except _Refused as exc:
         print(f"streamcheck run: {exc}", file=sys.stderr)
         return 2
+    if backend == "sim" and getattr(args, "owns_process", False):
+        _with_native_guard()
     if why:
         print(why, file=sys.stderr)
     if backend is None:  # no GPU and --skip-without-gpu
@@ -299,11 +314,45 @@ def run(args) -> int:
     return exit_status(args, session, recorded.status)
 
 
+def _with_native_guard() -> None:
+    """The sim's autograd needs the native CUDA guard loaded before torch: this process re-execs
+    itself with it preloaded (built once, cached), unless it has it. Where it cannot be had, the
+    run goes on, and a backward() is refused in one line that says why."""
+    from ..emulation import native
+
+    native.reexec_with_library(native.python_argv())
+
+
 def _run_on_sim(args) -> int:
     """The same pipeline with the sim's stages: the sequential reference, then its schedules; one
-    limit (--timeout) for all their runs. Past it, what was recorded is still reported and written."""
-    from ..timeout import Deadline, RunTimedOut, TimeLimit
+    limit (--timeout) for all their runs."""
     from . import run_sim
+
+    with _memory_capacity(args.memory_capacity):
+        return _sim_pipeline(args, run_sim)
+
+
+@contextlib.contextmanager
+def _memory_capacity(capacity):
+    """--memory-capacity for every run of the script (the reference, its schedules, the reruns): each
+    emulation reads it from STREAMCHECK_MEMORY_CAPACITY; the previous value comes back after."""
+    from ..emulation.memory_stats import CAPACITY_ENV
+
+    previous = os.environ.get(CAPACITY_ENV)
+    if capacity is not None:
+        os.environ[CAPACITY_ENV] = str(capacity)
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(CAPACITY_ENV, None)
+        else:
+            os.environ[CAPACITY_ENV] = previous
+
+
+def _sim_pipeline(args, run_sim) -> int:
+    """One limit (--timeout) for all the runs. Past it, what was recorded is still reported and written."""
+    from ..timeout import Deadline, RunTimedOut, TimeLimit
 
     progress = run_sim.Progress(Deadline(args.timeout), args.schedules)
     status, session, reference = run_sim.record_on_sim(args, progress)
@@ -413,6 +462,9 @@ def _check_backend_options(args, backend: str) -> None:
             raise _Refused(f"{option} {why}")
     if args.devices != 1:
         raise _Refused("--devices sets how many devices the sim emulates; on a GPU the script sees the machine's")
+    if args.memory_capacity is not None:
+        raise _Refused("--memory-capacity sets the memory of the sim's emulated devices; on a GPU the script has the "
+                       "device's")
 
 
 def _check_usage(args, backend: Optional[str]):

@@ -108,6 +108,8 @@ def _replay(args, policy: str, seed: int) -> str:
         parts += [x for name in args.delay_kernel for x in ("--delay-kernel", name)]
     if args.devices != 1:
         parts += ["--devices", str(args.devices)]
+    if args.memory_capacity is not None:
+        parts += ["--memory-capacity", str(args.memory_capacity)]
     return " ".join(shlex.quote(p) for p in parts + [args.script, *args.args])
 
 

@@ -406,6 +406,10 @@ class Checker:
             out.append(replace(seen.race, count=seen.count, streams=streams, buffers=tuple(seen.buffers)))
         return out
 
+    def has_graph(self, graph_id: int) -> bool:
+        """Whether a capture of `graph_id` ended without error (a GraphLaunch of it can be fed)."""
+        return self._capture.graph(graph_id) is not None
+
     def witness(self, race: Race, latest: bool = False) -> Optional[tuple]:
         """The two trace operations (first, second) of the first time `race` was seen (with
         `latest`, of the last time): the occurrence race-directed confirmation reruns

@@ -564,6 +564,12 @@ class EventQuery(Op):
     done: bool = False
 
 
+# The name of the events torch's caching allocator records for `tensor.record_stream(s)` (the sim's
+# emulated allocator names them so): their queries are the allocator's, made before it hands a freed
+# block out again, never the program's.
+RECORD_STREAM_EVENT = "record_stream"
+
+
 @dataclass(frozen=True)
 class PeerAccess(Op):
     """cudaDeviceEnablePeerAccess: kernels on `device` may access memory of `peer` from now on

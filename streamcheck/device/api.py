@@ -311,6 +311,19 @@ class Device:
             self._record(T.ThreadStart(tid, caller_site(), parent=None))
         return tid
 
+    def host_thread(self) -> int:
+        """The calling thread's host thread id in this device's trace (a new one at its first call)."""
+        with self._lock:
+            return self._thread_id()
+
+    def issue_as(self, host_thread: int) -> None:
+        """The calling OS thread's calls are recorded as `host_thread`'s from now on: one host thread
+        working on two OS threads, the second while the first waits for it (torch's autograd engine
+        runs a backward pass's device work on its own thread while the backward() caller blocks)."""
+        with self._lock:
+            self._threads[threading.get_ident()] = host_thread
+        _joined.device = weakref.ref(self)
+
     def _record(self, op: T.Op) -> None:
         if self._edits is not None:
             self._edits.see(op)

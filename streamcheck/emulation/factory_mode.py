@@ -4,11 +4,15 @@ mode sends them to the emulation.
 """
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch.overrides import TorchFunctionMode
 
+from ..device.objects import caller_site
 from .generators import EmulatedGenerator
 from .operators import cpu_index, flatten_call, is_basic_index
+from .running import EmulationError
 from .tensors import CudaTensor, EmulatedStorage, PinnedTensor, byte_region, cpu_view, is_emulated
 
 
@@ -19,14 +23,15 @@ class FactoryMode(TorchFunctionMode):
     def __init__(self, emulation):
         super().__init__()
         self.emulation = emulation
+        self.without_autograd = not emulation.autograd.enabled
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if torch.is_grad_enabled() and _needs_grad(args, kwargs):
-            # Autograd is not emulated: a graph node on an emulated tensor asks a CPU-only build for a
-            # CUDA stream and aborts the process. Forward passes run as under torch.no_grad();
-            # backward() is refused in one line.
-            self.emulation.notice(_NO_AUTOGRAD)
+        if self.without_autograd and torch.is_grad_enabled() and _needs_grad(args, kwargs):
+            # Without the native guard, a graph node on an emulated tensor asks a CPU-only build for a
+            # CUDA stream and aborts the process: forward passes run as under torch.no_grad(), and
+            # backward() is refused in one line (autograd.py).
+            self.emulation.notice(self.emulation.autograd.no_grad_notice())
             with torch.no_grad():
                 return self._call(func, args, kwargs)
         return self._call(func, args, kwargs)
@@ -36,6 +41,12 @@ class FactoryMode(TorchFunctionMode):
         if type(generator) is EmulatedGenerator:
             # Taken here, at the call: past torch's binding the generator is a plain torch.Generator
             # (the same C++ object, a new Python one), no longer known as a CUDA one.
+            emulation = self.emulation
+            if emulation.capture_graphs and emulation.is_capturing(emulation.current_stream(generator.device.index)):
+                raise EmulationError(f"a torch.Generator(device='cuda') passed to {getattr(func, '__name__', func)} "
+                                     f"at {caller_site()} during a CUDA graph capture is not emulated (a replay would "
+                                     "not draw from it); draw from the default CUDA generator in captured code, or "
+                                     "check this program on a GPU (streamcheck run --backend gpu)")
             kwargs = dict(kwargs, generator=generator.next_cpu_generator())
         handler = _METHODS.get(func)
         if handler is not None:
@@ -58,11 +69,6 @@ class FactoryMode(TorchFunctionMode):
             if not any(type(v) is CudaTensor for v in flat):
                 raise
             return self.emulation.whole_function(func, flat, spec, exc)
-
-
-_NO_AUTOGRAD = ("autograd is not emulated on the sim: operators on tensors that require grad ran as under "
-                "torch.no_grad() (their results do not require grad), and backward() is refused; check the backward "
-                "pass on a GPU")
 
 
 def _needs_grad(args, kwargs) -> bool:
@@ -169,6 +175,7 @@ def _getitem(emulation, func, args, kwargs):
     if not is_emulated(self):
         return func(*args, **kwargs)
     emulation.enter()
+    index = _select_index(index)
     if is_basic_index(index):  # a view of the same bytes: no kernel (torch's indexing here needs a CUDA guard)
         return type(self)(self._inner[index], self._block, self.device)
     if type(self) is PinnedTensor:
@@ -183,12 +190,14 @@ def _setitem(emulation, func, args, kwargs):
     if not is_emulated(self):
         return func(*args, **kwargs)
     emulation.enter()
+    index = _select_index(index)
     if is_basic_index(index):
         target = type(self)(self._inner[index], self._block, self.device)
+        # The operators themselves: the Tensor methods' bindings take a CUDA device guard.
         if isinstance(value, torch.Tensor):
-            target.copy_(value)
+            torch.ops.aten.copy_.default(target, value)
         else:
-            target.fill_(value)
+            torch.ops.aten.fill_.Scalar(target, value)
         return None
     if type(self) is PinnedTensor:
         region = byte_region(self)
@@ -196,6 +205,132 @@ def _setitem(emulation, func, args, kwargs):
         self._inner[cpu_index(index)] = cpu_view(value)
         return None
     return emulation.scatter(self, index, value)
+
+
+def _select_index(index):
+    """torch reads a lone 0-d integer tensor index on the host (`.item()`, a wait for its stream) and
+    selects a view with it, as with an int."""
+    if type(index) is CudaTensor and index.dim() == 0 and not index.dtype.is_floating_point and \
+            index.dtype != torch.bool and not index.dtype.is_complex:
+        return int(index.item())
+    return index
+
+
+def _set_data(emulation, func, args, kwargs):
+    """`t.data = value`: `t` keeps its identity (a module's Parameter stays its module's) and takes
+    value's device and bytes, as torch's set_data does. With an emulated side, `t` becomes a tensor of
+    value's kind (a plain CPU tensor's C++ object cannot take an emulated one's dispatch), its own
+    attributes kept."""
+    self, value = args
+    if not (is_emulated(self) or is_emulated(value)):
+        return func(*args, **kwargs)
+    emulation.enter()
+    is_param = isinstance(self, torch.nn.Parameter)
+    kept = {k: v for k, v in self.__dict__.items() if k not in ("_inner", "_block", "_is_param")}
+    requires_grad = self.requires_grad
+    if is_emulated(value):
+        fresh = type(value)(value._inner, value._block, value.device, requires_grad=requires_grad)
+        if is_param:
+            fresh._is_param = True  # what nn.Parameter marks a tensor subclass with
+    elif is_param:
+        fresh = torch.nn.Parameter(value, requires_grad=requires_grad)
+    else:
+        fresh = value.detach().requires_grad_(requires_grad)
+    fresh.__dict__.update(kept)
+    grad = self.grad
+    self.grad = None  # a grad holds a reference to the C++ tensor, which swap_tensors refuses
+    try:
+        torch.utils.swap_tensors(self, fresh)
+    except RuntimeError as exc:
+        self.grad = grad
+        raise EmulationError(f"`.data =` at {caller_site()} cannot move this tensor to the value's device on the "
+                             f"sim ({exc}); assign a new tensor instead, or check this program on a GPU") from None
+    if grad is not None and grad.device == self.device:
+        self.grad = grad
+    return None
+
+
+def _deepcopy(emulation, func, args, kwargs):
+    """copy.deepcopy of an emulated tensor: a copy of its bytes in a block of its own (on its device's
+    current stream, as a GPU's clone), its attributes copied too (a Parameter stays one)."""
+    self, memo = args
+    if not is_emulated(self):
+        return func(*args, **kwargs)
+    if id(self) in memo:
+        return memo[id(self)]
+    emulation.enter()
+    with torch.no_grad():
+        if type(self) is PinnedTensor:
+            fresh = emulation.pin(torch.Tensor.clone(self))
+        else:
+            fresh = torch.ops.aten.clone.default(self)
+    if self.requires_grad:
+        fresh.requires_grad_(True)
+    memo[id(self)] = fresh
+    for k, v in self.__dict__.items():
+        if k not in ("_inner", "_block"):
+            setattr(fresh, k, copy.deepcopy(v, memo))
+    return fresh
+
+
+def _invert(emulation, func, args, kwargs):
+    # `~t`'s binding takes a CUDA device guard: the operator itself.
+    if not is_emulated(args[0]):
+        return func(*args, **kwargs)
+    return torch.ops.aten.bitwise_not.default(args[0])
+
+
+def _new_tensor(emulation, func, args, kwargs):
+    """`t.new_tensor(data)`: a copy of data on t's device with t's dtype, unless told otherwise."""
+    self, data = args[0], args[1] if len(args) > 1 else kwargs["data"]
+    if not is_emulated(self) and not _names_cuda(kwargs.get("device")):
+        return func(*args, **kwargs)
+    dtype = kwargs.get("dtype") or (data.dtype if isinstance(data, torch.Tensor) else self.dtype)
+    device = kwargs.get("device")
+    device = self.device if device is None else torch.device(device) if not isinstance(device, int) \
+        else torch.device("cuda", device)
+    requires_grad = bool(kwargs.get("requires_grad", False))
+    if isinstance(data, torch.Tensor):  # torch copies a tensor's values (and warns to use clone)
+        out = torch.ops.aten._to_copy.default(torch.Tensor.detach(data), dtype=dtype, device=device)
+    elif device.type == "cuda":
+        out = emulation.factory(torch.tensor, (data,), {"dtype": dtype}, emulation.device_index(device))
+    else:
+        out = torch.tensor(data, dtype=dtype)
+    return out.requires_grad_(True) if requires_grad else out
+
+
+def _names_cuda(device) -> bool:
+    target = device if isinstance(device, torch.device) else _maybe_device(device)
+    return target is not None and target.type == "cuda"
+
+
+# The legacy tensor types' names (`torch.cuda.FloatTensor`, "torch.LongTensor") and their dtypes.
+_LEGACY_TYPES = {"Double": torch.float64, "Float": torch.float32, "Half": torch.float16, "BFloat16": torch.bfloat16,
+                 "Long": torch.int64, "Int": torch.int32, "Short": torch.int16, "Char": torch.int8,
+                 "Byte": torch.uint8, "Bool": torch.bool}
+
+
+def _type(emulation, func, args, kwargs):
+    """`t.type(torch.cuda.FloatTensor)` / `t.type("torch.cuda.LongTensor")` / `t.type(torch.float64)`:
+    a conversion (to the current CUDA device for a cuda type), as torch's binding; `t.type()` names it."""
+    self = args[0]
+    dtype = args[1] if len(args) > 1 else kwargs.get("dtype")
+    non_blocking = bool(args[2] if len(args) > 2 else kwargs.get("non_blocking", False))
+    if dtype is None:
+        return func(*args, **kwargs)
+    if isinstance(dtype, torch.dtype):
+        return _to(emulation, torch.Tensor.to, (self, dtype), {"non_blocking": non_blocking})
+    name = dtype if isinstance(dtype, str) else f"{dtype.__module__}.{dtype.__name__}"
+    parts = name.split(".")
+    kind = parts[-1][:-len("Tensor")] if parts[-1].endswith("Tensor") else None
+    if parts[0] != "torch" or kind not in _LEGACY_TYPES or len(parts) not in (2, 3) or \
+            (len(parts) == 3 and parts[1] != "cuda"):
+        return func(*args, **kwargs)  # torch's own error for a name it does not know
+    if len(parts) == 3:  # a cuda type: the tensor's device if it is on one, else the current one
+        device = self.device if type(self) is CudaTensor else torch.device("cuda", emulation.current_device())
+    else:
+        device = torch.device("cpu")
+    return _to(emulation, torch.Tensor.to, (self, device, _LEGACY_TYPES[kind]), {"non_blocking": non_blocking})
 
 
 def _contiguous(emulation, func, args, kwargs):
@@ -217,9 +352,15 @@ def _where(emulation, func, args, kwargs):
 
 def _nonzero(emulation, func, args, kwargs):
     self = args[0]
-    if type(self) is not CudaTensor or kwargs.get("as_tuple") or len(args) > 1:
+    if type(self) is not CudaTensor or len(args) > 1:
         return func(*args, **kwargs)
-    return emulation.dispatch(torch.ops.aten.nonzero.default, (self,), {})
+    as_tuple = kwargs.get("as_tuple")
+    if as_tuple and self.dim() == 0:  # torch's as_tuple treats a 0-d input as 1-d
+        self = torch.ops.aten.reshape.default(self, (1,))
+    indices = emulation.dispatch(torch.ops.aten.nonzero.default, (self,), {})
+    if as_tuple:  # one index tensor per dimension
+        return tuple(torch.ops.aten.unbind.int(indices, 1))
+    return indices
 
 
 def _copy(emulation, func, args, kwargs):
@@ -264,4 +405,8 @@ _METHODS = {
     torch.Tensor.copy_: _copy, torch.Tensor.data_ptr: _data_ptr, torch.Tensor.untyped_storage: _untyped_storage,
     torch.Tensor.__float__: _scalar(float), torch.Tensor.__int__: _scalar(int), torch.Tensor.__index__: _scalar(int),
     torch.Tensor.__complex__: _scalar(complex),
+    torch.Tensor.data.__set__: _set_data, torch.Tensor.__deepcopy__: _deepcopy, torch.Tensor.__invert__: _invert,
+    torch.Tensor.new_tensor: _new_tensor, torch.Tensor.type: _type,
+    # Parses `.to()`'s arguments (Module.to's too): its `device=` names a target, it makes no tensor.
+    torch._C._nn._parse_to: lambda emulation, func, args, kwargs: func(*args, **kwargs),
 }

@@ -1,6 +1,7 @@
 """torch's CUDA generators on the sim: values depend on issue order only, never on the schedule."""
 from __future__ import annotations
 
+import collections
 import functools
 
 import torch
@@ -40,6 +41,27 @@ class EmulatedGenerator(_REAL_GENERATOR):
         child.set_state(self.get_state())
         torch.randint(1 << 62, (1,), generator=self)  # the next operator gets the next state
         return child
+
+
+class CapturedDraw:
+    """A random operator captured into a CUDA graph: the generator it draws from, and the generator
+    each replay took for it. A replay draws at *replay* time, in capture order, as CUDA graphs read
+    the generator's seed and offset when they are replayed (each replay gives new numbers; a
+    manual_seed before replays makes them repeat). Replays of one graph that write the same output
+    are ordered (or their race is reported), so its kernel runs once per replay in launch order."""
+
+    __slots__ = ("generator", "replays")
+
+    def __init__(self, generator: EmulatedGenerator):
+        self.generator = generator
+        self.replays = collections.deque()
+
+    def draw_for_replay(self) -> None:
+        self.replays.append(self.generator.next_cpu_generator())
+
+    def take(self):
+        """The generator of the replay whose kernel runs now."""
+        return self.replays.popleft()
 
 
 class _GeneratorType(type):

@@ -1,36 +1,62 @@
 """CUDA graphs on the sim's capture: `CUDAGraph` and the `torch.cuda.graph` context."""
 from __future__ import annotations
 
+import warnings
+
 from ..core.capture import CaptureError
 from ..device.objects import caller_site
+from .generators import CapturedDraw
 from .running import EmulationError, active
 from .streams import stream
 
 
 class EmulatedGraph:
-    """torch.cuda.CUDAGraph on the sim's capture."""
+    """torch.cuda.CUDAGraph on the sim's capture, with torch's checks and messages."""
 
     def __init__(self, keep_graph: bool = False):
         self._emulation = active()
         self._graph = None
         self._stream = None
         self._pool = None
+        self._capturing = False
+        self._draws: list = []  # CapturedDraw of each random operator captured, in capture order
 
     def capture_begin(self, pool=None, capture_error_mode: str = "global") -> None:
         emulation = self._emulation
         emulation.enter()
-        self._stream = emulation.current_stream()
+        if self._graph is not None:
+            raise RuntimeError("This CUDAGraph instance already owns a captured graph. To capture a new graph, "
+                               "create a new instance.")
+        stream = emulation.current_stream()
+        if stream == emulation.default_stream(stream.device_index):
+            raise RuntimeError("CUDA graphs must be captured on a non-default stream. (However, after capture, "
+                               "it's ok to replay them on the default stream.)")
+        self._stream = stream
         self._pool = pool if pool is not None else emulation.new_pool()
         try:
             self._stream.device_stream.begin_capture(capture_error_mode)
         except CaptureError as exc:
             emulation.capture_errors.append(exc)
             raise
+        users = emulation.allocator.pool_users
+        users[self._pool] = users.get(self._pool, 0) + 1  # its blocks stay reserved while this graph holds it
+        self._capturing = True
         emulation.capture_pools[self._stream.device_stream.id] = self._pool
+        emulation.capture_graphs[self._stream.device_stream.id] = self
+
+    def captured_draw(self, generator) -> CapturedDraw:
+        draw = CapturedDraw(generator)
+        self._draws.append(draw)
+        return draw
 
     def capture_end(self) -> None:
         emulation = self._emulation
         emulation.enter()
+        if not self._capturing:
+            raise RuntimeError("capture_end() called before capture_begin().")
+        if emulation.current_stream() != self._stream:
+            raise RuntimeError("Capture must end on the same stream it began on.")
+        self._capturing = False
         try:
             self._graph = self._stream.device_stream.end_capture()
         except CaptureError as exc:  # the program gets it, as torch raises CUDA's error; the run names it
@@ -38,16 +64,34 @@ class EmulatedGraph:
             raise
         finally:
             emulation.capture_pools.pop(self._stream.device_stream.id, None)
+            emulation.capture_graphs.pop(self._stream.device_stream.id, None)
+        if not self._graph.nodes:
+            warnings.warn("The CUDA Graph is empty. This usually means that the graph was attempted to be captured "
+                          "on wrong device or stream.", UserWarning, stacklevel=2)
 
     def replay(self) -> None:
         emulation = self._emulation
         emulation.enter()
         if self._graph is None:
-            raise RuntimeError("CUDAGraph::replay: called before a successful capture")
+            raise RuntimeError("Called CUDAGraph::replay without a preceding successful capture.")
+        for draw in self._draws:  # the generator's state now, as a replay's philox offsets are
+            draw.draw_for_replay()
         self._graph.launch(emulation.current_stream().device_stream)
 
     def reset(self) -> None:
         self._graph = None
+        self._draws = []
+        self._release_pool()
+
+    def _release_pool(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None and not self._capturing:
+            users = self._emulation.allocator.pool_users
+            if users.get(pool, 0) > 0:
+                users[pool] -= 1
+
+    def __del__(self):
+        self._release_pool()
 
     def pool(self):
         return self._pool

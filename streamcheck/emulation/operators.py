@@ -12,7 +12,7 @@ import torch
 
 from ..device.objects import caller_site
 from ..record.adapters.torch_ops import operator_accesses, operator_schema
-from .generators import EmulatedGenerator, is_seeded, takes_generator
+from .generators import CapturedDraw, EmulatedGenerator, is_seeded, takes_generator
 from .running import EmulationError
 from .tensors import (CudaTensor, PinnedTensor, byte_region, contiguous_strides, cpu_view, is_emulated,
                       same_view)
@@ -95,6 +95,9 @@ class OperatorDispatch:
     `empty`, `pinned`, `stage_for_host`, `generators`, `enter` and `adopt_earlier`."""
 
     def dispatch(self, func, args, kwargs):
+        if self.autograd.calls:  # maybe on torch's autograd thread: recorded as the backward() caller's
+            with self.autograd.engine_thread(), caller_site.held(caller_site()):
+                return self._dispatch(func, args, kwargs)
         with caller_site.held(caller_site()):  # one user call: its allocations, launch and frees share the site
             return self._dispatch(func, args, kwargs)
 
@@ -225,7 +228,9 @@ class OperatorDispatch:
         if reads and len(writes) > len(fresh):  # an argument both read and written (in place) counts as written
             written = {(r.buffer.id, r.start, r.stop) for r in writes}
             reads = [r for r in reads if (r.buffer.id, r.start, r.stop) not in written]
-        generator = self._generator_for(func, inner_kwargs, index)
+        if name in EMPTY_OPERATORS:  # no kernel: the bytes are whatever the block held, as CUDA's empty
+            return rebuild_result(out_leaves, layout.spec)
+        generator = self._generator_for(func, inner_kwargs, index, s)
         targets = [cpu_view(t) for t in fresh]
         self.device.launch(Kernel(func, inner_args, inner_kwargs, targets, generator), stream=s.device_stream,
                            reads=reads, writes=writes, name=name)
@@ -273,15 +278,15 @@ class OperatorDispatch:
             return value.clone()
         return value
 
-    def _generator_for(self, func, inner_kwargs, index):
-        """The CPU generator a random operator runs with, taken now (issue order)."""
+    def _generator_for(self, func, inner_kwargs, index, s):
+        """The CPU generator a random operator on stream `s` runs with, taken now (issue order)."""
         given = inner_kwargs.get("generator")
         if isinstance(given, EmulatedGenerator):
-            return given.next_cpu_generator()
+            return self.draw(given, s)
         if given is not None:  # a CUDA generator's fork, taken when the call was made (_FactoryMode)
             return given
         if is_seeded(func):
-            return self.generators[index].next_cpu_generator()
+            return self.draw(self.generators[index], s)
         return None
 
     def _host_result(self, func, name, s, flat, inner_flat, spec):
@@ -451,6 +456,12 @@ _MISSING = object()
 
 
 
+# Operators that only allocate: torch launches no kernel for them.
+EMPTY_OPERATORS = frozenset({"aten.empty.memory_format", "aten.empty_like.default", "aten.empty_strided.default",
+                             "aten.new_empty.default", "aten.new_empty_strided.default",
+                             "aten.empty_permuted.default"})
+
+
 # Operators that take host tensors beside device ones as torch does: copies, and indices.
 _HOST_TENSORS_ALLOWED = frozenset({"aten.copy_.default", "aten._to_copy.default", "aten._copy_from.default",
                                    "aten._copy_from_and_resize.default", "aten.index.Tensor", "aten.index_put_.default",
@@ -522,13 +533,17 @@ class Kernel:
 
     def __call__(self, *_):
         kwargs = self.kwargs
-        if self.generator is not None:
+        generator = self.generator
+        if type(generator) is CapturedDraw:
+            generator = generator.take()  # a graph replay's: drawn when the replay was launched
+        if generator is not None:
             if "generator" in kwargs or takes_generator(self.func):
-                kwargs = dict(kwargs, generator=self.generator)
+                kwargs = dict(kwargs, generator=generator)
                 out = self.func(*self.args, **kwargs)
             else:
+                # An operator with no generator argument (dropout) draws from the global CPU generator.
                 state = torch.default_generator.get_state()
-                torch.default_generator.manual_seed(self.generator.initial_seed())
+                torch.default_generator.set_state(generator.get_state())
                 try:
                     out = self.func(*self.args, **kwargs)
                 finally:

@@ -67,7 +67,9 @@ def run_script(path: str, argv=(), *, policy="sequential", seed: int = 0, check:
     `echo`: its output also goes to this process's stdout. `timeout`: seconds before the run is
     interrupted (None: no limit). The script runs in the caller's thread: from the main thread, a
     blocking call (time.sleep) is interrupted too (timeout.TimeLimit)."""
+    from ..core.trace import CallSite
     from ..device import Device
+    from ..device.objects import caller_site
     from .torch_cuda import EmulationError, run_on
 
     path = os.path.abspath(path)
@@ -80,7 +82,9 @@ def run_script(path: str, argv=(), *, policy="sequential", seed: int = 0, check:
     def body():
         device = box["device"] = given if given is not None else Device(
             "sim", check=check, policy=policy, seed=seed, devices=devices, **policy_params)
-        with run_on(device) as emulation:
+        # What happens with no frame of the script on the stack (its globals freed as it ends) is the
+        # script's doing at its last line, not runpy's or a thread's.
+        with run_on(device) as emulation, caller_site.fallback(CallSite(path, _last_line(path), "<module>")):
             box["emulation"] = emulation
             try:
                 with TimeLimit(timeout):  # the script's time, not the emulation's set-up (torch._dynamo's import)
@@ -137,6 +141,14 @@ def _script_frames(exc: RunTimedOut) -> list:
 
     return exc.where(lambda path: caller_site.kind_of(path) == USER and not os.path.abspath(path).startswith(ours),
                      relative, below=lambda path: os.path.abspath(path) == os.path.abspath(__file__))
+
+
+def _last_line(path: str) -> int:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return max(1, sum(1 for _ in f))
+    except OSError:
+        return 1
 
 
 def _refusal_inside(exc: BaseException) -> str:

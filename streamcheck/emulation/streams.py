@@ -105,13 +105,14 @@ class EmulatedEvent:
         """Sim time between the two records, in milliseconds of 1 µs per scheduler step."""
         emulation = self._emulation
         emulation.enter()
+        # torch's checks, in its order and with its exception types (c10/cuda/CUDAEvent.h).
         if not self.enable_timing or not end.enable_timing:
-            raise RuntimeError("Both events must be created with argument 'enable_timing=True'.")
+            raise ValueError("Both events must be created with argument 'enable_timing=True'.")
         if self._event is None or end._event is None:
-            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
+            raise ValueError("Both events must be recorded before calculating elapsed time.")
         start, stop = emulation.record_time(self._record_index), emulation.record_time(end._record_index)
         if start is None or stop is None:
-            raise RuntimeError("CUDA error: device not ready (an event has not completed; synchronize it first)")
+            raise RuntimeError("Both events must be completed before calculating elapsed time.")
         return (stop - start) / 1000.0
 
     def __repr__(self) -> str:

@@ -21,18 +21,25 @@ What it stands in for (each row is one place below):
 - `torch.cuda`: streams (a pool of non-blocking streams named s1, s2, ... in creation order; the
   default stream is the legacy stream), events, synchronizes, queries, `_sleep` (a hold on its
   stream), graphs (the sim's capture), generators (a CUDA generator is a CPU one forked when a
-  random operator is issued, so values do not depend on the schedule), memory statistics and
-  device properties of an emulated device; several devices with peer copies between them.
+  random operator is issued (in a graph, replayed), so values do not depend on the schedule), memory
+  statistics, capacity and out-of-memory errors, and device properties of an emulated device; several
+  devices with peer copies between them.
+
+- autograd: torch's engine, through the native CUDA guard (autograd.py, native/) where the
+  process was started with it: backward operators on their forward operators' streams, the
+  engine's syncs as sim events and waits; the current streams are the guard's thread-locals.
 
 What it refuses, with one line that names it and the user's line (EmulationError): CuPy,
 operators with no CPU implementation (custom CUDA extensions), Triton kernels, `ExternalStream`,
-`make_graphed_callables`, `backward()` and `torch.autograd.backward/grad` (torch's autograd engine
-asks for a real CUDA device guard and would abort the process; forward operators on tensors that
-require grad run as under no_grad, with a notice). `torch.compile` runs its function as eager
-operators, with a notice (and one more for CUDA graph trees, which are not emulated).
+`make_graphed_callables`, and, without the native guard, `backward()`, `torch.autograd.backward/grad`
+and `Function.apply` on emulated tensors (torch's engine would ask a CPU-only build for a CUDA device
+guard and abort the process; forward operators on tensors that require grad then run as under
+no_grad, with a notice). `torch.compile` runs its function as eager operators, with a notice (and
+one more for CUDA graph trees, which are not emulated).
 docs/emulation.md has the table. The pieces, one module each: running (the active emulation),
 tensors, streams, generators, graphs, device_properties, operators, transfers, factory_mode,
-surface (torch.cuda's names and the refusals), allocator.
+surface (torch.cuda's names and the refusals), autograd (with native/), allocator (with its segments
+and capacity), memory_stats.
 """
 from __future__ import annotations
 
@@ -47,9 +54,12 @@ import torch
 from ..core.trace import skip_wrapper_frames
 from . import running
 from .allocator import CachingAllocator, rounded
+from .autograd import Autograd
+from .device_properties import DeviceProperties
 from .factory_mode import FactoryMode
 from .generators import EmulatedGenerator
 from .graphs import graph
+from .memory_stats import capacity_from_environment
 from .operators import OperatorDispatch
 from .running import EmulationError, active  # noqa: F401 (active: public here)
 from .streams import EmulatedStream
@@ -68,22 +78,34 @@ class Emulation(OperatorDispatch, HostTransfers):
     """One emulated run: the sim Device, torch's streams over its streams, the allocator, the
     generators, what was refused. Enter it with `with Emulation(device):`."""
 
-    def __init__(self, device):
+    def __init__(self, device, memory_capacity: Optional[int] = None):
+        """`memory_capacity`: bytes of each emulated device (None: STREAMCHECK_MEMORY_CAPACITY's, else
+        8 GiB); allocations beyond it raise torch's OutOfMemoryError."""
+        self._memory_capacity = memory_capacity
         self._undo: list = []
         self._mode = None
         self._froze = False
+        self.device = device
+        self.autograd = Autograd(self)
+        # The current device and streams of each thread: the native guard's (C++ thread-locals that
+        # torch's autograd engine reads and sets too) where it is loaded, else these tables.
+        self._native = self.autograd.library
         self._start(device)
 
     def _start(self, device) -> None:
         """The state of one run on `device` (what reset() makes fresh)."""
         self.device = device
-        self.allocator = CachingAllocator(device)
+        capacity = self._memory_capacity if self._memory_capacity is not None else capacity_from_environment()
+        self.allocator = CachingAllocator(device, capacity)
+        self.properties = [DeviceProperties(k, capacity) for k in range(device.devices)]
         self.notices: list = []
         self.capture_errors: list = []  # core.capture.CaptureError the program got from a capture
         self.capture_pools: dict = {}  # capturing device stream id -> graph pool
+        self.capture_graphs: dict = {}  # capturing device stream id -> its EmulatedGraph
         self._pools = 0
         self._streams = 0
         self._legacies = [EmulatedStream(self, legacy) for legacy in device.legacies]
+        self._by_id: dict = {}  # sim stream id -> EmulatedStream, for the native guard's stream ids
         self._current: dict = {}  # (thread ident, device index) -> EmulatedStream
         self._current_device: dict = {}  # thread ident -> device index
         self.generators = [EmulatedGenerator(k) for k in range(device.devices)]
@@ -100,6 +122,8 @@ class Emulation(OperatorDispatch, HostTransfers):
         # torch.cuda's functions by name.
         importlib.import_module("torch._dynamo")
         self._undo.extend(patch_torch(self))
+        self.autograd.start()
+        self._undo.append(lambda: self.autograd.stop())
         self._mode = FactoryMode(self)
         self._mode.__enter__()
         # Python's full collections walk every object alive, some 300,000 after torch's import: a
@@ -114,6 +138,7 @@ class Emulation(OperatorDispatch, HostTransfers):
     def __exit__(self, *exc):
         try:
             self._mode.__exit__(*exc)
+            self.allocator.close()
         finally:
             for undo in reversed(self._undo):
                 undo()
@@ -129,7 +154,10 @@ class Emulation(OperatorDispatch, HostTransfers):
         (memory statistics from 0), generators (torch's default seeds), notices, recording. Tensors
         of the earlier runs keep their values: the first operator of this run that uses one copies
         its block into this run (adopt)."""
+        self.autograd.stop()  # the native guard's events and thread state were the earlier run's
+        self.allocator.close()
         self._start(device)
+        self.autograd.start()
 
     @contextlib.contextmanager
     def running_on(self, device):
@@ -143,6 +171,7 @@ class Emulation(OperatorDispatch, HostTransfers):
             yield self
         finally:
             mode.__exit__(None, None, None)
+            self.allocator.close()
             self.__dict__.update(saved)
 
     def adopt_earlier(self, flat) -> None:
@@ -203,7 +232,7 @@ class Emulation(OperatorDispatch, HostTransfers):
         else:
             where = torch.device(where) if not isinstance(where, torch.device) else where
             if where.type != "cuda":
-                raise EmulationError(f"{where} is not a CUDA device")
+                raise ValueError(f"Expected a cuda device, but got: {where}")  # torch.cuda's own check
             index = where.index if where.index is not None else self.current_device()
         if not 0 <= index < self.device.devices:
             raise RuntimeError(f"CUDA error: invalid device ordinal (cuda:{index}; the sim emulates "
@@ -211,21 +240,40 @@ class Emulation(OperatorDispatch, HostTransfers):
         return index
 
     def current_device(self) -> int:
+        if self._native is not None:
+            return self._native.current_device()
         return self._current_device.get(threading.get_ident(), 0)
 
     def set_current_device(self, index) -> None:
-        self._current_device[threading.get_ident()] = self.device_index(index)
+        index = self.device_index(index)
+        if self._native is not None:
+            self._native.set_current_device(index)
+        else:
+            self._current_device[threading.get_ident()] = index
 
     def current_stream(self, index=None) -> EmulatedStream:
         index = self.current_device() if index is None else self.device_index(index)
+        if self._native is not None:
+            return self.stream_by_id(index, self._native.current_stream(index))
         found = self._current.get((threading.get_ident(), index))
         return found if found is not None else self._legacies[index]
+
+    def stream_by_id(self, index: int, stream_id: int) -> EmulatedStream:
+        """The stream a native guard's stream id names: 0 is the device's legacy default stream (as
+        torch's CUDA stream ids), another its sim stream id; one this run did not make, the legacy."""
+        found = self._by_id.get(stream_id) if stream_id else None
+        return found if found is not None and found.device_index == index else self._legacies[index]
 
     def default_stream(self, index=None) -> EmulatedStream:
         return self._legacies[self.current_device() if index is None else self.device_index(index)]
 
     def set_current_stream(self, s) -> None:
-        if s is not None:
+        if s is None:
+            return
+        if self._native is not None:
+            stream_id = 0 if s is self._legacies[s.device_index] else s.device_stream.id
+            self._native.set_current_stream(s.device_index, stream_id)
+        else:
             self._current[(threading.get_ident(), s.device_index)] = s
 
     def new_stream(self, device=None, priority: int = 0) -> EmulatedStream:
@@ -233,8 +281,10 @@ class Emulation(OperatorDispatch, HostTransfers):
         index = self.current_device() if device is None else self.device_index(device)
         self._streams += 1
         # torch's pool streams are non-blocking (cudaStreamNonBlocking): no join with the legacy stream.
-        return EmulatedStream(self, self.device.stream(name=f"s{self._streams}", kind="non_blocking",
+        made = EmulatedStream(self, self.device.stream(name=f"s{self._streams}", kind="non_blocking",
                                                        priority=int(priority), device=index), priority)
+        self._by_id[made.device_stream.id] = made
+        return made
 
     def new_pool(self) -> tuple:
         self._pools += 1
@@ -264,6 +314,10 @@ class Emulation(OperatorDispatch, HostTransfers):
         block = self.allocator.allocate(nbytes, s.device_stream, pool=pool)
         return CudaTensor(typed_view(block, dtype, shape, stride), block, torch.device("cuda", index))
 
+    def is_capturing(self, s: EmulatedStream) -> bool:
+        """Whether `s` takes part in a CUDA graph capture begun through torch.cuda."""
+        return self._capturing_root(s.device_stream) is not None
+
     def _capturing_root(self, device_stream):
         """The id of the stream whose capture `device_stream` takes part in (its graph's origin)."""
         tracker = self.device.capture_tracker
@@ -277,6 +331,24 @@ class Emulation(OperatorDispatch, HostTransfers):
                 return sid
         return None
 
+    # --- random numbers ---------------------------------------------------------------------
+    def draw(self, generator: EmulatedGenerator, stream: EmulatedStream):
+        """What a random operator issued now on `stream` draws from: the generator's next state; in a
+        CUDA graph capture, a slot that each replay fills from the generator's state at replay time."""
+        if self.capture_graphs:
+            root = self._capturing_root(stream.device_stream)
+            if root is not None:
+                return self.capture_graphs[root].captured_draw(generator)
+        return generator.next_cpu_generator()
+
+    def reseed(self, generator: EmulatedGenerator, seed: int) -> None:
+        """manual_seed of a CUDA generator: refused while the current stream captures, unless the seed
+        is the one it has (torch: the graph reads the seed at replay)."""
+        if self.capture_graphs and self.is_capturing(self.current_stream()) and generator.initial_seed() != seed:
+            raise RuntimeError("CUDAGeneratorImpl::set_current_seed can be called during stream capture only if "
+                               "new seed is the same as the original seed.")
+        generator.manual_seed(seed)
+
     def pinned(self, shape, stride, dtype, device_index: Optional[int] = None) -> PinnedTensor:
         """Pinned host memory. The sim files it under a device (the current one unless given):
         the streams of another device reach it as peer memory (not emulated as host memory)."""
@@ -286,7 +358,6 @@ class Emulation(OperatorDispatch, HostTransfers):
         buffer = self.device.alloc((rounded(nbytes),), "uint8", name="pinned host tensor", fill=0, device=index)
         block = HostBlock(buffer)
         return PinnedTensor(typed_view(block, dtype, shape, stride), block)
-
 
 
 def run_on(device):

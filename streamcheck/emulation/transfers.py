@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from .generators import EmulatedGenerator
+from .autograd import HostToDevice
 from .operators import Kernel
 from .tensors import PinnedTensor, byte_region, contiguous_strides
 
@@ -14,6 +14,20 @@ from .tensors import PinnedTensor, byte_region, contiguous_strides
 _RANDOM_FACTORIES = frozenset({"rand", "randn", "randint", "randperm", "normal", "rand_like", "randn_like",
                                "randint_like", "bernoulli", "multinomial"})
 _COPYING_FACTORIES = frozenset({"tensor", "as_tensor", "asarray", "from_numpy"})
+_EMPTY_FACTORIES = frozenset({"empty", "empty_like", "empty_strided", "empty_permuted"})
+
+
+def _meta_result(func, args, cpu_kwargs):
+    """What the factory makes (a meta tensor: shape, strides, dtype), computed without memory; None
+    if its meta call fails (then the host computes it and raises torch's own error, if any)."""
+    meta_kwargs = dict(cpu_kwargs, device="meta")
+    if meta_kwargs.get("generator") is not None:
+        meta_kwargs["generator"] = None
+    try:
+        out = func(*args, **meta_kwargs)
+    except Exception:
+        return None
+    return out if isinstance(out, torch.Tensor) and out.device.type == "meta" else None
 
 
 
@@ -41,6 +55,8 @@ class HostTransfers:
         """A host tensor copied to cuda:index on the current stream (`.cuda()`, `.to("cuda")`,
         a factory's `device="cuda"`): from pageable memory, staged now and waited for."""
         self.enter()
+        if source.requires_grad and self.autograd.enabled and torch.is_grad_enabled():
+            return HostToDevice.apply(source, self, index, dtype, non_blocking)  # a graph node, as torch's copy
         if dtype is not None and dtype != source.dtype:
             source = source.to(dtype)
         src = source.contiguous() if not source.is_contiguous() else source
@@ -61,24 +77,49 @@ class HostTransfers:
                                name="aten._to_copy.default")
             # From pageable memory: synchronous, as on CUDA.
             self.device.host_access(name="aten._to_copy.default", sync=s.device_stream)
-        if source.requires_grad:
+        if source.requires_grad:  # no autograd here (autograd.py): a leaf that requires grad
             t.requires_grad_(True)
         return t
 
     def factory(self, func, args, kwargs, index: int):
-        """`torch.zeros(..., device="cuda")` & co.: computed on the host now (random ones with the
-        device's generator, at issue), written into a fresh block by a kernel on the current stream."""
+        """`torch.zeros(..., device="cuda")` & co. The result's block is allocated first (a request the
+        device cannot hold fails before any host memory is used, as on a GPU); `empty` launches
+        nothing; a random factory is a kernel drawing from the device's generator at issue (in a
+        capture, at each replay); the others are computed on the host now and written into the block by
+        a kernel on the current stream (`torch.tensor(data)` copies from pageable memory: the host waits)."""
         self.enter()
         cpu_kwargs = dict(kwargs, device="cpu")
         cpu_kwargs.pop("pin_memory", None)
         requires_grad = bool(cpu_kwargs.pop("requires_grad", False))
+        name = getattr(func, "__name__", "")
+        s = self.current_stream(index)
+        meta = None if name in _COPYING_FACTORIES else _meta_result(func, args, cpu_kwargs)
+        if meta is None:
+            return self._factory_on_host(func, args, cpu_kwargs, index, s, requires_grad)
+        t = self.empty(tuple(meta.shape), tuple(meta.stride()), meta.dtype, index, s)
+        region = byte_region(t)
+        given = cpu_kwargs.get("generator")
+        if name in _EMPTY_FACTORIES:
+            pass  # no kernel: its bytes are whatever the block held
+        elif name in _RANDOM_FACTORIES or given is not None:
+            # Computed when the kernel runs, with the generator taken now (a fork given at the call, or
+            # the device's next draw).
+            generator = given if given is not None else self.draw(self.generators[index], s)
+            self.device.launch(Kernel(func, args, dict(cpu_kwargs, generator=None), [t._inner], generator),
+                               stream=s.device_stream, writes=[region] if region else [], name=f"aten.{name}")
+        else:
+            value = func(*args, **cpu_kwargs)
+            self.device.launch(Kernel(torch.Tensor.copy_, (t._inner, value), {}, (), None), stream=s.device_stream,
+                               writes=[region] if region else [], name=f"aten.{name}")
+        if requires_grad:
+            t.requires_grad_(True)
+        return t
+
+    def _factory_on_host(self, func, args, cpu_kwargs, index: int, s, requires_grad: bool):
+        """A factory whose result's layout only its host computation tells (`torch.tensor(data)`, or
+        one with no meta kernel): computed now, then copied into a fresh block on the current stream."""
         generator = cpu_kwargs.get("generator")
-        if isinstance(generator, EmulatedGenerator):
-            cpu_kwargs["generator"] = generator.next_cpu_generator()
-            value = func(*args, **cpu_kwargs)
-        elif generator is not None:  # already forked at the call
-            value = func(*args, **cpu_kwargs)
-        elif getattr(func, "__name__", "") in _RANDOM_FACTORIES:
+        if generator is None and getattr(func, "__name__", "") in _RANDOM_FACTORIES:
             cpu_kwargs["generator"] = self.generators[index].next_cpu_generator()
             try:
                 value = func(*args, **cpu_kwargs)
@@ -89,7 +130,6 @@ class HostTransfers:
             value = func(*args, **cpu_kwargs)
         if not isinstance(value, torch.Tensor):
             return value
-        s = self.current_stream(index)
         value = value.contiguous()
         t = self.empty(tuple(value.shape), tuple(value.stride()), value.dtype, index, s)
         region = byte_region(t)

@@ -5,6 +5,8 @@ Registered through the pytest11 entry point `streamcheck` (with PYTEST_DISABLE_P
 each feature is a plugin module of its own, over public hooks:
 
 - options: the `--streamcheck-…` options and their ini twins, validated at start-up;
+- preload: a --streamcheck-emulate-cuda run re-execs itself with the emulation's native CUDA guard
+  preloaded (torch's autograd needs it; torch must find it at its import);
 - usage: whether the run uses streamcheck (an option given, a test with its fixtures or markers):
   until then the plugin prints, stores, pins and imports nothing;
 - seeds: the base seed (random, given, `last`, the controller's under xdist), per-test and
@@ -28,6 +30,7 @@ import importlib
 # assertion rewriting just before importing it, and warns about one a sibling imported earlier.
 pytest_plugins = [
     "streamcheck.plugin.options",
+    "streamcheck.plugin.preload",
     "streamcheck.plugin.usage",
     "streamcheck.plugin.seeds",
     "streamcheck.plugin.reporting",

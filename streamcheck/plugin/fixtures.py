@@ -191,7 +191,8 @@ def start_session_emulation(config) -> None:
     from ..device import Device
     from ..emulation.torch_cuda import Emulation
 
-    emulation = Emulation(Device("sim", check=False, policy="sequential"))
+    settings = config.stash[SETTINGS_KEY]
+    emulation = Emulation(Device("sim", check=False, policy="sequential"), memory_capacity=settings.memory_capacity)
     emulation.__enter__()
     config.stash[SESSION_EMULATION_KEY] = emulation
     config.add_cleanup(lambda: emulation.__exit__(None, None, None))
@@ -217,7 +218,7 @@ def start_emulation(item):
         emulation = session
         emulation.reset(device)
     else:
-        emulation = Emulation(device)
+        emulation = Emulation(device, memory_capacity=settings.memory_capacity)
         emulation.__enter__()
     recording = EmulatedRecording(device, emulation, "the test's torch code")
     fallback = _test_site(item)

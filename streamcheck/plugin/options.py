@@ -37,6 +37,7 @@ class Settings:
     timeout: float = DEFAULT_TIMEOUT  # seconds a run_schedules call or a whole test may take; 0: no limit
     audit_syncs: bool = False  # each test's synchronizations are audited (streamcheck.analyses.sync_audit)
     emulate_cuda: bool = False  # every test runs with CUDA emulated on the sim (plugin/emulation.py)
+    memory_capacity: Optional[int] = None  # bytes of each emulated device; None: the emulation's default
 
 
 SETTINGS_KEY = pytest.StashKey[Settings]()
@@ -77,6 +78,10 @@ _OPTIONS = (
      "each test's unmodified torch code on device='cuda' runs on this CPU on a fresh emulated device under the "
      "first policy's schedule, checked; a race fails the test with the report and the replay line. For CPU "
      "runners of a suite written for GPUs.", "false"),
+    ("--streamcheck-memory-capacity", "streamcheck_memory_capacity", "SIZE",
+     "memory of each emulated CUDA device (e.g. 16GiB; --streamcheck-emulate-cuda and streamcheck_gpu tests on "
+     "the sim): more than it raises torch's OutOfMemoryError. Default: STREAMCHECK_MEMORY_CAPACITY's, else 8GiB.",
+     ""),
     ("--streamcheck-gpus", "streamcheck_gpus", "auto|N|0",
      "pytest-xdist: GPUs the workers are pinned to, one each, round-robin (CUDA_VISIBLE_DEVICES); auto: "
      "CUDA_VISIBLE_DEVICES's, else nvidia-smi -L's, else the driver's count; 0: no pinning.", "0"),
@@ -263,7 +268,20 @@ def _read_settings(config) -> Settings:
         audit_syncs=_bool(config, "streamcheck_audit_syncs"),
         emulate_cuda=_bool(config, "streamcheck_emulate_cuda"),
         timeout=parse_timeout(*option_value(config, "streamcheck_timeout")),
+        memory_capacity=_memory_capacity(config),
     )
+
+
+def _memory_capacity(config) -> Optional[int]:
+    value, source = option_value(config, "streamcheck_memory_capacity")
+    if not value:
+        return None
+    from ..emulation.memory_stats import parse_size  # torch-free
+
+    try:
+        return parse_size(value)
+    except ValueError:
+        raise bad_value(source, value, "a memory size: bytes (4096) or with a unit (512MiB, 8GiB, 80GB)") from None
 
 
 def parse_timeout(value: str, source: str) -> float:

@@ -185,3 +185,37 @@ def test_cupy_under_the_sim_is_one_line_and_exit_2(script, capsys):
     (line,) = captured.err.splitlines()
     assert line.startswith("streamcheck run: import cupy at prog.py:1 under the sim: CuPy's kernels need a GPU")
     assert "Traceback" not in captured.err
+
+
+def test_what_is_freed_as_the_script_ends_is_the_scripts_last_line_not_runpys_or_a_threads(script):
+    from streamcheck.core import trace as T
+    from streamcheck.emulation.script import run_script
+
+    path = script(textwrap.dedent('''\
+        import torch
+
+        KEPT = torch.ones(4, device="cuda")  # a global: freed only as the script ends
+        print(KEPT.sum().item())
+    '''))
+    run = run_script(path)
+    assert run.status == 0 and run.stdout == "4.0\n"
+    frees = [op for op in run.device.trace if type(op) is T.Free]
+    kept = [op for op in frees if op.site.line == 4]
+    assert kept, [(op.site.file, op.site.line) for op in frees]
+    assert not [op for op in frees if "runpy" in op.site.file or "threading" in op.site.file]
+
+
+def test_a_tensor_that_outlives_the_run_is_not_an_error_at_exit(script):
+    import subprocess
+    import sys
+
+    path = script(textwrap.dedent('''\
+        import torch
+
+        torch.KEPT_BY_A_LIBRARY = torch.arange(4, device="cuda")  # alive until the interpreter exits
+        print(torch.KEPT_BY_A_LIBRARY.sum().item())
+    '''))
+    proc = subprocess.run([sys.executable, "-m", "streamcheck", "run", "--backend", "sim", "--schedules", "1", path],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout == "6\n", proc.stderr
+    assert "Exception ignored" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

@@ -291,7 +291,9 @@ class SimBackend(Backend):
         self._events[event.id] = None
 
     def alloc(self, buf, fill) -> None:
-        if fill is not None:
+        if fill is not None and np.ndim(fill) == 0 and fill == 0:
+            buf.storage = np.zeros(buf.shape, dtype=buf.dtype)  # pages the program never writes cost no memory
+        elif fill is not None:
             buf.storage = np.full(buf.shape, fill, dtype=buf.dtype)
         elif buf.dtype.kind == "f":
             buf.storage = np.full(buf.shape, np.nan, dtype=buf.dtype)  # uninitialised memory is garbage

@@ -42,6 +42,12 @@ _NO_ACCESS = frozenset({"aten.empty.memory_format", "aten.empty_strided.default"
                         "aten.new_empty.default", "aten.new_empty_strided.default", "aten.set_.source_Storage",
                         "aten.set_.source_Storage_storage_offset", "aten.resize_.default", "aten.is_pinned.default",
                         "aten._pin_memory.default"})
+# Fresh tensors shaped like an argument: they read its shape, dtype and device, never its bytes
+# (autograd's implicit gradient of backward() is a ones_like of the loss).
+_LAYOUT_ONLY = frozenset({"aten.ones_like.default", "aten.zeros_like.default", "aten.full_like.default",
+                          "aten.rand_like.default", "aten.randn_like.default", "aten.randint_like.default",
+                          "aten.randint_like.low_dtype", "aten.new_zeros.default", "aten.new_ones.default",
+                          "aten.new_full.default"})
 _COPIES = frozenset({"aten.copy_.default", "aten._to_copy.default", "aten._copy_from.default",
                      "aten._copy_from_and_resize.default"})
 
@@ -98,7 +104,11 @@ def operator_accesses(func, args, kwargs):
     access rule the recorder (on a GPU) and the emulation (on the sim) both follow."""
     import torch
 
-    for i, (arg_name, kwarg_only, written) in enumerate(operator_schema(func).arguments):
+    schema = operator_schema(func)
+    layout_only = schema.name in _LAYOUT_ONLY
+    for i, (arg_name, kwarg_only, written) in enumerate(schema.arguments):
+        if layout_only and not written:
+            continue
         value = kwargs.get(arg_name) if kwarg_only or i >= len(args) else args[i]
         for t in _tensors(value, torch):
             yield t, written

@@ -95,6 +95,17 @@ def test_help_says_only_a_count_repeats_exactly(capsys):
     assert "--examples N" in text
     assert "Only a count, not a time budget, repeats a run exactly" in text
     assert "130 interrupted" in text
+    assert "Fuzz the sync plans of FlashNorm's dual-stream pipeline" in text
+    assert "streamcheck run script.py" in text  # what to use for one's own program
+
+
+def test_a_fuzz_run_leaves_no_hypothesis_folder_in_the_working_directory(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "HYPOTHESIS_STORAGE_DIRECTORY"}
+    proc = subprocess.run([sys.executable, "-m", "streamcheck", "fuzz", "--examples", "2", "--steps", "2", "--seed",
+                           "1", "--quiet"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode in (0, 1), proc.stderr
+    assert "found" in proc.stdout or "examples" in proc.stdout, proc.stdout
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("args, message", [

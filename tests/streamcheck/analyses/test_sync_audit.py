@@ -273,7 +273,63 @@ def test_a_busy_loop_on_query_is_checked_and_its_query_is_timing_dependent():
     assert result.keep == (1,) and result.removed == ()
 
 
+def test_the_caching_allocators_record_stream_query_is_named_as_the_allocators_and_kept():
+    # An emulated torch program: a block used on a side stream (record_stream), freed, then a same-size
+    # allocation on its stream. torch's allocator queries its record_stream event before reusing it.
+    import torch
+
+    from streamcheck.emulation.torch_cuda import Emulation
+
+    d = Device("sim")
+    with Emulation(d):
+        side = torch.cuda.Stream()
+        for _ in range(2):
+            x = torch.ones(256, device="cuda")
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                y = x * 2
+            x.record_stream(side)
+            del x
+        torch.cuda.current_stream().wait_stream(side)
+        assert y.tolist() == [2.0] * 256
+    result = audit(d.trace)
+    allocator = [f for f in result.findings if "record_stream" in f.sync.what]
+    assert len(allocator) == 1
+    finding = allocator[0]
+    assert finding.verdict is Verdict.TIMING and "the host polled" not in finding.sync.what
+    assert finding.sync.what.startswith("torch's caching allocator found its record_stream event on stream s1 passed")
+    assert "not the program's synchronization" in finding.reason and finding.number in result.keep
+    assert "the caching allocator's own query (record_stream), not the program's" in result.format()
+
+
 # --- necessary waits -----------------------------------------------------------------------
+
+def test_a_captured_fork_and_join_are_needed_because_without_either_cuda_refuses_the_capture():
+    d = Device("sim")
+    origin, a = d.stream("origin"), d.stream("A")
+    x, y = d.alloc(4, name="x"), d.alloc(4, name="y")
+    origin.begin_capture()
+    fork = d.event()
+    fork.record(origin)
+    a.wait_event(fork)
+    d.launch(fill, (x,), stream=a, writes=[x], name="fill")
+    join = d.event()
+    join.record(a)
+    origin.wait_event(join)
+    d.launch(copy, (x, y), stream=origin, reads=[x], writes=[y], name="use")
+    graph = origin.end_capture()
+    for _ in range(3):  # launches of a graph the edited trace could not capture are not fed
+        graph.launch(origin)
+    origin.synchronize()
+    assert d.host_read(y).tolist() == [1, 1, 1, 1] and not d.races
+    result = audit(d.trace)
+    fork_wait, join_wait, _ = result.findings
+    assert fork_wait.sync.captured and join_wait.sync.captured
+    assert fork_wait.verdict is Verdict.NECESSARY and join_wait.verdict is Verdict.NECESSARY
+    assert fork_wait.reason.startswith("without it CUDA refuses the capture: cudaErrorStreamCaptureIsolation")
+    assert join_wait.reason.startswith("without it CUDA refuses the capture: cudaErrorStreamCaptureUnjoined")
+    assert {fork_wait.number, join_wait.number} <= set(result.keep)
+
 
 def test_a_necessary_wait_names_the_race_kind_the_buffer_and_both_call_sites():
     d = host_sync_before_consumer(device_side=True)

@@ -163,7 +163,9 @@ def test_backward(streamcheck_gpu):
     result.assert_outcomes(failed=1)
     out = flat(result)
     line = line_of(pytester, "test_refused.py", ".backward()")
-    assert f"EmulationError: backward() at test_refused.py:{line}: autograd is not emulated on the sim" in out, out
+    # Without --streamcheck-emulate-cuda the run is not re-exec'd with the native guard: autograd is refused.
+    assert f"EmulationError: backward() at test_refused.py:{line}: autograd on the sim needs streamcheck's native " \
+           "CUDA guard" in out, out
     assert "Aborted" not in out + result.stderr.str() and "Fatal Python error" not in result.stderr.str()
 
 
