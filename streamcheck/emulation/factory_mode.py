@@ -13,7 +13,8 @@ from ..device.objects import caller_site
 from .generators import EmulatedGenerator
 from .operators import cpu_index, flatten_call, is_basic_index
 from .running import EmulationError
-from .tensors import CudaTensor, EmulatedStorage, PinnedTensor, byte_region, cpu_view, is_emulated
+from .tensors import (CudaTensor, EmulatedStorage, EmulatedTypedStorage, PinnedTensor, byte_region, cpu_view,
+                      is_emulated)
 
 
 class FactoryMode(TorchFunctionMode):
@@ -385,6 +386,13 @@ def _untyped_storage(emulation, func, args, kwargs):
     return EmulatedStorage(emulation, self)
 
 
+def _typed_storage(emulation, func, args, kwargs):
+    self = args[0]
+    if not is_emulated(self):
+        return func(*args, **kwargs)
+    return EmulatedTypedStorage(emulation, self)
+
+
 
 
 def _scalar(convert):
@@ -403,6 +411,7 @@ _METHODS = {
     torch.Tensor.__setitem__: _setitem, torch.Tensor.contiguous: _contiguous, torch.where: _where,
     torch.Tensor.where: _where, torch.nonzero: _nonzero, torch.Tensor.nonzero: _nonzero,
     torch.Tensor.copy_: _copy, torch.Tensor.data_ptr: _data_ptr, torch.Tensor.untyped_storage: _untyped_storage,
+    torch.Tensor.storage: _typed_storage,
     torch.Tensor.__float__: _scalar(float), torch.Tensor.__int__: _scalar(int), torch.Tensor.__index__: _scalar(int),
     torch.Tensor.__complex__: _scalar(complex),
     torch.Tensor.data.__set__: _set_data, torch.Tensor.__deepcopy__: _deepcopy, torch.Tensor.__invert__: _invert,

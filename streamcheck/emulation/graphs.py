@@ -6,7 +6,7 @@ import warnings
 from ..core.capture import CaptureError
 from ..device.objects import caller_site
 from .generators import CapturedDraw
-from .running import EmulationError, active
+from .running import ON_A_GPU, EmulationError, active, refused
 from .streams import stream
 
 
@@ -20,6 +20,10 @@ class EmulatedGraph:
         self._pool = None
         self._capturing = False
         self._draws: list = []  # CapturedDraw of each random operator captured, in capture order
+        # keep_graph=True keeps the captured graph apart from its executable one: instantiate() makes
+        # the executable (again), and a replay instantiates it first if nothing did. The sim's graph
+        # is both, so instantiating checks what torch checks and changes nothing else.
+        self._keep_graph = keep_graph
 
     def capture_begin(self, pool=None, capture_error_mode: str = "global") -> None:
         emulation = self._emulation
@@ -69,6 +73,12 @@ class EmulatedGraph:
             warnings.warn("The CUDA Graph is empty. This usually means that the graph was attempted to be captured "
                           "on wrong device or stream.", UserWarning, stacklevel=2)
 
+    def instantiate(self) -> None:
+        if self._graph is None:
+            raise RuntimeError("capture_end() must have been called before calling instantiate")
+        if not self._keep_graph:
+            raise RuntimeError("instantiate() is intended to be called by the user only when keep_graph=true")
+
     def replay(self) -> None:
         emulation = self._emulation
         emulation.enter()
@@ -99,8 +109,31 @@ class EmulatedGraph:
     def enable_debug_mode(self) -> None:
         pass
 
-    def debug_dump(self, path) -> None:
+    def debug_dump(self, *args, **kwargs) -> None:
         raise EmulationError(f"CUDAGraph.debug_dump at {caller_site()}: the sim has no CUDA graph to dump")
+
+    def raw_cuda_graph(self):
+        raise EmulationError(f"CUDAGraph.raw_cuda_graph at {caller_site()}: the sim has no cudaGraph_t to hand to "
+                             "CUDA's own API; check this program on a GPU (streamcheck run --backend gpu)")
+
+    def raw_cuda_graph_exec(self):
+        raise EmulationError(f"CUDAGraph.raw_cuda_graph_exec at {caller_site()}: the sim has no cudaGraphExec_t to "
+                             "hand to CUDA's own API; check this program on a GPU (streamcheck run --backend gpu)")
+
+    register_generator_state = staticmethod(refused(
+        "CUDAGraph.register_generator_state", "registering another generator with a graph is not emulated (the "
+        "sim's graphs replay the default generators' draws); " + ON_A_GPU))
+    get_currently_capturing_graph = staticmethod(refused(
+        "CUDAGraph.get_currently_capturing_graph", "the sim's captures are not torch graph objects; use "
+        "torch.cuda.is_current_stream_capturing(), or " + ON_A_GPU))
+    begin_capture_to_if_node = staticmethod(refused(
+        "CUDAGraph.begin_capture_to_if_node", "conditional graph nodes are not emulated; " + ON_A_GPU))
+    end_capture_to_conditional_node = staticmethod(refused(
+        "CUDAGraph.end_capture_to_conditional_node", "conditional graph nodes are not emulated; " + ON_A_GPU))
+
+    def get_graph_data(self):
+        raise EmulationError(f"CUDAGraph.get_graph_data at {caller_site()}: the sim's graphs have no CUDA graph "
+                             "nodes to describe; check this program on a GPU (streamcheck run --backend gpu)")
 
 
 class graph:

@@ -24,3 +24,17 @@ def set_active(emulation) -> None:
 
 def is_active() -> bool:
     return _active is not None
+
+
+ON_A_GPU = "check this program on a GPU (streamcheck run --backend gpu)"
+
+
+def refused(name: str, why: str):
+    """A stand-in for `name` that refuses every call in one line: `<name> at <user's line>: <why>`."""
+    from ..device.objects import caller_site
+
+    def refuse(*args, **kwargs):
+        raise EmulationError(f"{name} at {caller_site()}: {why}")
+    refuse.__name__ = refuse.__qualname__ = name.rsplit(".", 1)[-1]
+    refuse.refused = name  # what the API walk test reads
+    return refuse

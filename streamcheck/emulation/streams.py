@@ -4,7 +4,13 @@ from __future__ import annotations
 import torch
 
 from ..device.objects import caller_site
-from .running import active
+from .running import EmulationError, active
+
+# Made-up raw handles (`cuda_stream`, `cuda_event`): distinct, nonzero, never dereferenced on the sim.
+_STREAM_HANDLE_BASE = 0x5C0000
+_EVENT_HANDLE_BASE = 0x5E0000
+# torch.cuda.Stream.priority_range() on an sm_90 GPU under torch: (lowest, highest); lower is more urgent.
+PRIORITY_RANGE = (0, -3)
 
 
 class EmulatedStream:
@@ -18,7 +24,24 @@ class EmulatedStream:
         self.priority = priority
         self.stream_id = device_stream.id
         self.device_type = 1  # CUDA's DeviceType
-        self.cuda_stream = 0 if device_stream.id == 0 else 0x5C0000 + device_stream.id
+        # The legacy default stream's handle is 0 (cudaStreamLegacy's null handle), as torch reports it.
+        self.cuda_stream = 0 if device_stream.id == 0 else _STREAM_HANDLE_BASE + device_stream.id
+
+    @property
+    def native_handle(self) -> int:
+        return self.cuda_stream
+
+    def __cuda_stream__(self) -> tuple:
+        """The CUDA stream protocol (version 0, the handle), as libraries exchange streams."""
+        return 0, self.cuda_stream
+
+    @staticmethod
+    def priority_range() -> tuple:
+        return PRIORITY_RANGE
+
+    def is_capturing(self) -> bool:
+        tracker = self._emulation.device.capture_tracker
+        return bool(tracker.active and tracker.capturing(self.device_stream.id) is not None)
 
     def wait_event(self, event) -> None:
         self._emulation.enter()
@@ -63,14 +86,65 @@ class EmulatedStream:
                f"{self.device_stream.name})>"
 
 
+class _StreamType(type):
+    """torch.cuda.Stream while emulating: a call makes an emulated stream; `isinstance` is true of them."""
+
+    def __call__(cls, device=None, priority=0, **kwargs):
+        if kwargs.get("stream_ptr") is not None or kwargs.get("stream_id") is not None:
+            raise EmulationError(f"torch.cuda.Stream(stream_id=...) at {caller_site()}: the sim makes its own "
+                                 "streams; create one with torch.cuda.Stream()")
+        return active().new_stream(device, priority)
+
+    def __instancecheck__(cls, obj):
+        return isinstance(obj, EmulatedStream)
+
+    def __subclasscheck__(cls, sub):
+        return issubclass(sub, EmulatedStream)
+
+
+class Stream(metaclass=_StreamType):
+    """torch.cuda.Stream while emulating (`torch.cuda.Stream(device=None, priority=0)`)."""
+
+    priority_range = staticmethod(EmulatedStream.priority_range)
+
+
 class EmulatedEvent:
     """torch.cuda.Event on the sim."""
 
-    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False,
+                 external: bool = False):
         self._emulation = active()
         self._event = None  # created at the first record, as torch creates cudaEvent_t lazily
         self._record_index = None  # the trace index of its last record
+        self._device_index = None  # the device of the stream it was last recorded on
         self.enable_timing = enable_timing
+        self.blocking = blocking
+        self.interprocess = interprocess
+        # external=True makes a capture record (and wait for) the event as a graph node that other
+        # work can see: the sim's capture records and waits for events as it does eagerly.
+        self.external = external
+
+    @property
+    def device(self):
+        index = self._device_index if self._device_index is not None else self._emulation.current_device()
+        return torch.device("cuda", index)
+
+    @property
+    def cuda_event(self) -> int:
+        """The raw handle: 0 until the first record creates the event (torch creates it lazily)."""
+        return 0 if self._event is None else _EVENT_HANDLE_BASE + self._event.id
+
+    event_id = cuda_event
+
+    def ipc_handle(self, *args, **kwargs):
+        raise EmulationError(f"torch.cuda.Event.ipc_handle at {caller_site()}: sharing an event with another "
+                             "process is not emulated (each emulated process has its own sim device); check this "
+                             "program on a GPU (streamcheck run --backend gpu)")
+
+    @classmethod
+    def from_ipc_handle(cls, *args, **kwargs):
+        raise EmulationError(f"torch.cuda.Event.from_ipc_handle at {caller_site()}: an event of another process "
+                             "does not exist on the sim; check this program on a GPU (streamcheck run --backend gpu)")
 
     def _device_event(self):
         if self._event is None:
@@ -82,6 +156,7 @@ class EmulatedEvent:
         emulation.enter()
         stream = stream if stream is not None else emulation.current_stream()
         self._device_event().record(stream.device_stream)
+        self._device_index = stream.device_index
         self._record_index = len(emulation.device.trace) - 1  # its EventRecord: the sim times it by index
 
     def _wait(self, stream) -> None:

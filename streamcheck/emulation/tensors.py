@@ -5,6 +5,7 @@ Also the byte arithmetic the operators and the allocator share, and `untyped_sto
 """
 from __future__ import annotations
 
+import copy
 from typing import Optional
 
 import torch
@@ -33,11 +34,35 @@ class _EmulatedTensor(torch.Tensor):
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         return active().dispatch(func, args, kwargs or {})
 
+    def __deepcopy__(self, memo):
+        if id(self) in memo:
+            return memo[id(self)]
+        if not self.is_leaf:
+            raise RuntimeError("Only Tensors created explicitly by the user (graph leaves) support the deepcopy "
+                               "protocol at the moment.  If you were attempting to deepcopy a module, this may be "
+                               "because of a torch.nn.utils.weight_norm usage, see "
+                               "https://github.com/pytorch/pytorch/pull/103001")
+        copied = self._deep_copy()
+        memo[id(self)] = copied
+        # What else the tensor carries (a Parameter's mark, a module's attributes), as torch copies it.
+        for key, value in self.__dict__.items():
+            if key not in ("_inner", "_block"):
+                setattr(copied, key, copy.deepcopy(value, memo))
+        return copied
+
+
+def _deep_copy_cuda(self):
+    """A CUDA tensor's deepcopy is a clone: one kernel on the current stream into a fresh block."""
+    with torch.no_grad():
+        copied = torch.Tensor.clone(self)
+    return copied.requires_grad_(self.requires_grad) if self.requires_grad else copied
+
 
 class CudaTensor(_EmulatedTensor):
     """A tensor on an emulated CUDA device."""
 
     __slots__ = ()
+    _deep_copy = _deep_copy_cuda
 
     def __format__(self, spec):
         if self.dim() == 0 and not self.is_meta:
@@ -56,6 +81,15 @@ class PinnedTensor(_EmulatedTensor):
 
     __slots__ = ()
     DEVICE = torch.device("cpu")
+
+    def _deep_copy(self):
+        """As torch copies pinned memory (its storage's clone): a pageable CPU tensor with the values
+        the host reads now."""
+        region = byte_region(self)
+        if region is not None:
+            active().device.host_access(reads=[region], name="deepcopy")
+        copied = self._inner.clone()
+        return copied.requires_grad_(self.requires_grad) if self.requires_grad else copied
 
     def __repr__(self, *, tensor_contents=None):
         return repr(torch.Tensor.clone(self).detach())  # a host read, now
@@ -151,6 +185,19 @@ class EmulatedStorage:
     def data_ptr(self) -> int:
         return self._tensor._block.bytes.ctypes.data
 
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def is_pinned(self, device="cuda") -> bool:
+        return type(self._tensor) is PinnedTensor
+
+    def untyped(self) -> "EmulatedStorage":
+        return self
+
+    def element_size(self) -> int:
+        return 1
+
     def nbytes(self) -> int:
         return 0 if self._tensor._block.buffer.freed else self._tensor._block.buffer.nbytes
 
@@ -171,3 +218,28 @@ class EmulatedStorage:
     def __len__(self) -> int:
         return self.nbytes()
 
+
+
+class EmulatedTypedStorage(EmulatedStorage):
+    """`tensor.storage()` of an emulated tensor (torch's deprecated TypedStorage): the same block,
+    counted in elements of the tensor's dtype."""
+
+    def __init__(self, emulation, tensor):
+        super().__init__(emulation, tensor)
+        self.dtype = tensor.dtype
+
+    def element_size(self) -> int:
+        return self.dtype.itemsize
+
+    def untyped(self) -> EmulatedStorage:
+        return EmulatedStorage(self._emulation, self._tensor)
+
+    def size(self) -> int:
+        return self.nbytes() // self.dtype.itemsize
+
+    def __len__(self) -> int:
+        return self.size()
+
+    def __getitem__(self, index):
+        raise EmulationError(f"indexing tensor.storage() at {caller_site()} is not emulated; index the tensor "
+                             "(or a view of it) instead")

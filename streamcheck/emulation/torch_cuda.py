@@ -36,9 +36,11 @@ and `Function.apply` on emulated tensors (torch's engine would ask a CPU-only bu
 guard and abort the process; forward operators on tensors that require grad then run as under
 no_grad, with a notice). `torch.compile` runs its function as eager operators, with a notice (and
 one more for CUDA graph trees, which are not emulated).
-docs/emulation.md has the table. The pieces, one module each: running (the active emulation),
+docs/emulation.md has the table, and a second one classifying every public torch.cuda name (NVML,
+NCCL, raw handles, pluggable allocators, ... are refused there). The pieces, one module each: running (the active emulation),
 tensors, streams, generators, graphs, device_properties, operators, transfers, factory_mode,
-surface (torch.cuda's names and the refusals), autograd (with native/), allocator (with its segments
+surface (torch.cuda's names and the refusals), legacy_types (torch.cuda.FloatTensor & co.), accelerator
+(torch.accelerator, torch.Stream / torch.Event on cuda, torch.backends.cuda), autograd (with native/), allocator (with its segments
 and capacity), memory_stats.
 """
 from __future__ import annotations
@@ -110,6 +112,7 @@ class Emulation(OperatorDispatch, HostTransfers):
         self._current_device: dict = {}  # thread ident -> device index
         self.generators = [EmulatedGenerator(k) for k in range(device.devices)]
         self._meta: dict = {}  # operator signature -> output layout, or None if it has none
+        self.sync_debug_mode = 0  # torch.cuda.set_sync_debug_mode: 0 quiet, 1 warn, 2 error on implicit syncs
         self._adopted: dict = {}  # id(a block of an earlier run) -> (that block, its copy in this run)
         graph.default_capture_stream = None
 

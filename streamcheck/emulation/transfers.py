@@ -4,6 +4,8 @@ pinned memory with non_blocking pending on the stream).
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from .autograd import HostToDevice
@@ -69,14 +71,14 @@ class HostTransfers:
                                stream=s.device_stream, reads=[read] if read else [],
                                writes=[region] if region else [], name="aten._to_copy.default")
             if not non_blocking:
-                self.device.host_access(name="aten._to_copy.default", sync=s.device_stream)
+                self.host_waits(s, name="aten._to_copy.default")
         else:
             staged = src.detach().clone()
             self.device.launch(Kernel(torch.Tensor.copy_, (t._inner, staged), {}, (), None),
                                stream=s.device_stream, writes=[region] if region else [],
                                name="aten._to_copy.default")
             # From pageable memory: synchronous, as on CUDA.
-            self.device.host_access(name="aten._to_copy.default", sync=s.device_stream)
+            self.host_waits(s, name="aten._to_copy.default")
         if source.requires_grad:  # no autograd here (autograd.py): a leaf that requires grad
             t.requires_grad_(True)
         return t
@@ -136,7 +138,7 @@ class HostTransfers:
         self.device.launch(Kernel(torch.Tensor.copy_, (t._inner, value), {}, (), None), stream=s.device_stream,
                            writes=[region] if region else [], name=f"aten.{func.__name__}")
         if func.__name__ in _COPYING_FACTORIES:  # torch.tensor(data, device=...) copies from pageable memory
-            self.device.host_access(name=f"aten.{func.__name__}", sync=s.device_stream)
+            self.host_waits(s, name=f"aten.{func.__name__}")
         if requires_grad:
             t.requires_grad_(True)
         return t
@@ -167,6 +169,15 @@ class HostTransfers:
         if reads:
             self.device.launch(_Copies([(h._inner, t._inner) for h, t in zip(staging, tensors)]),
                                stream=s.device_stream, reads=reads, writes=writes, name=name)
-        self.device.host_access(reads=writes, name=name, sync=s.device_stream)
+        self.host_waits(s, reads=writes, name=name)
         return [h._inner for h in staging]
+
+    def host_waits(self, s, name: str, reads=()) -> None:
+        """An operator's implicit wait for stream `s` (then the host's `reads`): what
+        torch.cuda.set_sync_debug_mode warns of (1) or refuses (2), as torch does on a GPU."""
+        if self.sync_debug_mode == 2:
+            raise RuntimeError("called a synchronizing CUDA operation")
+        if self.sync_debug_mode == 1:
+            warnings.warn("called a synchronizing CUDA operation", UserWarning, stacklevel=2)
+        self.device.host_access(reads=reads, name=name, sync=s.device_stream)
 
