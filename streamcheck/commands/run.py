@@ -18,6 +18,7 @@ GPU (no CUDA device, or neither CuPy nor a CUDA build of torch); with --skip-wit
 no GPU is one line and 0. 3 (INTERNAL_ERROR), whatever the script's status: the recorder
 hit an internal error (a record the checker refused, a call it could not record), so the
 check is incomplete: a race may hide behind it; each error and refused record is printed.
+124 (TIMED_OUT, sim): --timeout, one limit for all the sim's runs together, ran out (run_sim.py).
 
 With --confirm, each distinct race (up to --confirm-max) is then confirmed by rerunning the
 script in a fresh process with a bounded delay exactly before the race's first access and CUDA
@@ -53,6 +54,8 @@ from ..record.gpu import MAX_DELAY_US
 from . import STDOUT, output_problem, report_width, timeline_file, timeline_problem
 
 INTERNAL_ERROR = 3  # the recording is incomplete: a refused record can hide a race
+TIMED_OUT = 124  # sim: --timeout ran out before every run finished (GNU timeout's status)
+DEFAULT_TIMEOUT = 120.0  # sim: seconds for all the runs together (reference, rerun, schedules, confirm, prove)
 BACKENDS = ("auto", "gpu", "sim")
 DEFAULT_SCHEDULES = 4  # sim: reruns after the reference (each a fresh run of the script)
 
@@ -93,8 +96,8 @@ def _seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         value = -1.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}")
+    if not 0 <= value < float("inf"):  # NaN too
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0 (0: no limit), got {text!r}")
     return value
 
 
@@ -136,7 +139,7 @@ def register(subparsers) -> None:
                "per-thread default streams 'ptds<thread>'. STREAMCHECK_RUN=1 is set while the script runs. "
                "See docs/instrument.md for what can and cannot be seen. Exit status: the script's own, or "
                "--error-exitcode's when something was found; 2 bad usage or no GPU (0 with --skip-without-gpu); "
-               "3 an internal error of the recorder (the check is incomplete).")
+               f"3 an internal error of the recorder (the check is incomplete); {TIMED_OUT} (sim) --timeout ran out.")
     p.add_argument("--backend", choices=BACKENDS, default="auto",
                    help="gpu: record the script on an NVIDIA GPU; sim: run it on the CPU with CUDA emulated "
                         "(torch programs, unmodified; docs/emulation.md); auto (default): the GPU where there is "
@@ -153,8 +156,10 @@ def register(subparsers) -> None:
     p.add_argument("--memory-capacity", type=_size, default=None, metavar="SIZE",
                    help="sim: memory of each emulated device (e.g. 16GiB; default 8GiB, or "
                         "STREAMCHECK_MEMORY_CAPACITY's); more than it raises torch's OutOfMemoryError")
-    p.add_argument("--timeout", type=_seconds, default=300.0, metavar="S",
-                   help="sim: seconds each run of the script may take before it is interrupted (default 300)")
+    p.add_argument("--timeout", type=_seconds, default=None, metavar="S",
+                   help=f"sim: seconds all the runs together may take (the reference, the determinism rerun, the "
+                        f"schedules, --confirm's and --prove's reruns; default {DEFAULT_TIMEOUT:g}, 0: no limit); a run "
+                        f"still going then is interrupted, where it was is printed, and the exit status is {TIMED_OUT}")
     p.add_argument("--delay-us", type=_delay_us, default=0.0, metavar="N",
                    help=f"spin N microseconds (<= {MAX_DELAY_US}) on targeted streams before each launch or copy")
     p.add_argument("--delay-stream", action="append", default=[], metavar="NAME",
@@ -323,7 +328,8 @@ def _with_native_guard() -> None:
 
 
 def _run_on_sim(args) -> int:
-    """The same pipeline with the sim's stages: the sequential reference, then its schedules."""
+    """The same pipeline with the sim's stages: the sequential reference, then its schedules; one
+    limit (--timeout) for all their runs."""
     from . import run_sim
 
     with _memory_capacity(args.memory_capacity):
@@ -349,17 +355,33 @@ def _memory_capacity(capacity):
 
 
 def _sim_pipeline(args, run_sim) -> int:
-    status, session, reference = run_sim.record_on_sim(args)
+    """One limit (--timeout) for all the runs. Past it, what was recorded is still reported and written."""
+    from ..timeout import Deadline, RunTimedOut, TimeLimit
+
+    progress = run_sim.Progress(Deadline(args.timeout), args.schedules)
+    status, session, reference = run_sim.record_on_sim(args, progress)
     if session is None:  # a surface the sim does not model: said in one line
         return status
     print_report(args, session, None, sim=True)
-    outcomes = run_sim.compare_schedules(args, reference)
-    verdicts = run_sim.confirm_races_on_sim(args, session) if args.confirm and session.races else []
-    print_verdicts(verdicts)
+    outcomes = [] if progress.timed_out else run_sim.compare_schedules(args, reference, progress)
+    verdicts, proof = [], None
+    if not progress.timed_out:
+        stage = "the --confirm reruns"
+        try:
+            with TimeLimit(progress.deadline.remaining()):
+                verdicts = run_sim.confirm_races_on_sim(args, session) if args.confirm and session.races else []
+                print_verdicts(verdicts)
+                if args.prove:
+                    progress.finished.append("the --confirm reruns")
+                    stage = "the --prove reruns"
+                    proof = run_sim.prove_on_sim(args)
+        except RunTimedOut:
+            progress.report_timeout(stage)
     sync_audit = audit_syncs(args, session)
-    proof = run_sim.prove_on_sim(args) if args.prove else None
     write_outputs(args, session, verdicts, sync_audit, proof, None)
     status = exit_status(args, session, status)
+    if progress.timed_out:
+        return TIMED_OUT
     if any(o.difference for o in outcomes) and args.error_exitcode is not None:
         return args.error_exitcode
     return status
@@ -415,7 +437,11 @@ def _require_gpu(args) -> None:
 _GPU_ONLY = (("delay_us", "--delay-us", "delays on the sim are host steps: --delay-steps N"),
              ("confirm_probe", "--confirm-probe", ""), ("skip_syncs", "--skip-syncs", ""),
              ("time_script", "--time-script", ""), ("no_warm_up", "--no-warm-up", "the sim needs no warm-up"))
-_SIM_ONLY = (("schedules", "--schedules"), ("policy", "--policy"))
+_RERUNS = ("reruns the script under sim schedules; add --backend sim (on a GPU, make races strike with "
+           "--delay-stream / --delay-us)")
+_SIM_ONLY = (("schedules", "--schedules", _RERUNS), ("policy", "--policy", _RERUNS),
+             ("timeout", "--timeout", "bounds the sim's runs; on a GPU the script runs as `python script.py` would, "
+                                      "without a limit (add --backend sim, or bound the job itself)"))
 
 
 def _check_backend_options(args, backend: str) -> None:
@@ -429,14 +455,15 @@ def _check_backend_options(args, backend: str) -> None:
             from .run_sim import POLICIES
 
             args.policy = POLICIES
+        if args.timeout is None:
+            args.timeout = DEFAULT_TIMEOUT
         if "all" in args.delay_stream:
             raise _Refused("--delay-stream all is the GPU's; the sim's delay holds the streams named (s1, s2, ..., "
                            "legacy) or, with none named, the ones the seed picks")
         return
-    for attr, option in _SIM_ONLY:
+    for attr, option, why in _SIM_ONLY:
         if getattr(args, attr) is not None:
-            raise _Refused(f"{option} reruns the script under sim schedules; add --backend sim (on a GPU, make races "
-                           "strike with --delay-stream / --delay-us)")
+            raise _Refused(f"{option} {why}")
     if args.devices != 1:
         raise _Refused("--devices sets how many devices the sim emulates; on a GPU the script sees the machine's")
     if args.memory_capacity is not None:

@@ -8,6 +8,10 @@ sim device under one of `--policy` (delay, random, pct; seeds `--seed`, `--seed`
 the script's standard output with the reference's and print, for each that differs, the line
 that replays it. Before them, a second sequential run checks that the script is deterministic:
 if its output differs, no schedule is compared (a difference would mean nothing).
+
+One limit, `--timeout`, bounds all of these runs together (and --confirm's and --prove's reruns):
+a run still going when it is up is interrupted, the command says which run it was, what had
+finished and where the script was, and exits TIMED_OUT.
 """
 from __future__ import annotations
 
@@ -20,7 +24,36 @@ from ..core import schedule
 POLICIES = tuple(name for name in schedule.POLICIES if name not in ("sequential", "eager", "replay"))
 
 
-def record_on_sim(args) -> tuple:
+class Progress:
+    """The runs of one `streamcheck run --backend sim` under its one limit (a timeout.Deadline):
+    which finished, for the line that says so when the limit is up."""
+
+    def __init__(self, deadline, schedules: int):
+        self.deadline = deadline
+        self.schedules = schedules
+        self.finished: list = []  # "the reference", "the determinism rerun"
+        self.schedules_done = 0
+        self.timed_out = False
+
+    def finished_text(self) -> str:
+        done = list(self.finished)
+        if self.schedules_done or "the determinism rerun" in done:
+            done.append(f"{self.schedules_done} of {self.schedules} schedule{'s' if self.schedules != 1 else ''}")
+        return ", ".join(done) or "nothing"
+
+    def report_timeout(self, what: str, run=None) -> None:
+        """The lines of a run interrupted by the limit: which, what had finished, where the script was."""
+        self.timed_out = True
+        print(f"streamcheck run: timed out: {what} did not finish within the run's limit of "
+              f"{self.deadline.seconds:g} s (--timeout, for all runs together); finished: {self.finished_text()}",
+              file=sys.stderr)
+        if run is not None and run.hung_at:
+            print("streamcheck run: where the script was (innermost last):", file=sys.stderr)
+            for line in run.hung_at:
+                print(f"  {line}", file=sys.stderr)
+
+
+def record_on_sim(args, progress: Progress) -> tuple:
     """The recording stage on the sim: the script once, sequentially, checked. Returns (its exit
     status, its recording or None, the ScriptRun); a surface the sim does not model ends the run
     with its one line (exit 2, no recording)."""
@@ -31,7 +64,7 @@ def record_on_sim(args) -> tuple:
     sites_before = set_site_settings(replace(site_settings(), libraries=tuple(args.library)))
     try:
         run = run_script(args.script, args.args, policy="sequential", devices=args.devices, echo=True,
-                         timeout=args.timeout, strict_free=args.strict_free)
+                         timeout=progress.deadline.remaining(), strict_free=args.strict_free)
     finally:
         set_site_settings(sites_before)
     sys.stdout.flush()
@@ -41,7 +74,9 @@ def record_on_sim(args) -> tuple:
         print(f"streamcheck run: {run.refused}", file=sys.stderr)
         return 2, None, run
     if run.timed_out:
-        print(f"streamcheck run: the script {run.timed_out}; the limit is --timeout", file=sys.stderr)
+        progress.report_timeout("the reference run", run)
+    else:
+        progress.finished.append("the reference")
     return run.status, EmulatedRecording(run.device, run.emulation, f"ran {args.script}"), run
 
 
@@ -93,15 +128,20 @@ def _short(line: str, limit: int = 160) -> str:
     return line if len(line) <= limit else line[:limit] + " ..."
 
 
-def compare_schedules(args, reference) -> list:
-    """--schedules N: reruns under the chosen policies, each output compared with the reference's."""
+def compare_schedules(args, reference, progress: Progress) -> list:
+    """--schedules N: reruns under the chosen policies, each output compared with the reference's;
+    they stop where the run's limit is up."""
     from ..emulation.script import run_script
 
     if args.schedules == 0:
         return []
     policies = args.policy
     again = run_script(args.script, args.args, policy="sequential", check=False, devices=args.devices,
-                       timeout=args.timeout)
+                       timeout=progress.deadline.remaining())
+    if again.timed_out:
+        progress.report_timeout("the determinism rerun (a second sequential run)", again)
+        return []
+    progress.finished.append("the determinism rerun")
     if again.stdout != reference.stdout or again.status != reference.status:
         print(f"streamcheck: the script is not deterministic: a second sequential run printed other output "
               f"({_first_difference(reference.stdout, again.stdout)}); its {args.schedules} schedule(s) are not "
@@ -111,10 +151,13 @@ def compare_schedules(args, reference) -> list:
     for i in range(args.schedules):
         policy, seed = policies[i % len(policies)], args.seed + i
         run = run_script(args.script, args.args, policy=policy, seed=seed, check=False, devices=args.devices,
-                         timeout=args.timeout, **_schedule_params(policy, args))
+                         timeout=progress.deadline.remaining(), **_schedule_params(policy, args))
         if run.timed_out:
-            difference = f"did not finish: it {run.timed_out}"
-        elif run.refused or run.error:
+            progress.report_timeout(f"schedule {policy} seed {seed}", run)
+            print(f"  replay: {_replay(args, policy, seed)}", file=sys.stderr)
+            break
+        progress.schedules_done += 1
+        if run.refused or run.error:
             difference = f"raised: {_raised(run)}"
         elif run.status != reference.status:
             difference = f"exited {run.status} (the reference exited {reference.status})"
@@ -122,7 +165,8 @@ def compare_schedules(args, reference) -> list:
             difference = _first_difference(reference.stdout, run.stdout)
         outcomes.append(ScheduleOutcome(f"{policy} seed {seed}", _replay(args, policy, seed), difference))
     wrong = [o for o in outcomes if o.difference]
-    print(f"streamcheck: {len(outcomes)} schedule(s) on the sim ({', '.join(policies)}): "
+    print(f"streamcheck: {len(outcomes)} {'of ' + str(args.schedules) + ' ' if progress.timed_out else ''}"
+          f"schedule(s) on the sim ({', '.join(policies)}): "
           f"{len(wrong)} printed other output than the sequential reference", file=sys.stderr)
     for o in wrong:
         print(f"streamcheck: schedule {o.label}: {o.difference}\n  replay: {o.replay}", file=sys.stderr)

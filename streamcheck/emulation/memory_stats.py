@@ -169,29 +169,29 @@ def out_of_memory_message(index: int, alloc_size: int, total: int, free: int, al
 def memory_functions(emu) -> tuple:
     """(torch.cuda names, torch.accelerator names): the memory statistics functions of the emulated
     device, each to be put in place in its module (and in torch.cuda.memory / torch.accelerator.memory,
-    where torch's own functions look them up)."""
-    allocator = emu.allocator
+    where torch's own functions look them up). Each call reads the emulation's allocator of the moment:
+    an emulation that lasts a pytest session gets a new one for each test (Emulation.reset)."""
 
     def index_of(device) -> int:
         emu.enter()
         return emu.current_device() if device is None else emu.device_index(device)
 
     def memory_stats_as_nested_dict(device=None) -> dict:
-        return allocator.stats(index_of(device)).nested()
+        return emu.allocator.stats(index_of(device)).nested()
 
     def reset_accumulated_memory_stats(device=None) -> None:
-        allocator.stats(index_of(device)).reset_accumulated()
+        emu.allocator.stats(index_of(device)).reset_accumulated()
 
     def reset_peak_memory_stats(device=None) -> None:
-        allocator.stats(index_of(device)).reset_peaks()
+        emu.allocator.stats(index_of(device)).reset_peaks()
 
     def mem_get_info(device=None) -> tuple:
         index = index_of(device)
-        return allocator.free_memory(index), allocator.capacity
+        return emu.allocator.free_memory(index), emu.allocator.capacity
 
     def empty_cache() -> None:
         emu.enter()
-        allocator.empty_cache()
+        emu.allocator.empty_cache()
 
     def set_per_process_memory_fraction(fraction, device=None) -> None:
         index = index_of(device)
@@ -199,17 +199,17 @@ def memory_functions(emu) -> tuple:
             raise TypeError("Invalid type for fraction argument, must be `float`")
         if fraction < 0 or fraction > 1:
             raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
-        allocator.fractions[index] = fraction
+        emu.allocator.fractions[index] = fraction
 
     def get_per_process_memory_fraction(device=None) -> float:
-        return allocator.fractions.get(index_of(device), 1.0)
+        return emu.allocator.fractions.get(index_of(device), 1.0)
 
     raw_blocks: dict = {}  # pointer -> block of caching_allocator_alloc, until caching_allocator_delete
 
     def caching_allocator_alloc(size, device=None, stream=None) -> int:
         index = index_of(device)
         on = stream if stream is not None else emu.current_stream(index)
-        block = allocator.allocate(int(size), on.device_stream)
+        block = emu.allocator.allocate(int(size), on.device_stream)
         pointer = block.bytes.ctypes.data
         raw_blocks[pointer] = block
         return pointer
@@ -219,7 +219,7 @@ def memory_functions(emu) -> tuple:
         block = raw_blocks.pop(mem_ptr, None)
         if block is None:
             raise RuntimeError("invalid device pointer: " + hex(mem_ptr))  # torch's allocator's check
-        allocator.release(block)
+        emu.allocator.release(block)
 
     def accelerator_memory_stats(device_index=None, /) -> OrderedDict:
         import torch.cuda.memory

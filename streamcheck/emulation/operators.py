@@ -92,7 +92,7 @@ def index_tensors(index) -> list:
 
 class OperatorDispatch:
     """Emulation's operator half (a mixin of torch_cuda.Emulation): needs its device, current streams,
-    `empty`, `pinned`, `stage_for_host`, `generators` and `enter`."""
+    `empty`, `pinned`, `stage_for_host`, `generators`, `enter` and `adopt_earlier`."""
 
     def dispatch(self, func, args, kwargs):
         if self.autograd.calls:  # maybe on torch's autograd thread: recorded as the backward() caller's
@@ -103,13 +103,14 @@ class OperatorDispatch:
 
     def _dispatch(self, func, args, kwargs):
         self.enter()
+        flat, spec = flatten_call(args, kwargs)
+        self.adopt_earlier(flat)
         schema = operator_schema(func)
         if schema.view:
             return self._view(func, args, kwargs)
         name = schema.name
         if name == "aten.record_stream.default":
             return self.record_stream(args[0], args[1])
-        flat, spec = flatten_call(args, kwargs)
         cuda = next((v for v in flat if type(v) is CudaTensor), None)
         target = _target_device(kwargs)
         if cuda is None and (target is None or target.type != "cuda"):

@@ -90,9 +90,9 @@ def torch_program(fn, site=None):
     `fn` returned (its tensors freed, its result read) is recorded there."""
     def program(device):
         from ..device.objects import caller_site
-        from .torch_cuda import Emulation
+        from .torch_cuda import run_on
 
-        with Emulation(device):
+        with run_on(device):
             if site is None:
                 return host_values(fn())
             with caller_site.fallback(site):

@@ -16,14 +16,16 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..interrupts import exit_status
-from ..timeout import RunTimedOut, run_with_timeout
+from ..timeout import RunTimedOut, TimeLimit
 
 
 @dataclass
 class ScriptRun:
     """What one run did: its output, its exit status, the device it ran on (trace, races,
     schedule), the emulation's notices; `refused`: the one line of a surface the sim does not
-    model (EmulationError), '' if none; `error`: the traceback of an exception the script raised."""
+    model (EmulationError), '' if none; `error`: the traceback of an exception the script raised;
+    `timed_out`: why it was interrupted ('' if it finished), and `hung_at`: where it was then (the
+    script's frames, innermost last, paths relative to the working directory)."""
 
     stdout: str
     status: int
@@ -34,6 +36,7 @@ class ScriptRun:
     refused: str = ""
     error: str = ""
     timed_out: str = ""
+    hung_at: list = field(default_factory=list)
 
 
 class _Tee(io.TextIOBase):
@@ -62,11 +65,12 @@ def run_script(path: str, argv=(), *, policy="sequential", seed: int = 0, check:
     """Run the script at `path` once on a fresh sim device with `policy` (and its seed and
     parameters), or on `device` (a sim Device a rerun built: confirmation, the sync proof).
     `echo`: its output also goes to this process's stdout. `timeout`: seconds before the run is
-    interrupted (None: no limit; always None with `device`, whose thread is the caller's)."""
+    interrupted (None: no limit). The script runs in the caller's thread: from the main thread, a
+    blocking call (time.sleep) is interrupted too (timeout.TimeLimit)."""
     from ..core.trace import CallSite
     from ..device import Device
     from ..device.objects import caller_site
-    from .torch_cuda import Emulation, EmulationError
+    from .torch_cuda import EmulationError, run_on
 
     path = os.path.abspath(path)
     folder = os.path.dirname(path)
@@ -78,11 +82,15 @@ def run_script(path: str, argv=(), *, policy="sequential", seed: int = 0, check:
     def body():
         device = box["device"] = given if given is not None else Device(
             "sim", check=check, policy=policy, seed=seed, devices=devices, **policy_params)
-        emulation = box["emulation"] = Emulation(device)
         # What happens with no frame of the script on the stack (its globals freed as it ends) is the
         # script's doing at its last line, not runpy's or a thread's.
-        with emulation, caller_site.fallback(CallSite(path, _last_line(path), "<module>")):
-            runpy.run_path(path, run_name="__main__")
+        with run_on(device) as emulation, caller_site.fallback(CallSite(path, _last_line(path), "<module>")):
+            box["emulation"] = emulation
+            try:
+                with TimeLimit(timeout):  # the script's time, not the emulation's set-up (torch._dynamo's import)
+                    runpy.run_path(path, run_name="__main__")
+            finally:  # what the run said (an emulation already running goes back to its own run after it)
+                box["notices"], box["capture_errors"] = list(emulation.notices), list(emulation.capture_errors)
 
     before = set(sys.modules)
     saved_argv, saved_path = sys.argv, list(sys.path)
@@ -90,17 +98,17 @@ def run_script(path: str, argv=(), *, policy="sequential", seed: int = 0, check:
     sys.path.insert(0, folder)
     saved_flag = os.environ.get("STREAMCHECK_RUN")
     os.environ["STREAMCHECK_RUN"] = "1"  # as on the GPU: a program (or its test) can tell it is being checked
-    status, refused, error, timed_out = 0, "", "", ""
+    status, refused, error, timed_out, hung_at = 0, "", "", "", []
     try:
         with contextlib.redirect_stdout(tee):
             try:
-                run_with_timeout(body, None if given is not None else timeout, name="streamcheck run (sim)")
+                body()
             except SystemExit as exc:
                 status = exit_status(exc.code)
             except EmulationError as exc:
                 status, refused = 2, str(exc)
             except RunTimedOut as exc:
-                status, timed_out = 1, str(exc)
+                status, timed_out, hung_at = 1, str(exc), _script_frames(exc)
             except Exception as exc:  # the script's own failure: reported as Python would
                 refused = _refusal_inside(exc)
                 status = 2 if refused else 1
@@ -119,9 +127,24 @@ def run_script(path: str, argv=(), *, policy="sequential", seed: int = 0, check:
         # A thread's refusal is the run's, as the main thread's is (the thread's traceback went to stderr).
         status, refused, error = 2, str(emulation.threads.refusals[0]), ""
     return ScriptRun(stdout=tee.getvalue(), status=status, device=box.get("device"), emulation=emulation,
-                     notices=list(emulation.notices) if emulation is not None else [],
-                     capture_errors=list(emulation.capture_errors) if emulation is not None else [], refused=refused,
-                     error=error, timed_out=timed_out)
+                     notices=box.get("notices", []), capture_errors=box.get("capture_errors", []), refused=refused,
+                     error=error, timed_out=timed_out, hung_at=hung_at)
+
+
+def _script_frames(exc: RunTimedOut) -> list:
+    """Where the script was when its time ran out: its own frames, inside run_script's (not the
+    callers of the command that ran it, on the same stack), not runpy's, torch's or ours."""
+    from ..core.trace import USER
+    from ..device.objects import caller_site
+
+    ours = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "")
+
+    def relative(path: str) -> str:
+        shown = os.path.relpath(path)
+        return path if shown.startswith(os.pardir) else shown
+
+    return exc.where(lambda path: caller_site.kind_of(path) == USER and not os.path.abspath(path).startswith(ours),
+                     relative, below=lambda path: os.path.abspath(path) == os.path.abspath(__file__))
 
 
 def _last_line(path: str) -> int:

@@ -47,6 +47,7 @@ and capacity), memory_stats.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib
 import threading
@@ -84,8 +85,21 @@ class Emulation(OperatorDispatch, HostTransfers):
     def __init__(self, device, memory_capacity: Optional[int] = None):
         """`memory_capacity`: bytes of each emulated device (None: STREAMCHECK_MEMORY_CAPACITY's, else
         8 GiB); allocations beyond it raise torch's OutOfMemoryError."""
+        self._memory_capacity = memory_capacity
+        self._undo: list = []
+        self._froze = False
         self.device = device
-        capacity = memory_capacity if memory_capacity is not None else capacity_from_environment()
+        self.autograd = Autograd(self)
+        self.threads = HostThreads(self)  # one for the emulation's life: its patches and per-thread modes
+        # The current device and streams of each thread: the native guard's (C++ thread-locals that
+        # torch's autograd engine reads and sets too) where it is loaded, else these tables.
+        self._native = self.autograd.library
+        self._start(device)
+
+    def _start(self, device) -> None:
+        """The state of one run on `device` (what reset() makes fresh)."""
+        self.device = device
+        capacity = self._memory_capacity if self._memory_capacity is not None else capacity_from_environment()
         self.allocator = CachingAllocator(device, capacity)
         self.properties = [DeviceProperties(k, capacity) for k in range(device.devices)]
         self.notices: list = []
@@ -96,18 +110,14 @@ class Emulation(OperatorDispatch, HostTransfers):
         self._streams = 0
         self._legacies = [EmulatedStream(self, legacy) for legacy in device.legacies]
         self._by_id: dict = {}  # sim stream id -> EmulatedStream, for the native guard's stream ids
-        self.autograd = Autograd(self)
-        # The current device and streams of each thread: the native guard's (C++ thread-locals that
-        # torch's autograd engine reads and sets too) where it is loaded, else these tables.
-        self._native = self.autograd.library
         self._current: dict = {}  # (thread ident, device index) -> EmulatedStream
         self._current_device: dict = {}  # thread ident -> device index
-        self.threads = HostThreads(self)
+        self.threads.refusals = []
         self.generators = [EmulatedGenerator(k) for k in range(device.devices)]
         self._meta: dict = {}  # operator signature -> output layout, or None if it has none
         self.sync_debug_mode = 0  # torch.cuda.set_sync_debug_mode: 0 quiet, 1 warn, 2 error on implicit syncs
-        self._undo: list = []
-        self._froze = False
+        self._adopted: dict = {}  # id(a block of an earlier run) -> (that block, its copy in this run)
+        graph.default_capture_stream = None
 
     # --- entering and leaving ------------------------------------------------------------
     def __enter__(self):
@@ -144,6 +154,77 @@ class Emulation(OperatorDispatch, HostTransfers):
             graph.default_capture_stream = None
             if self._froze:
                 gc.unfreeze()
+
+    def reset(self, device) -> None:
+        """Go on as a fresh run on `device`, the patches staying in place (an emulation that lasts a
+        whole pytest session, reset for each test): new streams (numbered from s1), allocator
+        (memory statistics from 0), generators (torch's default seeds), notices, recording. Tensors
+        of the earlier runs keep their values: the first operator of this run that uses one copies
+        its block into this run (adopt)."""
+        self.autograd.stop()  # the native guard's events and thread state were the earlier run's
+        self.allocator.close()
+        self._start(device)
+        self.autograd.start()
+
+    @contextlib.contextmanager
+    def running_on(self, device):
+        """`with emulation.running_on(device):` a run of its own on `device` in this thread (one of
+        run_schedules' torch programs inside an emulated test), then the run it interrupted again."""
+        saved = dict(self.__dict__)
+        self._start(device)
+        entered = not self.threads.has_mode()  # torch's mode stack is per thread: this thread needs one
+        if entered:
+            self.threads.enter_here()
+        try:
+            yield self
+        finally:
+            if entered:
+                self.threads.leave_here()
+            self.allocator.close()
+            self.__dict__.update(saved)
+
+    def adopt_earlier(self, flat) -> None:
+        """Tensors among an operator's arguments that an earlier run made: adopted (below)."""
+        device = self.device
+        for v in flat:
+            kind = type(v)
+            if (kind is CudaTensor or kind is PinnedTensor) and v._block.buffer.device is not device:
+                self.adopt(v)
+
+    def adopt(self, t) -> None:
+        """`t` is a tensor an earlier run made (module-level code, a module- or session-scoped
+        fixture): its block's bytes are copied into a block of this run, and every tensor over the
+        earlier block moves to the copy when this run first uses it. Its values carry over (after
+        the earlier run finished its work); its history does not (no race with earlier runs)."""
+        old = t._block
+        found = self._adopted.get(id(old))
+        if found is None:
+            nbytes = old.buffer.nbytes
+            index = old.buffer.device_index
+            if type(t) is PinnedTensor:  # host memory: written now
+                buffer = self.device.alloc((nbytes,), "uint8", name="pinned host tensor", fill=0, device=index)
+                new = HostBlock(buffer)
+                new.bytes[:nbytes] = old.bytes[:nbytes]
+            else:
+                # A block may come back from the allocator with work still pending on it: the values are
+                # written by a kernel on the block's stream, after that work, as a copy would be.
+                stream = self.current_stream(index).device_stream
+                new = self.allocator.allocate(nbytes, stream)
+                source, target = old.bytes, new.bytes
+
+                def carry_over(*_):
+                    target[:nbytes] = source[:nbytes]
+                self.device.launch(carry_over, stream=stream, writes=[new.buffer.region()],
+                                   name="values of a tensor from an earlier test")
+            found = self._adopted[id(old)] = (old, new)
+        new = found[1]
+        t._inner = typed_view(new, t._inner.dtype, t._inner.shape, t._inner.stride(), t._inner.storage_offset())
+        t._block = new
+
+    def finish(self) -> None:
+        """The end of a run that later runs may follow: its pending work done, as a GPU does it
+        before the next test's (recorded as its last synchronize)."""
+        self.synchronize()
 
     def enter(self) -> None:
         """Every entry point: record the frees of tensors that died since the last one. A thread that
@@ -299,3 +380,10 @@ class Emulation(OperatorDispatch, HostTransfers):
         block = HostBlock(buffer)
         return PinnedTensor(typed_view(block, dtype, shape, stride), block)
 
+
+def run_on(device):
+    """`with run_on(device) as emulation:` one run on `device`: on the emulation already running in
+    this process (a pytest session's, see Emulation.running_on), else on a new one entered for it."""
+    if running.is_active():
+        return running.active().running_on(device)
+    return Emulation(device)

@@ -12,8 +12,10 @@ each feature is a plugin module of its own, over public hooks:
 - seeds: the base seed (random, given, `last`, the controller's under xdist), per-test and
   per-schedule seeds, the replay command;
 - fixtures: streamcheck_seed, streamcheck_device, run_schedules, streamcheck_gpu and the streamcheck marker;
-- emulation: tests' torch code with CUDA emulated on the sim (--streamcheck-emulate-cuda; streamcheck_gpu
-  without a GPU);
+- emulation: tests' torch code with CUDA emulated on the sim (--streamcheck-emulate-cuda: from
+  pytest_configure on, for collection too; streamcheck_gpu without a GPU);
+- time_limit: one --streamcheck-timeout for a whole emulated, streamcheck_gpu or streamcheck_device
+  test: a hung one fails, saying where it was;
 - reporting: the header, race reports in failures, the junitxml property, the summary, the
   trace files of failing tests;
 - profiles: our hypothesis profiles, when asked for, and the shared example database;
@@ -34,6 +36,7 @@ pytest_plugins = [
     "streamcheck.plugin.reporting",
     "streamcheck.plugin.fixtures",
     "streamcheck.plugin.emulation",
+    "streamcheck.plugin.time_limit",
     "streamcheck.plugin.profiles",
     "streamcheck.plugin.workers",
 ]

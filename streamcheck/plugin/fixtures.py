@@ -181,11 +181,27 @@ def streamcheck_gpu(request, streamcheck_seed):
 
 # --- tests' torch code with CUDA emulated on the sim (plugin/emulation.py's hooks, streamcheck_gpu) ---
 
-EMULATION_KEY = pytest.StashKey[object]()  # the test's (Emulation, EmulatedRecording) while it runs
+EMULATION_KEY = pytest.StashKey[object]()  # the test's (Emulation, EmulatedRecording, fallback, session's?) while it runs
+SESSION_EMULATION_KEY = pytest.StashKey[object]()  # --streamcheck-emulate-cuda: the Emulation of the whole run
+
+
+def start_session_emulation(config) -> None:
+    """The emulation for the whole run, from pytest_configure on: collection (module-level code,
+    skipif conditions) runs on an emulated device too, sequentially and unchecked; each test then
+    gets a fresh device (start_emulation)."""
+    from ..device import Device
+    from ..emulation.torch_cuda import Emulation
+
+    settings = config.stash[SETTINGS_KEY]
+    emulation = Emulation(Device("sim", check=False, policy="sequential"), memory_capacity=settings.memory_capacity)
+    emulation.__enter__()
+    config.stash[SESSION_EMULATION_KEY] = emulation
+    config.add_cleanup(lambda: emulation.__exit__(None, None, None))
 
 
 def start_emulation(item):
-    """Enter an emulation for `item` (once); returns its EmulatedRecording."""
+    """Start the test's emulated run (once): the session's emulation reset to a fresh device, or a
+    new emulation entered for the test. Returns its EmulatedRecording."""
     running = item.stash.get(EMULATION_KEY, None)
     if running is not None:
         return running[1]
@@ -198,13 +214,18 @@ def start_emulation(item):
     seed = per_test_seed(base_seed(config), item.nodeid)
     spec = schedule_specs(seed, tconf.policies, 1, settings.replay)[0]
     device = _make_device(config, spec, tconf.check, sim=True)
-    emulation = Emulation(device, memory_capacity=settings.memory_capacity)
-    emulation.__enter__()
+    session = config.stash.get(SESSION_EMULATION_KEY, None)
+    if session is not None:
+        emulation = session
+        emulation.reset(device)
+    else:
+        emulation = Emulation(device, memory_capacity=settings.memory_capacity)
+        emulation.__enter__()
     recording = EmulatedRecording(device, emulation, "the test's torch code")
     fallback = _test_site(item)
     if fallback is not None:
         fallback.__enter__()
-    item.stash[EMULATION_KEY] = (emulation, recording, fallback)
+    item.stash[EMULATION_KEY] = (emulation, recording, fallback, session is not None)
     found = findings(item)
     found.recording, found.spec, found.check = recording, spec, tconf.check
     found.schedules += 1
@@ -212,16 +233,23 @@ def start_emulation(item):
     return recording
 
 
-def stop_emulation(item) -> None:
-    """Leave the test's emulation, if it entered one; a capture CUDA refused fails the test."""
+def stop_emulation(item, finish: bool = True) -> None:
+    """End the test's emulated run, if it started one; a capture CUDA refused fails the test. The
+    session's emulation stays, its device's pending work done (`finish`: not after a timeout, whose
+    interrupt may have left the device half-way) so the tensors that outlive the test hold their values."""
     running = item.stash.get(EMULATION_KEY, None)
     if running is None:
         return
     del item.stash[EMULATION_KEY]
-    emulation, recording, fallback = running
-    emulation.__exit__(None, None, None)
-    if fallback is not None:
-        fallback.__exit__(None, None, None)
+    emulation, recording, fallback, session = running
+    try:
+        if not session:
+            emulation.__exit__(None, None, None)
+        elif finish:
+            emulation.finish()
+    finally:
+        if fallback is not None:
+            fallback.__exit__(None, None, None)
     if emulation.threads.refusals:  # refused in a host thread of the test: one line, as in the test's own
         pytest.fail(f"{emulation.threads.refusals[0]}\nreplay: {findings(item).replay}", pytrace=False)
     if recording.capture_errors:
@@ -296,10 +324,13 @@ def run_schedules(request, streamcheck_seed):
         found = findings(item)
         found.check = check_mode
 
+        from ..timeout import Deadline
+
         width = terminal_width(config) - EXCEPTION_MARGIN
+        # One limit for the reference and every schedule together (and the confirmations after them).
+        limit = _Limit(Deadline(tconf.timeout), count)
         reference_spec = ScheduleSpec("sequential", 0, streamcheck_seed)
-        ref_device, reference = _run_one(fn, reference_spec, check_mode, tconf.timeout, item, None, width,
-                                         returned_at)
+        ref_device, reference = _run_one(fn, reference_spec, check_mode, limit, item, None, width, returned_at)
         if isinstance(reference, Iterator):
             # Its body would run only when compared, after its schedule ended: every schedule "wrong".
             what = "a generator" if inspect.isgenerator(reference) else f"an iterator ({type(reference).__name__})"
@@ -318,7 +349,7 @@ def run_schedules(request, streamcheck_seed):
         results, first_wrong, first_device = [], None, None
         for spec in schedule_specs(streamcheck_seed, names, count, settings.replay):
             found.schedules += 1  # counted before it runs: a schedule that raises ran too
-            device, got = _run_one(fn, spec, check_mode, tconf.timeout, item, len(results), width, returned_at)
+            device, got = _run_one(fn, spec, check_mode, limit, item, len(results), width, returned_at)
             found.add_races(device.races)
             diff = compare(reference, got, atol=atol, rtol=rtol)
             schedule = describe_schedule(spec, device)
@@ -333,7 +364,7 @@ def run_schedules(request, streamcheck_seed):
         outcome = ScheduleRun(reference, tuple(results), races)
 
         if (first_wrong is not None or (races and check_mode == "on")) and races:
-            confirmed = "\n" + _confirmations(config, fn, races, streamcheck_seed, tconf.timeout)
+            confirmed = "\n" + _confirmations(config, fn, races, streamcheck_seed, limit.deadline)
         else:
             confirmed = ""
         if first_wrong is not None:
@@ -386,9 +417,9 @@ def _on_sim(fn) -> bool:
     return getattr(fn, "runs_on_sim", False)
 
 
-def _confirmations(config, fn, races, seed: int, timeout: float) -> str:
+def _confirmations(config, fn, races, seed: int, deadline) -> str:
     """The failure's confirmation section (--streamcheck-confirm), or the "to make them strike" hint.
-    Its reruns (a sequential one, one per race up to MAX_RACES) get `timeout` each."""
+    Its reruns (a sequential one, one per race up to MAX_RACES) get what is left of run_schedules' limit."""
     on_sim = _on_sim(fn) or backend_name(config) == "sim"  # a torch program need not resolve `auto` (cupy)
     if not config.stash[SETTINGS_KEY].confirm:
         return strike_hint(races, confirm_runs=on_sim)
@@ -399,22 +430,38 @@ def _confirmations(config, fn, races, seed: int, timeout: float) -> str:
     from ..timeout import RunTimedOut, run_with_timeout
 
     reruns = 1 + min(len(races), MAX_RACES)
+    if deadline.expired:
+        return f"  confirmation (--streamcheck-confirm): not attempted: run_schedules' limit of {deadline.seconds:g} s ran out"
     try:
-        return confirmation_text(run_with_timeout(lambda: confirm_races(fn, races, seed=seed), timeout * reruns,
+        return confirmation_text(run_with_timeout(lambda: confirm_races(fn, races, seed=seed), deadline.remaining(),
                                                   "streamcheck confirmation"))
-    except RunTimedOut as exc:
-        return f"  confirmation (--streamcheck-confirm): not finished: its {reruns} reruns {exc}"
+    except RunTimedOut:
+        return (f"  confirmation (--streamcheck-confirm): not finished: its {reruns} reruns went past run_schedules' "
+                f"limit of {deadline.seconds:g} s")
     except Exception as exc:  # a program that cannot run again must not hide the failure itself
         return f"  confirmation (--streamcheck-confirm): the rerun raised {type(exc).__name__}: {exc}"
 
 
-def _run_one(fn, spec: ScheduleSpec, check: str, timeout: float, item, ran: Optional[int], width: int,
+class _Limit:
+    """run_schedules' one limit (a timeout.Deadline) and how far its runs got, for the failure that says so."""
+
+    def __init__(self, deadline, schedules: int):
+        self.deadline, self.schedules = deadline, schedules
+
+    def finished(self, ran: Optional[int]) -> str:
+        """What finished before the run that did not (`ran`: as _run_one's)."""
+        if ran is None:
+            return "nothing (the sequential reference was running)"
+        return f"the sequential reference, {ran} of {self.schedules} schedule{'s' if self.schedules != 1 else ''}"
+
+
+def _run_one(fn, spec: ScheduleSpec, check: str, limit: _Limit, item, ran: Optional[int], width: int,
              returned_at) -> tuple:
-    """(device, fn(device)) on a fresh device for `spec`, in a thread of its own under `timeout`.
-    `ran`: how many schedules ran before this one (None: this is the sequential reference).
+    """(device, fn(device)) on a fresh device for `spec`, in a thread of its own, within what is left
+    of `limit`. `ran`: how many schedules ran before this one (None: this is the sequential reference).
     The host then uses the result (at `returned_at`): a download in it read before its stream was
     synchronized is a race (Device.host_uses).
-    A run past its time, or one of whose program threads raised, fails with ScheduleFailure;
+    A run past the limit, or one of whose program threads raised, fails with ScheduleFailure;
     the program's own exception is raised with a note naming the schedule."""
     __tracebackhide__ = True  # the program's frames are what a failure shows
     from ..device import DeviceThread
@@ -434,13 +481,17 @@ def _run_one(fn, spec: ScheduleSpec, check: str, timeout: float, item, ran: Opti
         return device, result
 
     try:
-        device, result = run_with_timeout(one, timeout, f"streamcheck {what}")
+        device, result = run_with_timeout(one, limit.deadline.remaining(), f"streamcheck {what}")
     except RunTimedOut as exc:
         last = last_operation(made["device"], made["first"]) if "first" in made else "none (no device yet)"
         findings(item).replay = replay
+        state = "interrupted" if exc.interrupted else "abandoned: it is blocked in a call Python cannot interrupt"
         raise ScheduleFailure(failure_text(
-            f"{what} {exc}; the limit is --streamcheck-timeout or the streamcheck marker's timeout=",
-            spec, "", None, f"  last recorded operation: {last}", replay, width, len(EXCEPTION_NAME))) from None
+            f"{what} did not finish within {limit.deadline.seconds:g} s (its thread was {state}); the limit is "
+            f"--streamcheck-timeout or the streamcheck marker's timeout=, for the reference and all schedules together",
+            spec, "", None, "\n".join([f"  finished: {limit.finished(ran)}", *where_it_was(exc, config),
+                                       f"  last recorded operation: {last}"]),
+            replay, width, len(EXCEPTION_NAME))) from None
     except Exception as exc:
         if hasattr(exc, "add_note"):  # Python 3.11+; on 3.10 the traceback alone must do
             after = ("before any schedule" if ran is None else
@@ -456,6 +507,26 @@ def _run_one(fn, spec: ScheduleSpec, check: str, timeout: float, item, ran: Opti
         raise ScheduleFailure(failure_text(f"in {what}, {headline}", spec, describe_schedule(spec, device, elide=True),
                                            None, tracebacks, replay, width, len(EXCEPTION_NAME)))
     return device, result
+
+
+def where_it_was(exc, config) -> list:
+    """The lines that say where a run was when its time ran out: the user's frames (not pytest's,
+    torch's or ours), innermost last, paths relative to the rootdir."""
+    import os
+
+    from ..core.trace import USER
+    from ..device.objects import caller_site
+
+    ours = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "")
+    root = str(config.rootpath)
+
+    def relative(path: str) -> str:
+        shown = os.path.relpath(path, root)
+        return path if shown.startswith(os.pardir) else shown
+
+    frames = exc.where(lambda path: caller_site.kind_of(path) == USER and not os.path.abspath(path).startswith(ours),
+                       relative)
+    return ["  where it was (innermost last):", *(f"    {line}" for line in frames)] if frames else []
 
 
 def _threads_raised(raised) -> str:

@@ -15,8 +15,10 @@ import pytest
 POLICIES = ("sequential", "eager", "delay", "random", "pct")
 BACKENDS = ("auto", "sim", "cupy")
 CHECK_MODES = ("on", "warn", "off")  # on: races fail the test; warn: only reported; off: no checker
-# Far above what an honest program takes on the sim (a decode test's schedule: well under 1 s).
-DEFAULT_TIMEOUT = 60.0
+# Seconds for one run_schedules call (its reference and all its schedules together), or one whole
+# test under the emulation or streamcheck_gpu / streamcheck_device: far above what an honest test
+# takes on the sim (a decode test's schedule: well under 1 s), and a hung one fails in minutes.
+DEFAULT_TIMEOUT = 120.0
 
 
 @dataclass(frozen=True)
@@ -32,7 +34,7 @@ class Settings:
     trace_dir: Optional[str]  # absolute (see _trace_dir)
     replay: Optional[tuple]  # (policy, index): run only that schedule
     confirm: bool = False  # a failing test's races are confirmed on the sim (streamcheck.proofs.confirm)
-    timeout: float = DEFAULT_TIMEOUT  # seconds a run_schedules schedule may take; 0: no limit
+    timeout: float = DEFAULT_TIMEOUT  # seconds a run_schedules call or a whole test may take; 0: no limit
     audit_syncs: bool = False  # each test's synchronizations are audited (streamcheck.analyses.sync_audit)
     emulate_cuda: bool = False  # every test runs with CUDA emulated on the sim (plugin/emulation.py)
     memory_capacity: Optional[int] = None  # bytes of each emulated device; None: the emulation's default
@@ -72,9 +74,11 @@ _OPTIONS = (
      "needed, which are redundant, which host syncs could be device-side waits (docs/sync-audit.md); a "
      "line per test in the summary, the table in the test's report.", "false"),
     ("--streamcheck-emulate-cuda", "streamcheck_emulate_cuda", "",
-     "run every test with CUDA emulated on the sim (docs/emulation.md): its unmodified torch code on "
-     "device='cuda' runs on this CPU under the first policy's schedule, checked; a race fails the test with the "
-     "report and the replay line. For CPU runners of a suite written for GPUs.", "false"),
+     "emulate CUDA on the sim for the whole run (docs/emulation.md; also STREAMCHECK_EMULATE_CUDA=1): from "
+     "start-up on, so collection, skipif guards and module-level flags see a GPU (torch.cuda.is_available()); "
+     "each test's unmodified torch code on device='cuda' runs on this CPU on a fresh emulated device under the "
+     "first policy's schedule, checked; a race fails the test with the report and the replay line. For CPU "
+     "runners of a suite written for GPUs.", "false"),
     ("--streamcheck-memory-capacity", "streamcheck_memory_capacity", "SIZE",
      "memory of each emulated CUDA device (e.g. 16GiB; --streamcheck-emulate-cuda and streamcheck_gpu tests on "
      "the sim): more than it raises torch's OutOfMemoryError. Default: STREAMCHECK_MEMORY_CAPACITY's, else 8GiB.",
@@ -91,14 +95,18 @@ _OPTIONS = (
      "by every xdist worker: a failure one finds, the others and later runs replay first. Relative as "
      "--streamcheck-trace-dir.", ""),
     ("--streamcheck-timeout", "streamcheck_timeout", "SECONDS",
-     "a run_schedules schedule (or its sequential reference) that runs longer fails, naming its last device "
-     "call; 0: no limit (the program runs in the test's own thread).", f"{DEFAULT_TIMEOUT:g}"),
+     "a run_schedules call (its sequential reference and all its schedules together), or a whole test under "
+     "--streamcheck-emulate-cuda or with streamcheck_gpu / streamcheck_device, that runs longer is interrupted "
+     "and fails, saying where it was and what finished; 0: no limit (the program runs in the test's own "
+     "thread).", f"{DEFAULT_TIMEOUT:g}"),
     ("--streamcheck-library", "streamcheck_library", "PATH[,PATH...]",
      "your own wrappers (directories or files): reports skip their frames, as torch's, to name your call "
      "as the site, and show the wrapper's line as the innermost frame. Relative as --streamcheck-trace-dir.", ""),
 )
 _DEFAULTS = {ini: default for _, ini, _, _, default in _OPTIONS}
 _SWITCHES = {"streamcheck_confirm", "streamcheck_audit_syncs", "streamcheck_emulate_cuda", "streamcheck_strict_free"}
+# Options a CI job can set once for every pytest run in it (command line > environment > ini file).
+_ENVIRONMENT = {"streamcheck_emulate_cuda": "STREAMCHECK_EMULATE_CUDA"}
 _BOOLS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
 
 
@@ -173,6 +181,9 @@ def option_value(config, ini: str) -> tuple[str, str]:
     value = config.getoption(ini)
     if value is not None:
         return str(value).strip(), flag
+    variable = _ENVIRONMENT.get(ini)
+    if variable and os.environ.get(variable, "").strip():
+        return os.environ[variable].strip(), f"environment variable {variable}"
     value = config.getini(ini)
     if value is None:
         return _DEFAULTS[ini], f"the default of {flag}"
@@ -184,7 +195,8 @@ def option_value(config, ini: str) -> tuple[str, str]:
 def options_given(config) -> list:
     """The streamcheck options this run sets, on the command line or in an ini file: any of them
     means the run uses streamcheck (usage.py)."""
-    return [ini for _, ini, _, _, _ in _OPTIONS if config.getoption(ini) is not None or config.getini(ini) is not None]
+    return [ini for _, ini, _, _, _ in _OPTIONS if config.getoption(ini) is not None or config.getini(ini) is not None
+            or os.environ.get(_ENVIRONMENT.get(ini, ""), "").strip()]
 
 
 def bad_value(source: str, value: str, accepted: str) -> pytest.UsageError:

@@ -145,6 +145,8 @@ def replay_command(config, nodeid: str, spec: Optional[ScheduleSpec]) -> str:
             parts.append(f"--streamcheck-delay-steps={settings.delay_steps}")
     if settings.check != "on":
         parts.append(f"--streamcheck-check={settings.check}")
+    if settings.emulate_cuda:  # else a replay skips the test its skipif guard now finds no GPU for
+        parts.append("--streamcheck-emulate-cuda")
     command = " ".join(parts)
     if config.invocation_params.dir != config.rootpath:
         command = f"cd {shlex.quote(str(config.rootpath))} && {command}"

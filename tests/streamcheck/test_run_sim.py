@@ -4,13 +4,16 @@ output with a replay line that reproduces the difference, the bad input the issu
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import textwrap
+import time
 
 import pytest
 
 from streamcheck import cli
+from streamcheck.commands.run import TIMED_OUT
 
 RACY = textwrap.dedent('''\
     import torch
@@ -96,13 +99,58 @@ def test_a_script_whose_output_differs_between_two_sequential_runs_is_not_compar
 
 
 # The interrupt may land in a weakref callback, which swallows it (Python reports it as unraisable); the
-# time limit interrupts again until the script's thread leaves, so that report is expected here.
+# time limit interrupts again until the script's frames are left, so that report is expected here.
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-def test_a_script_that_never_returns_is_interrupted_at_its_timeout(script, capsys):
-    path = script("import torch\nx = torch.ones(2, device='cuda')\nwhile True:\n    x = x + 1\n")
-    assert cli.main(["run", "--backend", "sim", "--schedules", "0", "--timeout", "1", path]) == 1
+@pytest.mark.parametrize("body, hung", [
+    ("x = torch.ones(2, device='cuda')\nwhile True:\n    x = x + 1\n", "prog.py:4 in <module>: x = x + 1"),
+    ("import time\ntime.sleep(1000)\n", "prog.py:3 in <module>: time.sleep(1000)"),  # blocked in one C call
+])
+def test_a_script_that_never_returns_is_interrupted_at_its_timeout(script, capsys, monkeypatch, body, hung):
+    path = script("import torch\n" + body)
+    monkeypatch.chdir(os.path.dirname(path))
+    start = time.perf_counter()
+    assert cli.main(["run", "--backend", "sim", "--timeout", "3", path]) == TIMED_OUT
+    assert time.perf_counter() - start < 3 * 3
     err = capsys.readouterr().err
-    assert "streamcheck run: the script did not finish within 1 s" in err and "the limit is --timeout" in err
+    assert ("streamcheck run: timed out: the reference run did not finish within the run's limit of 3 s (--timeout, "
+            "for all runs together); finished: nothing") in err
+    assert f"streamcheck run: where the script was (innermost last):\n  {hung}\n" in err
+    assert "test_run_sim.py" not in err  # the frames of the script, not of whoever ran the command
+
+
+COUNTED = textwrap.dedent('''\
+    import os
+    import torch
+
+    # Each run adds a line; the fourth (the reference, the determinism rerun, a schedule, then this) never ends.
+    with open("runs.txt", "a") as f:
+        f.write("run\\n")
+    with open("runs.txt") as f:
+        runs = len(f.readlines())
+    x = torch.ones(2, device="cuda")
+    while runs >= 4:
+        x = x + 1
+    print(x.sum().item())
+''')
+
+
+def test_one_timeout_bounds_all_the_runs_and_says_what_finished(script, capsys, monkeypatch):
+    path = script(COUNTED)
+    monkeypatch.chdir(os.path.dirname(path))
+    start = time.perf_counter()
+    assert cli.main(["run", "--backend", "sim", "--schedules", "4", "--timeout", "4", path]) == TIMED_OUT
+    assert time.perf_counter() - start < 3 * 4
+    err = capsys.readouterr().err
+    assert ("streamcheck run: timed out: schedule random seed 1 did not finish within the run's limit of 4 s "
+            "(--timeout, for all runs together); finished: the reference, the determinism rerun, 1 of 4 schedules") \
+        in err, err
+    assert "  prog.py:11 in <module>: x = x + 1" in err
+    assert "streamcheck: 1 of 4 schedule(s) on the sim" in err  # the ones that ran are still compared
+
+
+def test_timeout_is_the_sims(script, capsys):
+    assert cli.main(["run", "--backend", "gpu", "--timeout", "5", script(RACY)]) == 2
+    assert "--timeout bounds the sim's runs" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, words", [

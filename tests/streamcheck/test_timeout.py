@@ -1,12 +1,13 @@
 """streamcheck/timeout.py: a run in a thread of its own, interrupted once its time is up."""
 from __future__ import annotations
 
+import re
 import threading
 import time
 
 import pytest
 
-from streamcheck.timeout import UNWIND_SECONDS, RunTimedOut, run_with_timeout
+from streamcheck.timeout import UNWIND_SECONDS, Deadline, RunTimedOut, TimeLimit, run_with_timeout
 
 
 def test_the_result_and_the_exception_come_back_to_the_caller():
@@ -58,3 +59,43 @@ def test_a_thread_blocked_in_c_is_abandoned_and_the_caller_goes_on():
     release.set()  # the call returns, the pending interrupt ends the thread
     blocked.join(5)
     assert not blocked.is_alive()
+
+
+def test_a_timeout_says_where_the_run_was():
+    def loop_here():
+        while True:
+            pass
+
+    with pytest.raises(RunTimedOut) as info:
+        run_with_timeout(loop_here, 0.2)
+    where = info.value.where(lambda path: path == __file__)
+    assert len(where) >= 1 and where[-1].startswith(f"{__file__}:")
+    assert re.search(r"in loop_here: (pass|while True:)$", where[-1]), where
+
+
+@pytest.mark.parametrize("blocking", [False, True])
+def test_a_time_limit_stops_this_thread_in_a_loop_or_a_blocking_call(blocking):
+    start = time.perf_counter()
+    with pytest.raises(RunTimedOut, match=r"did not finish within 0.3 s \(its thread was interrupted\)") as info:
+        with TimeLimit(0.3):
+            if blocking:
+                time.sleep(1000)  # the main thread: the limit's signal makes the call return
+            else:
+                while True:
+                    pass
+    assert time.perf_counter() - start < 0.3 + UNWIND_SECONDS
+    assert info.value.stack[-1].name == "test_a_time_limit_stops_this_thread_in_a_loop_or_a_blocking_call"
+    # Left early, a limit interrupts nothing afterwards.
+    with TimeLimit(0.2):
+        pass
+    time.sleep(0.4)
+
+
+def test_a_deadline_is_shared_by_the_runs_under_it():
+    deadline = Deadline(0.5)
+    assert 0 < deadline.remaining() <= 0.5 and not deadline.expired
+    time.sleep(0.3)
+    assert deadline.remaining() <= 0.2
+    time.sleep(0.25)
+    assert deadline.expired and deadline.remaining() > 0  # a late run still starts, and times out at once
+    assert Deadline(0).remaining() is None and not Deadline(None).expired

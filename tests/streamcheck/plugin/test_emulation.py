@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 RACY_STREAM = '''
 import torch
 
@@ -165,3 +167,168 @@ def test_backward(streamcheck_gpu):
     assert f"EmulationError: backward() at test_refused.py:{line}: autograd on the sim needs streamcheck's native " \
            "CUDA guard" in out, out
     assert "Aborted" not in out + result.stderr.str() and "Fatal Python error" not in result.stderr.str()
+
+
+# --- the emulation for the whole run (issue 36 item 1) ---------------------------------------
+
+GUARDED_SUITE = '''
+import pytest
+import torch
+
+TEST_CUDA = torch.cuda.is_available()  # module level: read at collection
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def produce_on_a_side_stream():
+    side = torch.cuda.Stream()
+    x = torch.ones(1 << 12, device="cuda")
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        y = x * 2
+    return side, x, y
+
+
+@requires_cuda
+def test_racy():
+    side, x, y = produce_on_a_side_stream()
+    assert (y + 1).sum().item() == 3 * (1 << 12)  # BUG: nothing orders the default stream after `side`
+
+
+@pytest.mark.skipif(not TEST_CUDA, reason="needs CUDA")
+def test_fixed():
+    side, x, y = produce_on_a_side_stream()
+    torch.cuda.current_stream().wait_stream(side)
+    assert (y + 1).sum().item() == 3 * (1 << 12)
+'''
+
+TORCH_AT_CONFIGURE = '''
+import sys
+
+import pytest
+
+
+@pytest.hookimpl(trylast=True)  # after every plugin's configure, streamcheck's included
+def pytest_configure(config):
+    print("torch imported by configure:", "torch" in sys.modules)
+'''
+
+
+def test_skipif_guards_and_module_level_flags_see_the_emulated_gpu(pytester):
+    pytester.makepyfile(test_guarded=GUARDED_SUITE)
+    pytester.makeconftest(TORCH_AT_CONFIGURE)
+    without = run(pytester, "-s")
+    without.assert_outcomes(skipped=2)  # a CPU runner: the guards skip, and the plugin stayed out of the way
+    assert "torch imported by configure: False" in without.stdout.str()
+    result = run(pytester, "--streamcheck-emulate-cuda", "--streamcheck-seed=5")
+    result.assert_outcomes(passed=1, failed=1)  # none skipped
+    out = flat(result)
+    assert "FAILED test_guarded.py::test_racy" in out and "RAW race on `torch tensor`" in out
+    mul = line_of(pytester, "test_guarded.py", "y = x * 2")
+    assert f"`aten.mul.Tensor` writes at test_guarded.py:{mul}" in out
+    # The replay keeps the emulation (without it, the guard would skip the test).
+    replay = replay_line(result, "test_guarded.py::test_racy")
+    assert "--streamcheck-emulate-cuda" in replay
+    again = run(pytester, *replay.split())
+    again.assert_outcomes(failed=1)
+    assert "RAW race on `torch tensor`" in flat(again)
+
+
+def test_every_xdist_worker_emulates_from_its_configure(pytester):
+    pytester.makepyfile(test_guarded=GUARDED_SUITE)
+    result = run(pytester, "--streamcheck-emulate-cuda", "-n", "2", "--streamcheck-seed=5")
+    result.assert_outcomes(passed=1, failed=1)
+    assert "FAILED test_guarded.py::test_racy" in flat(result)
+
+
+@pytest.mark.parametrize("how", ["ini", "environment"])
+def test_the_ini_option_and_the_environment_variable_turn_it_on(pytester, monkeypatch, how):
+    pytester.makepyfile(test_guarded=GUARDED_SUITE)
+    if how == "ini":
+        pytester.makeini("[pytest]\nstreamcheck_emulate_cuda = true\n")
+    else:
+        monkeypatch.setenv("STREAMCHECK_EMULATE_CUDA", "1")
+    result = run(pytester, "--streamcheck-seed=5")
+    result.assert_outcomes(passed=1, failed=1)
+    assert "FAILED test_guarded.py::test_racy" in flat(result)
+    # The command line still turns it off.
+    run(pytester, "--no-streamcheck-emulate-cuda").assert_outcomes(skipped=2)
+
+
+FRESHNESS = '''
+import torch
+
+MODULE_TENSOR = torch.arange(4.0, device="cuda")  # made at collection, on the collection's device
+seen = {}
+
+
+def racy_step():
+    side = torch.cuda.Stream()
+    x = torch.ones(1 << 10, device="cuda")
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        y = x * 2
+    return (y + 1).sum()  # BUG: read on the default stream without waiting for `side`
+
+
+def test_1_racy_and_allocating():
+    assert torch.cuda.memory_allocated() == 0
+    seen["stream"] = repr(torch.cuda.Stream())
+    keep = torch.ones(256, device="cuda")
+    assert torch.cuda.memory_allocated() > 0
+    racy_step()
+    MODULE_TENSOR.add_(1.0)  # written by this test: the next one sees the values it left
+    torch.manual_seed(1234)
+
+
+def test_2_fresh():
+    assert torch.cuda.memory_allocated() == 0 and torch.cuda.max_memory_allocated() == 0
+    assert repr(torch.cuda.Stream()) == seen["stream"]  # numbering restarts at s1
+    assert torch.cuda.initial_seed() == 67280421310721  # torch's default CUDA seed, not test 1's 1234
+    assert MODULE_TENSOR.tolist() == [1.0, 2.0, 3.0, 4.0]
+'''
+
+
+def test_each_test_starts_from_a_fresh_device(pytester):
+    pytester.makepyfile(test_fresh=FRESHNESS)
+    result = run(pytester, "--streamcheck-emulate-cuda", "--streamcheck-seed=5", "-p", "no:randomly")
+    result.assert_outcomes(passed=1, failed=1)
+    out = flat(result)
+    # test 1's race fails test 1 only: it does not leak into test 2's report
+    assert "FAILED test_fresh.py::test_1_racy_and_allocating" in out and "test_2_fresh FAILED" not in out
+    assert "FAILED test_fresh.py::test_2_fresh" not in out, out
+    assert "races found in 1 test" in out
+
+
+HUNG = '''
+import time
+import torch
+
+
+def test_loops():
+    x = torch.ones(2, device="cuda")
+    while True:
+        x = x + 1
+
+
+def test_sleeps():
+    time.sleep(1000)
+
+
+def test_runs_after():
+    assert torch.ones(2, device="cuda").sum().item() == 2.0
+'''
+
+
+def test_a_hung_test_fails_with_where_it_was_and_the_next_test_runs(pytester):
+    pytester.makepyfile(test_hung=HUNG)
+    result = run(pytester, "--streamcheck-emulate-cuda", "--streamcheck-timeout=3", "--durations=0", "-vv")
+    result.assert_outcomes(passed=1, failed=2)
+    out = flat(result)
+    for test, fragment in (("test_loops", "x = x + 1"), ("test_sleeps", "time.sleep(1000)")):
+        line = line_of(pytester, "test_hung.py", fragment)
+        assert (f"streamcheck: test_hung.py::{test} did not finish within 3 s (--streamcheck-timeout or the "
+                f"streamcheck marker's timeout=, for the whole test): interrupted in its call (finished: setup)") in out
+        assert f"where it was (innermost last): test_hung.py:{line} in {test}: {fragment}" in out, out
+        took = re.search(rf"([\d.]+)s call +test_hung.py::{test}", result.stdout.str())
+        assert took and float(took.group(1)) < 3 * 3, result.stdout.str()  # about 3 s plus a margin, not 1000
+    assert re.search(r"last recorded operation: \w+ .*? at test_hung.py:\d+ \(in test_loops\)", out), out

@@ -128,6 +128,9 @@ def test_a_program_that_never_returns_fails_within_the_timeout(faults, test, las
     assert ("streamcheck: the sequential reference run did not finish within 1 s (its thread was interrupted); "
             "the limit is --streamcheck-timeout or the streamcheck marker's timeout=") in text
     assert last in text
+    assert "finished: nothing (the sequential reference was running)" in text
+    function = "wait_for_a_flag" if "with_device" in test else "spin"
+    assert re.search(rf"where it was \(innermost last\):\n.*test_faults.py:\d+ in {function}: ", text), text
     assert f"replay: pytest test_faults.py::{test} --streamcheck-seed=" in text
 
 
@@ -135,6 +138,9 @@ def test_a_hang_under_one_schedule_names_it_and_replays_it(faults):
     text = _failure(faults[0], "test_hangs_only_under_a_schedule")
     assert "streamcheck: schedule random:0 did not finish within 1 s (its thread was interrupted)" in text
     assert "schedule: random:0 = random schedule seed" in text
+    # One limit for the reference and every schedule: what finished before it ran out.
+    assert "for the reference and all schedules together" in text
+    assert "finished: the sequential reference, 1 of 8 schedules" in text
     assert re.search(r"replay: pytest test_faults.py::test_hangs_only_under_a_schedule --streamcheck-seed=\d+ "
                      r"--streamcheck-backend=sim --streamcheck-replay=random:0", text)
     assert faults[1]["test_hangs_only_under_a_schedule"]["schedules"] == 2  # delay:0, then random:0
