@@ -25,6 +25,9 @@ import time
 import traceback
 from typing import Any, Callable, Optional
 
+# The name prefix of streamcheck's own threads (a run's thread, a time limit's watchdog): the emulation
+# leaves them alone (they are not the program's).
+OWN_THREADS = "streamcheck"
 # How long an interrupted thread gets to unwind before it is abandoned.
 UNWIND_SECONDS = 1.0
 # The signal that wakes the main thread from a blocking call (its handler chains to any other's).
@@ -153,7 +156,7 @@ class TimeLimit:
         self._by_signal = WAKE_SIGNAL is not None and threading.current_thread() is threading.main_thread()
         if self._by_signal:
             self._previous = signal.signal(WAKE_SIGNAL, self._on_signal)
-        self._watchdog = threading.Thread(target=self._watch, name="streamcheck time limit", daemon=True)
+        self._watchdog = threading.Thread(target=self._watch, name=f"{OWN_THREADS} time limit", daemon=True)
         self._watchdog.start()
         return self
 

@@ -29,12 +29,14 @@ host by then. memory_stats.py names the counters.
 """
 from __future__ import annotations
 
+import threading
 from typing import Optional
 
 import numpy as np
 import torch
 
 from ..core.trace import RECORD_STREAM_EVENT
+from ..timeout import OWN_THREADS
 from .memory_stats import DeviceStats, out_of_memory_message
 
 _ROUND = 512
@@ -248,7 +250,10 @@ class CachingAllocator:
         if self.closed:  # a tensor that outlived its run (a cache, a module attribute): nothing to record
             return
         self._dead.append(entry)
-        if not self._busy and not self.device._lock._is_owned():
+        # A death in one of streamcheck's own threads (a time limit's watchdog, where Python's cycle
+        # collector happened to run) is the program's: recorded at its next call, at its line.
+        if not self._busy and not self.device._lock._is_owned() and \
+                not threading.current_thread().name.startswith(OWN_THREADS):
             self.collect()
 
     def _take(self, key) -> Optional["_Returned"]:

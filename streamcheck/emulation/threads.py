@@ -29,11 +29,11 @@ import threading
 import torch
 
 from ..device.objects import caller_site
+from ..timeout import OWN_THREADS
 from . import running
 from .factory_mode import FactoryMode
 from .running import EmulationError
 
-_OWN_THREADS = "streamcheck"  # name prefix of streamcheck's own threads (timeout.run_with_timeout)
 
 
 class HostThreads:
@@ -88,7 +88,7 @@ class HostThreads:
 
         def start(thread):
             emulation = threads.emulation
-            if running._active is not emulation or thread.name.startswith(_OWN_THREADS):
+            if running._active is not emulation or thread.name.startswith(OWN_THREADS):
                 return original_start(thread)
             child = emulation.device._thread_starting(caller_site())
             thread._streamcheck_emulated = (emulation, child)
