@@ -99,6 +99,11 @@ TRAINING = """
     host = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
     (host.cuda() * 2).sum().backward()
     print("host grad through .cuda():", host.grad.tolist())
+
+    # gradcheck's undefined output grads: the engine's C++ makes zero CUDA tensors itself (aten::empty
+    # at the CUDA key: cuda_kernels.py).
+    w = torch.randn(5, device="cuda", dtype=torch.float64, requires_grad=True)
+    print("gradcheck:", torch.autograd.gradcheck(lambda t: Cube.apply(t), (w,)))
 """
 
 
@@ -132,6 +137,10 @@ def test_optimizer_steps_change_parameters_as_on_the_cpu(training):
 
 def test_the_grad_of_a_host_tensor_copied_to_the_device_reaches_it(training):
     assert lines_of(training)["host grad through .cuda()"] == "[2.0, 2.0, 2.0]"
+
+
+def test_gradcheck_passes_with_the_cuda_tensors_the_engine_makes_itself(training):
+    assert lines_of(training)["gradcheck"] == "True", training.stderr[-3000:]
 
 
 def test_the_schedules_reproduce_the_reference(training):
