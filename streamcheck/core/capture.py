@@ -44,12 +44,32 @@ from .trace import (
 )
 
 
+# What cudaGetErrorString says for each error a capture can end in: the text torch puts after "CUDA error: ".
+CUDA_ERROR_STRINGS = {
+    "cudaErrorInvalidValue": "invalid argument",
+    "cudaErrorIllegalState": "the operation cannot be performed in the present state",
+    "cudaErrorStreamCaptureUnsupported": "operation not permitted when stream is capturing",
+    "cudaErrorStreamCaptureInvalidated": "operation failed due to a previous error during capture",
+    "cudaErrorStreamCaptureMerge": "operation would result in a merge of separate capture sequences",
+    "cudaErrorStreamCaptureUnmatched": "capture was not ended in the same stream as it began",
+    "cudaErrorStreamCaptureUnjoined": "capturing stream has unjoined work",
+    "cudaErrorStreamCaptureIsolation": "dependency created on uncaptured work in another stream",
+    "cudaErrorStreamCaptureImplicit": "operation would make the legacy stream depend on a capturing blocking stream",
+    "cudaErrorCapturedEvent": "operation not permitted on an event last recorded in a capturing stream",
+    "cudaErrorStreamCaptureWrongThread": "attempt to terminate a thread-local capture sequence from another thread",
+}
+
+
 class CaptureError(RuntimeError):
     """An operation CUDA refuses during stream capture; `code` is CUDA's error name."""
 
     def __init__(self, code: str, message: str):
         super().__init__(f"{code}: {message}")
         self.code = code
+
+    def cuda_text(self) -> str:
+        """What torch's exception says on a GPU: "CUDA error: <CUDA's string>"."""
+        return f"CUDA error: {CUDA_ERROR_STRINGS.get(self.code, self.code)}"
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import warnings
 
+import torch
+
 from ..core.capture import CaptureError
 from ..device.objects import caller_site
 from .generators import CapturedDraw
@@ -41,7 +43,7 @@ class EmulatedGraph:
             self._stream.device_stream.begin_capture(capture_error_mode)
         except CaptureError as exc:
             emulation.capture_errors.append(exc)
-            raise
+            raise as_torch_error(exc) from None
         users = emulation.allocator.pool_users
         users[self._pool] = users.get(self._pool, 0) + 1  # its blocks stay reserved while this graph holds it
         self._capturing = True
@@ -65,7 +67,7 @@ class EmulatedGraph:
             self._graph = self._stream.device_stream.end_capture()
         except CaptureError as exc:  # the program gets it, as torch raises CUDA's error; the run names it
             emulation.capture_errors.append(exc)
-            raise
+            raise as_torch_error(exc) from None
         finally:
             emulation.capture_pools.pop(self._stream.device_stream.id, None)
             emulation.capture_graphs.pop(self._stream.device_stream.id, None)
@@ -136,6 +138,16 @@ class EmulatedGraph:
                              "nodes to describe; check this program on a GPU (streamcheck run --backend gpu)")
 
 
+def as_torch_error(error: CaptureError) -> Exception:
+    """The exception torch raises for CUDA's capture error on a GPU (torch.AcceleratorError, "CUDA
+    error: capturing stream has unjoined work"), with streamcheck's account of it after; `capture_error`
+    keeps the CaptureError the run reports (once: core.capture)."""
+    kind = getattr(torch, "AcceleratorError", RuntimeError)  # torch >= 2.8; a RuntimeError before
+    raised = kind(f"{error.cuda_text()} ({error})")
+    raised.capture_error = error
+    return raised
+
+
 class graph:
     """torch.cuda.graph on the sim: synchronize, capture on the capture stream, end the capture."""
 
@@ -145,7 +157,8 @@ class graph:
         emulation = active()
         if stream is None:
             if graph.default_capture_stream is None or graph.default_capture_stream._emulation is not emulation:
-                graph.default_capture_stream = emulation.new_stream()
+                # torch's own capture stream, not one of the program's: named as such, numbering none of theirs
+                graph.default_capture_stream = emulation.new_stream(name="torch.cuda.graph's capture stream")
             stream = graph.default_capture_stream
         self.cuda_graph, self.pool, self.capture_stream, self.mode = cuda_graph, pool, stream, capture_error_mode
 

@@ -297,13 +297,17 @@ class Emulation(OperatorDispatch, HostTransfers):
         else:
             self._current[(threading.get_ident(), s.device_index)] = s
 
-    def new_stream(self, device=None, priority: int = 0) -> EmulatedStream:
+    def new_stream(self, device=None, priority: int = 0, name: Optional[str] = None) -> EmulatedStream:
+        """A stream of torch's pool: the program's are named s1, s2, ... in creation order; `name`: one of
+        torch's own (it numbers none of the program's)."""
         self.enter()
         index = self.current_device() if device is None else self.device_index(device)
         with self.device._lock:  # threads making streams at once: one name each
-            self._streams += 1
+            if name is None:
+                self._streams += 1
+                name = f"s{self._streams}"
             # torch's pool streams are non-blocking (cudaStreamNonBlocking): no join with the legacy stream.
-            made = EmulatedStream(self, self.device.stream(name=f"s{self._streams}", kind="non_blocking",
+            made = EmulatedStream(self, self.device.stream(name=name, kind="non_blocking",
                                                            priority=int(priority), device=index), priority)
             self._by_id[made.device_stream.id] = made
         return made

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import pytest
 
-from .fixtures import start_emulation, start_session_emulation, stop_emulation
+from .fixtures import EMULATION_KEY, RAISED_KEY, start_emulation, start_session_emulation, stop_emulation
 from .options import SETTINGS_KEY, in_use
 
 TIMED_OUT_KEY = pytest.StashKey[bool]()  # set by time_limit.py: the test was interrupted
@@ -49,6 +49,16 @@ def pytest_runtest_setup(item):
     if emulating(item.config):
         start_emulation(item)
     return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    try:
+        return (yield)
+    except BaseException as exc:
+        if EMULATION_KEY in item.stash:  # stop_emulation counts a capture error the test raised once
+            item.stash[RAISED_KEY] = exc
+        raise
 
 
 @pytest.hookimpl(wrapper=True)

@@ -181,6 +181,7 @@ def streamcheck_gpu(request, streamcheck_seed):
 
 # --- tests' torch code with CUDA emulated on the sim (plugin/emulation.py's hooks, streamcheck_gpu) ---
 
+RAISED_KEY = pytest.StashKey[BaseException]()  # what an emulated test raised in its call (plugin/emulation.py)
 EMULATION_KEY = pytest.StashKey[object]()  # the test's (Emulation, EmulatedRecording, fallback, session's?) while it runs
 SESSION_EMULATION_KEY = pytest.StashKey[object]()  # --streamcheck-emulate-cuda: the Emulation of the whole run
 
@@ -252,11 +253,14 @@ def stop_emulation(item, finish: bool = True) -> None:
             fallback.__exit__(None, None, None)
     if emulation.threads.refusals:  # refused in a host thread of the test: one line, as in the test's own
         pytest.fail(f"{emulation.threads.refusals[0]}\nreplay: {findings(item).replay}", pytrace=False)
-    if recording.capture_errors:
+    # A capture error the test's call raised (the program got torch's exception and did not catch it)
+    # failed the test already: counted once, not again as a teardown error.
+    raised = getattr(item.stash.get(RAISED_KEY, None), "capture_error", None)
+    errors = [error for error in recording.capture_errors if raised is None or str(error) != str(raised)]
+    if errors:
         from ..record.recorder import format_capture_errors
 
-        pytest.fail(f"{format_capture_errors(recording.capture_errors)}\nreplay: {findings(item).replay}",
-                    pytrace=False)
+        pytest.fail(f"{format_capture_errors(errors)}\nreplay: {findings(item).replay}", pytrace=False)
 
 
 def _test_site(item):

@@ -86,9 +86,6 @@ def test_the_suites_racy_tests_each_have_a_fixed_twin_and_a_report_to_expect():
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason="issue 36's acceptance test: it passes once the emulation is process-wide "
-                   "(suite-timeout), backward and autograd.Function run (native-autograd), threads and the DataLoader "
-                   "work (threads) and memory statistics are torch's (gpu-behaviour); remove this mark then")
 def test_a_team_gpu_suite_runs_unchanged_on_the_emulation(pytester):
     shutil.copytree(SUITE, pytester.path / "emulated_suite", ignore=shutil.ignore_patterns("__pycache__"))
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-rA",
