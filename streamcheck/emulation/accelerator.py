@@ -173,7 +173,9 @@ def patch_accelerator(emu, put) -> None:
             index_or_current(device_index)),
         "get_memory_info": lambda device_index=None, /: cuda.mem_get_info(index_or_current(device_index)),
     }
-    homes = (accelerator, accelerator.memory, accelerator.graphs)
+    # The submodules that re-export them, those this torch has (torch 2.11 has no accelerator.graphs).
+    homes = [module for module in (accelerator, getattr(accelerator, "memory", None),
+                                   getattr(accelerator, "graphs", None)) if module is not None]
     for name, value in functions.items():
         original = accelerator.__dict__.get(name)
         for module in homes:

@@ -39,14 +39,15 @@ class EmulatedRecording:
 
     @property
     def notices(self) -> list:
-        return list(self.emulation.notices)
+        return list(self.emulation.notices) if self.emulation is not None else []
 
     @property
     def capture_errors(self) -> list:
         """CUDA's refusals during a capture: what the checker saw and what the program got."""
         found = list(self.checker.capture_errors) if self.checker is not None else []
         seen = {str(e) for e in found}
-        return found + [e for e in self.emulation.capture_errors if str(e) not in seen]
+        program = self.emulation.capture_errors if self.emulation is not None else []  # None: it never began
+        return found + [e for e in program if str(e) not in seen]
 
     @property
     def findings(self) -> int:

@@ -261,8 +261,12 @@ class Ops:
             return self._host_read(run, reads[0][0])
         cuda = [t for t, k in reads + writes if k == "cuda"]
         stream = sid = None
-        if cuda and name not in _NO_ACCESS:
-            stream = current_stream_ptr(torch, cuda[0].device.index)
+        # Where it runs: its CUDA arguments' device, or the one `device=` names (an upload to a fresh
+        # tensor, `pinned.to("cuda", non_blocking=True)`, has no CUDA argument but runs on that
+        # device's current stream, where a delay must hold it too).
+        target = cuda[0].device.index if cuda else _cuda_target(torch, kwargs)
+        if (cuda or target is not None) and name not in _NO_ACCESS:
+            stream = current_stream_ptr(torch, target)
             sid = rec.sid(stream)
             if rec.intercepts:
                 rec.before_issue(stream, sid, name)  # before the operator is issued
@@ -439,3 +443,14 @@ def patches() -> tuple:
     from .patching import Patch
 
     return (Patch("torch.Tensor.numpy", _numpy),)
+
+
+def _cuda_target(torch, kwargs):
+    """The CUDA device index an operator's `device=` names (the current device for "cuda"), else None."""
+    device = kwargs.get("device")
+    if device is None:
+        return None
+    device = torch.device(device) if not isinstance(device, torch.device) else device
+    if device.type != "cuda":
+        return None
+    return device.index if device.index is not None else torch.cuda.current_device()

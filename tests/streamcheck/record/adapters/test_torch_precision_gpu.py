@@ -122,6 +122,7 @@ def _prefetch(torch, wait: bool) -> None:
         with torch.cuda.stream(compute):
             torch.add(batch, 0.0, out=sums[step])
         del batch
+    torch.cuda.current_stream().wait_stream(compute)  # before `sums` is freed (its writes are compute's)
 
 
 @pytest.mark.gpu
