@@ -6,6 +6,8 @@ Registered there, they hand out blocks of the emulated caching allocator, as tor
 hand out blocks of the real one: an allocation, no kernel (its bytes are whatever the block held)."""
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from .running import active
@@ -33,6 +35,8 @@ def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memor
 def register() -> "callable":
     """Register the kernels; returns their removal."""
     library = torch.library.Library("aten", "IMPL")
-    library.impl("empty.memory_format", _empty, "CUDA")
-    library.impl("empty_strided", _empty_strided, "CUDA")
+    with warnings.catch_warnings():  # a CUDA build's own kernels are overridden while the sim runs: meant so
+        warnings.simplefilter("ignore", UserWarning)
+        library.impl("empty.memory_format", _empty, "CUDA")
+        library.impl("empty_strided", _empty_strided, "CUDA")
     return library._destroy
