@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 
 from ..device.objects import caller_site
-from . import native
+from . import cuda_kernels, native
 from .running import EmulationError
 from .tensors import is_emulated
 
@@ -91,7 +91,8 @@ class Autograd:
         self._error = None
         self._engine_used = True
         try:
-            return original(*args, **kwargs)
+            with cuda_kernels.registered():  # the engine's own C++ makes CUDA tensors (undefined grads)
+                return original(*args, **kwargs)
         except BaseException:
             # The engine wakes the caller before its thread has let go of the failed task (and the
             # Python objects it holds): an exit now would end that thread inside C++ (an abort).

@@ -56,7 +56,7 @@ from typing import Optional
 import torch
 
 from ..core.trace import skip_wrapper_frames
-from . import cuda_kernels, running
+from . import running
 from .allocator import CachingAllocator, rounded
 from .autograd import Autograd
 from .device_properties import DeviceProperties
@@ -128,7 +128,6 @@ class Emulation(OperatorDispatch, HostTransfers):
         # torch.cuda's functions by name.
         importlib.import_module("torch._dynamo")
         self._undo.extend(patch_torch(self))
-        self._undo.append(cuda_kernels.register())  # torch's own C++ making CUDA tensors
         self.autograd.start()
         self._undo.append(self.autograd.stop)
         self._undo.extend(self.threads.install())

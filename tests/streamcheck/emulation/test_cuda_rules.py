@@ -4,30 +4,13 @@ stream), which stream waits for which, which allocation gets a freed block, how 
 Each test fails if its rule is dropped or bent (issue 37's surviving mutants)."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
-from streamcheck.device import Device
-from streamcheck.emulation.torch_cuda import Emulation
+from tests.streamcheck.emulation.tagged import emulate, tagged_lines
 
-HERE = Path(__file__)
-_LINES = HERE.read_text(encoding="utf-8").splitlines()
+line = tagged_lines(__file__)
 HELD_LEGACY = dict(policy="delay", streams=["legacy"], steps=50)  # the default stream's work stays pending
-
-
-def line(tag: str) -> int:
-    hits = [n for n, text in enumerate(_LINES, 1) if text.rstrip().endswith(f"# {tag}")]
-    assert len(hits) == 1, f"tag {tag!r} marks {len(hits)} lines"
-    return hits[0]
-
-
-def emulate(program, *, devices: int = 1, policy: str = "sequential", **params):
-    dev = Device("sim", policy=policy, devices=devices, **params)
-    with Emulation(dev):
-        value = program()
-    return dev, value
 
 
 def races(dev) -> set:
@@ -59,9 +42,9 @@ def _pending_work_then(copy):
 ], ids=["copy_-pageable-non_blocking", "copy_-pageable", "cuda()-pageable", "to-pageable-non_blocking",
         "cuda()-pinned", "to-pinned-non_blocking", "copy_-pinned-non_blocking"])
 def test_the_host_waits_for_an_upload_unless_it_is_non_blocking_from_pinned_memory(copy, host_waits):
-    _, done = emulate(_pending_work_then(copy), **HELD_LEGACY)
+    _, done, _ = emulate(_pending_work_then(copy), **HELD_LEGACY)
     assert done is host_waits
-    _, done = emulate(_pending_work_then(lambda x: None), **HELD_LEGACY)
+    _, done, _ = emulate(_pending_work_then(lambda x: None), **HELD_LEGACY)
     assert done is False  # the schedule does hold the stream: `done` above is the copy's doing
 
 
@@ -74,7 +57,7 @@ def test_a_peer_copy_makes_the_source_stream_wait_for_it():
 
     for schedule in (dict(policy="sequential"), dict(policy="delay", streams=["legacy:1"], steps=20),
                      dict(policy="delay", streams=["legacy"], steps=20)):
-        dev, (y, x) = emulate(program, devices=2, **schedule)
+        dev, (y, x), _ = emulate(program, devices=2, **schedule)
         assert races(dev) == set(), schedule
         assert y == [3.0] * 256 and x == [5.0] * 256, schedule
 
@@ -91,7 +74,7 @@ def test_a_freed_block_is_reused_only_by_an_allocation_on_its_own_stream():
             on_side = torch.empty(1000, device="cuda")  # its own stream: the freed block at once
         return ptr, on_default.data_ptr(), on_side.data_ptr()
 
-    _, (ptr, on_default, on_side) = emulate(program)
+    _, (ptr, on_default, on_side), _ = emulate(program)
     assert on_default != ptr and on_side == ptr
 
 
@@ -102,7 +85,7 @@ def test_allocations_round_to_whole_512_byte_units(nbytes, reserved):
         t = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
         return torch.cuda.memory_allocated(), t
 
-    _, (allocated, _) = emulate(program)
+    _, (allocated, _), _ = emulate(program)
     assert allocated == reserved
 
 
@@ -128,9 +111,9 @@ def test_event_wait_makes_the_current_stream_wait():
         return y.tolist()
 
     held = dict(policy="delay", streams=["s1"], steps=20)
-    dev, y = emulate(lambda: program(True), **held)
+    dev, y, _ = emulate(lambda: program(True), **held)
     assert races(dev) == set() and y == [2.0] * 64
-    dev, y = emulate(lambda: program(False), **held)
+    dev, y, _ = emulate(lambda: program(False), **held)
     assert races(dev) == {("RAW", line("ev-producer"), line("ev-consumer-unwaited"))}
     assert y == [0.0] * 64  # the default stream never waited: it read before the held producer wrote
 

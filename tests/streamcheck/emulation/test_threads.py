@@ -17,31 +17,15 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from streamcheck.device import Device
 from streamcheck.emulation.script import run_script
 from streamcheck.emulation.tensors import CudaTensor, PinnedTensor
-from streamcheck.emulation.torch_cuda import Emulation
+from tests.streamcheck.emulation.tagged import emulate, tagged_lines
 
 HERE = Path(__file__)
-_LINES = HERE.read_text(encoding="utf-8").splitlines()
+line = tagged_lines(__file__)
 DELAY_S1 = dict(policy="delay", streams=["s1"], steps=8)  # s1: the first torch.cuda.Stream() of a run
 DELAY_LEGACY = dict(policy="delay", streams=["legacy"], steps=8)
 SCHEDULES = [dict(policy="random", seed=k) for k in range(2)] + [dict(policy="pct", seed=0), DELAY_S1]
-
-
-def line(tag: str) -> int:
-    """The line of this file that ends with the comment `# <tag>`."""
-    hits = [n for n, text in enumerate(_LINES, 1) if text.rstrip().endswith(f"# {tag}")]
-    assert len(hits) == 1, f"tag {tag!r} marks {len(hits)} lines"
-    return hits[0]
-
-
-def emulate(program, *, devices: int = 1, policy: str = "sequential", **params):
-    """Run `program()` on a fresh sim device under the emulation: (device, what it returned)."""
-    dev = Device("sim", policy=policy, devices=devices, **params)
-    with Emulation(dev):
-        value = program()
-    return dev, value
 
 
 def races(dev) -> set:
@@ -93,17 +77,17 @@ def _producer_consumer(waits: bool):
 
 
 def test_a_consumer_thread_that_skips_the_producers_event_races_and_reads_stale_rows():
-    dev, seen = emulate(_producer_consumer(waits=False))
+    dev, seen, _ = emulate(_producer_consumer(waits=False))
     assert seen == RIGHT  # the sequential reference: right, and the race found all the same
     assert races(dev) == {("RAW", line("produce"), line("consume"))}
     # s1 held for longer than the whole program: however far the producer thread runs ahead, every read is early.
-    dev, seen = emulate(_producer_consumer(waits=False), **dict(DELAY_S1, steps=1000))
+    dev, seen, _ = emulate(_producer_consumer(waits=False), **dict(DELAY_S1, steps=1000))
     assert seen == [[0.0] * 4] * ROWS and races(dev) == {("RAW", line("produce"), line("consume"))}
 
 
 def test_a_consumer_thread_that_waits_for_the_producers_event_is_clean_and_right_under_every_schedule():
     for schedule in [{}] + SCHEDULES:
-        dev, seen = emulate(_producer_consumer(waits=True), **schedule)
+        dev, seen, _ = emulate(_producer_consumer(waits=True), **schedule)
         assert seen == RIGHT and races(dev) == set(), schedule
 
 
@@ -123,7 +107,7 @@ def test_a_queue_carries_cuda_and_pinned_tensors_and_the_same_tensor_twice():
         return [g is made[k] for g, k in zip(got, ("cuda", "pinned", "cuda"))], type(got[0]), type(got[1]), \
             got[0].tolist(), got[1].tolist()
 
-    dev, (same, cuda_type, pinned_type, cuda_values, pinned_values) = emulate(program)
+    dev, (same, cuda_type, pinned_type, cuda_values, pinned_values), _ = emulate(program)
     assert same == [True, True, True] and (cuda_type, pinned_type) == (CudaTensor, PinnedTensor)
     assert cuda_values == [0.0, 1.0, 2.0, 3.0] and pinned_values == [0.0, 1.0, 2.0]
     assert races(dev) == set()
@@ -157,7 +141,7 @@ def test_each_thread_starts_on_device_0s_default_stream_and_its_settings_are_its
         thread.join()
         return seen
 
-    _, seen = emulate(program, devices=2)
+    _, seen, _ = emulate(program, devices=2)
     assert seen == {"worker device": 0, "worker starts on default": True, "worker's own": True,
                     "worker's kept": True, "main device": 1, "main's kept": True}
 
@@ -181,7 +165,7 @@ def test_a_thread_that_gets_an_ended_threads_ident_starts_fresh():
             started(checker).join()  # Python (glibc) usually hands it the ended setter's ident
         return fresh
 
-    _, fresh = emulate(program, devices=2)
+    _, fresh, _ = emulate(program, devices=2)
     if not any(reused for reused, _, _ in fresh):
         pytest.skip("no thread got an ended thread's ident here")
     assert [(device, default) for _, device, default in fresh] == [(0, True)] * 4
@@ -213,12 +197,12 @@ def _worker_then_join(synchronizes: bool):
 
 def test_a_worker_that_synchronized_is_ordered_before_its_joiner():
     for schedule in [{}] + SCHEDULES:
-        dev, seen = emulate(_worker_then_join(synchronizes=True), **schedule)
+        dev, seen, _ = emulate(_worker_then_join(synchronizes=True), **schedule)
         assert seen == [7.0] * 4 and races(dev) == set(), schedule
 
 
 def test_a_join_orders_the_host_not_the_workers_stream():
-    dev, seen = emulate(_worker_then_join(synchronizes=False), **DELAY_S1)
+    dev, seen, _ = emulate(_worker_then_join(synchronizes=False), **DELAY_S1)
     assert seen == [0.0] * 4  # read before the held side stream wrote
     assert races(dev) == {("RAW", line("worker writes"), line("joiner reads"))}
 
@@ -239,7 +223,7 @@ def test_what_the_parent_did_before_start_is_ordered_before_the_child():
         return got[0]
 
     for schedule in [{}, DELAY_LEGACY]:
-        dev, got = emulate(program, **schedule)
+        dev, got, _ = emulate(program, **schedule)
         assert got == [6.0] * 4 and races(dev) == set(), schedule
 
 
@@ -264,7 +248,7 @@ def test_a_pinning_data_loader_gives_pinned_batches_whose_non_blocking_copies_ar
             sums.append(on_device.sum().item())
         return kinds, sums
 
-    dev, (kinds, sums) = emulate(program)
+    dev, (kinds, sums), _ = emulate(program)
     assert kinds == {(PinnedTensor, True)} and sums == [4.0, 20.0, 36.0] and races(dev) == set()
 
 
@@ -291,15 +275,15 @@ RIGHT_ROWS = [[float(k)] * 4 for k in range(6)]
 
 
 def test_a_pinned_batch_rewritten_by_the_host_before_its_upload_ran_is_a_war():
-    dev, rows = emulate(_rewrites_pinned_batch(waits=False))
+    dev, rows, _ = emulate(_rewrites_pinned_batch(waits=False))
     assert races(dev) == {("WAR", line("upload"), line("host rewrites"))}
-    dev, rows = emulate(_rewrites_pinned_batch(waits=False), **DELAY_S1)
+    dev, rows, _ = emulate(_rewrites_pinned_batch(waits=False), **DELAY_S1)
     assert rows != RIGHT_ROWS and races(dev) == {("WAR", line("upload"), line("host rewrites"))}
 
 
 def test_a_pinned_batch_rewritten_after_its_upload_completed_is_clean():
     for schedule in [{}, DELAY_S1]:
-        dev, rows = emulate(_rewrites_pinned_batch(waits=True), **schedule)
+        dev, rows, _ = emulate(_rewrites_pinned_batch(waits=True), **schedule)
         assert rows == RIGHT_ROWS and races(dev) == set(), schedule
 
 
@@ -321,7 +305,7 @@ def test_a_thread_running_before_the_emulation_uses_it_from_its_first_emulated_c
             work.put(lambda: torch.full((2,), 5.0, device="cuda").tolist())  # then a factory works there too
             return first, results.get(timeout=30)
 
-        _, (first, made) = emulate(program)
+        _, (first, made), _ = emulate(program)
         assert first == [0.0, 2.0, 4.0, 6.0] and made == [5.0, 5.0]
         work.put(lambda: (torch.ones(2) + 1).tolist())  # after the emulation its mode passes calls through
         assert results.get(timeout=30) == [2.0, 2.0]
