@@ -120,6 +120,16 @@ def _count(text: str) -> int:
     return value
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
+    return value
+
+
 class _Renamed(argparse.Action):
     """An option's old spelling (--report-json, --trace-json): it still works, and says its new name."""
 
@@ -149,9 +159,9 @@ def register(subparsers) -> None:
                         f"{DEFAULT_SCHEDULES}) and compare its output with the reference's")
     p.add_argument("--policy", type=_policies, default=None, metavar="P[,P...]",
                    help="sim: the schedules' policies, in turn: delay, random, pct (default all three)")
-    p.add_argument("--delay-steps", type=_count, default=8, metavar="N",
+    p.add_argument("--delay-steps", type=_positive, default=8, metavar="N",
                    help="sim: how many host calls a delayed operation is held (default 8)")
-    p.add_argument("--devices", type=_count, default=1, metavar="N",
+    p.add_argument("--devices", type=_positive, default=1, metavar="N",
                    help="sim: how many CUDA devices to emulate (cuda:0 .. cuda:N-1; default 1)")
     p.add_argument("--memory-capacity", type=_size, default=None, metavar="SIZE",
                    help="sim: memory of each emulated device (e.g. 16GiB; default 8GiB, or "
@@ -382,6 +392,8 @@ def _sim_pipeline(args, run_sim) -> int:
     status = exit_status(args, session, status)
     if progress.timed_out:
         return TIMED_OUT
+    if progress.unmatched:  # a misspelt --delay-stream / --delay-kernel: a usage error, said above
+        return 2
     if any(o.difference for o in outcomes) and args.error_exitcode is not None:
         return args.error_exitcode
     return status

@@ -34,6 +34,7 @@ class Progress:
         self.finished: list = []  # "the reference", "the determinism rerun"
         self.schedules_done = 0
         self.timed_out = False
+        self.unmatched: list = []  # --delay-stream / --delay-kernel names that held nothing (typos)
 
     def finished_text(self) -> str:
         done = list(self.finished)
@@ -148,6 +149,7 @@ def compare_schedules(args, reference, progress: Progress) -> list:
               "compared (a difference would not be the schedule's)", file=sys.stderr)
         return []
     outcomes = []
+    named, matched, streams = set(args.delay_stream or ()) | set(args.delay_kernel or ()), set(), set()
     for i in range(args.schedules):
         policy, seed = policies[i % len(policies)], args.seed + i
         run = run_script(args.script, args.args, policy=policy, seed=seed, check=False, devices=args.devices,
@@ -157,8 +159,14 @@ def compare_schedules(args, reference, progress: Progress) -> list:
             print(f"  replay: {_replay(args, policy, seed)}", file=sys.stderr)
             break
         progress.schedules_done += 1
+        if policy == "delay" and named and run.device is not None:
+            matched |= run.device.backend.policy.matched
+            streams |= {op.name for op in run.device.trace if type(op).__name__ == "StreamCreate" and op.name}
         if run.refused or run.error:
-            difference = f"raised: {_raised(run)}"
+            # The reference's own exception, raised again at the same place, is no schedule's difference.
+            same = bool(reference.refused or reference.error) and _raised(run) == _raised(reference) and \
+                run.stdout == reference.stdout
+            difference = "" if same else f"raised: {_raised(run)}"
         elif run.status != reference.status:
             difference = f"exited {run.status} (the reference exited {reference.status})"
         else:
@@ -170,6 +178,14 @@ def compare_schedules(args, reference, progress: Progress) -> list:
           f"{len(wrong)} printed other output than the sequential reference", file=sys.stderr)
     for o in wrong:
         print(f"streamcheck: schedule {o.label}: {o.difference}\n  replay: {o.replay}", file=sys.stderr)
+    if named and "delay" in policies[:progress.schedules_done]:
+        progress.unmatched = sorted(named - matched)
+        for name in progress.unmatched:
+            option = "--delay-stream" if name in (args.delay_stream or ()) else "--delay-kernel"
+            known = ", ".join(sorted(streams)) if option == "--delay-stream" else ""
+            print(f"streamcheck run: error: {option} {name}: nothing of that name ran in the delay schedules, so "
+                  f"nothing was held (streams are named in creation order: s1, s2, ...; `legacy` is the default "
+                  f"stream{'; this run made ' + known if known else ''})", file=sys.stderr)
     return outcomes
 
 

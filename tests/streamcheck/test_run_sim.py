@@ -219,3 +219,39 @@ def test_a_tensor_that_outlives_the_run_is_not_an_error_at_exit(script):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout == "6\n", proc.stderr
     assert "Exception ignored" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("option, value, message", [
+    ("--devices", "0", "argument --devices: must be an integer >= 1, got 0"),
+    ("--delay-steps", "0", "argument --delay-steps: must be an integer >= 1, got 0"),
+])
+def test_counts_that_must_be_positive_are_usage_errors(script, capsys, option, value, message):
+    path = script(FIXED)
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["run", "--backend", "sim", option, value, path])
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_delay_stream_name_no_stream_has_is_a_usage_error_naming_it(script, capsys):
+    path = script(RACY)
+    assert cli.main(["run", "--backend", "sim", "--schedules", "2", "--policy", "delay", "--delay-stream", "s9",
+                     "--delay-stream", "s1", path]) == 2
+    err = capsys.readouterr().err
+    assert "streamcheck run: error: --delay-stream s9: nothing of that name ran in the delay schedules" in err
+    assert "--delay-stream s1:" not in err  # s1 exists and held the fill
+    assert "this run made s1" in err
+
+
+def test_a_script_that_raises_is_reported_once_not_as_schedules_that_differ(script, capsys):
+    path = script(textwrap.dedent('''\
+        import torch
+
+        x = torch.ones(2, device="cuda")
+        print(x.sum().item())
+        raise ValueError("the script's own failure")
+    '''))
+    assert cli.main(["run", "--backend", "sim", "--schedules", "3", path]) == 1  # the script's status
+    captured = capsys.readouterr()
+    assert captured.out == "2.0\n"
+    assert captured.err.count("ValueError: the script's own failure") == 1, captured.err
+    assert "3 schedule(s) on the sim (delay, random, pct): 0 printed other output" in captured.err
