@@ -82,9 +82,7 @@ def run_script(path: str, argv=(), *, policy="sequential", seed: int = 0, check:
     def body():
         device = box["device"] = given if given is not None else Device(
             "sim", check=check, policy=policy, seed=seed, devices=devices, **policy_params)
-        # What happens with no frame of the script on the stack (its globals freed as it ends) is the
-        # script's doing at its last line, not runpy's or a thread's.
-        with run_on(device) as emulation, caller_site.fallback(CallSite(path, _last_line(path), "<module>")):
+        with run_on(device) as emulation:
             box["emulation"] = emulation
             try:
                 with TimeLimit(timeout):  # the script's time, not the emulation's set-up (torch._dynamo's import)
@@ -99,8 +97,11 @@ def run_script(path: str, argv=(), *, policy="sequential", seed: int = 0, check:
     saved_flag = os.environ.get("STREAMCHECK_RUN")
     os.environ["STREAMCHECK_RUN"] = "1"  # as on the GPU: a program (or its test) can tell it is being checked
     status, refused, error, timed_out, hung_at = 0, "", "", "", []
+    # What happens with no frame of the script on the stack (its globals freed as it ends, or as the
+    # exception that ended it is dropped below) is the script's doing at its last line, not runpy's,
+    # a thread's or streamcheck's.
     try:
-        with contextlib.redirect_stdout(tee):
+        with caller_site.fallback(CallSite(path, _last_line(path), "<module>")), contextlib.redirect_stdout(tee):
             try:
                 body()
             except SystemExit as exc:
