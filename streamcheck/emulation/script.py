@@ -114,7 +114,7 @@ def run_script(path: str, argv=(), *, policy="sequential", seed: int = 0, check:
                 refused = _refusal_inside(exc)
                 status = 2 if refused else 1
                 if not refused:
-                    error = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+                    error = "".join(traceback.format_exception(type(exc), exc, _from_the_script(exc.__traceback__)))
     finally:
         sys.argv = saved_argv
         sys.path[:] = saved_path
@@ -146,6 +146,18 @@ def _script_frames(exc: RunTimedOut) -> list:
 
     return exc.where(lambda path: caller_site.kind_of(path) == USER and not os.path.abspath(path).startswith(ours),
                      relative, below=lambda path: os.path.abspath(path) == os.path.abspath(__file__))
+
+
+def _from_the_script(tb):
+    """The traceback from the script's first frame on: as `python script.py` shows it, without the frames of
+    streamcheck and runpy that ran it (frames below the script's, in libraries it called, all stay)."""
+    ours = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    while tb is not None and tb.tb_next is not None:
+        file = tb.tb_frame.f_code.co_filename
+        if not (os.path.abspath(file).startswith(ours + os.sep) or "runpy" in file):
+            break
+        tb = tb.tb_next
+    return tb
 
 
 def _last_line(path: str) -> int:

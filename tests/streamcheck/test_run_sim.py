@@ -254,4 +254,7 @@ def test_a_script_that_raises_is_reported_once_not_as_schedules_that_differ(scri
     captured = capsys.readouterr()
     assert captured.out == "2.0\n"
     assert captured.err.count("ValueError: the script's own failure") == 1, captured.err
+    # The traceback as `python prog.py` prints it: from the script's frame, none of streamcheck's or runpy's.
+    assert f'Traceback (most recent call last):\n  File "{path}", line 5, in <module>' in captured.err, captured.err
+    assert "streamcheck/emulation" not in captured.err and "runpy" not in captured.err
     assert "3 schedule(s) on the sim (delay, random, pct): 0 printed other output" in captured.err
