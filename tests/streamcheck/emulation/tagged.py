@@ -25,3 +25,18 @@ def tagged_lines(test_file: str):
         assert len(hits) == 1, f"tag {tag!r} marks {len(hits)} lines"
         return hits[0]
     return line
+
+
+def races_at(test_file: str):
+    """`races(dev)`: (kind, first line, second line) of each race of `dev`; every access must be at a line
+    of `test_file` (the test's own)."""
+    name = Path(test_file).name
+
+    def races(dev) -> set:
+        found = set()
+        for r in dev.races:
+            for access in (r.first, r.second):
+                assert Path(access.site.file).name == name, f"a race at a line not the test's own:\n{r.format()}"
+            found.add((r.kind, r.first.site.line, r.second.site.line))
+        return found
+    return races

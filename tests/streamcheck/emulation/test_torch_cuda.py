@@ -18,24 +18,15 @@ import torch
 from streamcheck.core.capture import CaptureError
 from streamcheck.emulation import native
 from streamcheck.emulation.torch_cuda import EmulationError, active
-from tests.streamcheck.emulation.tagged import emulate, tagged_lines
+from tests.streamcheck.emulation.tagged import emulate, races_at, tagged_lines
 
 HERE = Path(__file__)
 line = tagged_lines(__file__)
+races = races_at(__file__)
 DELAY_S1 = dict(policy="delay", streams=["s1"], steps=8)  # s1: the first torch.cuda.Stream() of a run
 DELAY_LEGACY = dict(policy="delay", streams=["legacy"], steps=8)
 RACE_FREE_SCHEDULES = [dict(policy="delay", seed=k) for k in range(3)] + \
     [dict(policy="random", seed=k) for k in range(3)] + [dict(policy="pct", seed=k) for k in range(2)] + [DELAY_S1]
-
-
-def races(dev) -> set:
-    """(kind, first line, second line) of each race; every access must be at a line of this file."""
-    found = set()
-    for r in dev.races:
-        for access in (r.first, r.second):
-            assert Path(access.site.file).name == HERE.name, f"a race at a line not the test's own:\n{r.format()}"
-        found.add((r.kind, r.first.site.line, r.second.site.line))
-    return found
 
 
 # --- the device: availability, cuda:N, properties ---------------------------------------------------
