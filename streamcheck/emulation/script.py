@@ -19,6 +19,9 @@ from ..interrupts import exit_status
 from ..timeout import RunTimedOut, TimeLimit
 
 
+_OURS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "")  # streamcheck's package
+
+
 @dataclass
 class ScriptRun:
     """What one run did: its output, its exit status, the device it ran on (trace, races,
@@ -138,23 +141,20 @@ def _script_frames(exc: RunTimedOut) -> list:
     from ..core.trace import USER
     from ..device.objects import caller_site
 
-    ours = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "")
-
     def relative(path: str) -> str:
         shown = os.path.relpath(path)
         return path if shown.startswith(os.pardir) else shown
 
-    return exc.where(lambda path: caller_site.kind_of(path) == USER and not os.path.abspath(path).startswith(ours),
+    return exc.where(lambda path: caller_site.kind_of(path) == USER and not os.path.abspath(path).startswith(_OURS),
                      relative, below=lambda path: os.path.abspath(path) == os.path.abspath(__file__))
 
 
 def _from_the_script(tb):
     """The traceback from the script's first frame on: as `python script.py` shows it, without the frames of
     streamcheck and runpy that ran it (frames below the script's, in libraries it called, all stay)."""
-    ours = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     while tb is not None and tb.tb_next is not None:
         file = tb.tb_frame.f_code.co_filename
-        if not (os.path.abspath(file).startswith(ours + os.sep) or "runpy" in file):
+        if not (os.path.abspath(file).startswith(_OURS) or "runpy" in file):
             break
         tb = tb.tb_next
     return tb
