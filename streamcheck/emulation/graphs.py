@@ -6,9 +6,8 @@ import warnings
 import torch
 
 from ..core.capture import CaptureError
-from ..device.objects import caller_site
 from .generators import CapturedDraw
-from .running import ON_A_GPU, EmulationError, active, refused
+from .running import ON_A_GPU, active, refused
 from .streams import stream
 
 
@@ -111,16 +110,11 @@ class EmulatedGraph:
     def enable_debug_mode(self) -> None:
         pass
 
-    def debug_dump(self, *args, **kwargs) -> None:
-        raise EmulationError(f"CUDAGraph.debug_dump at {caller_site()}: the sim has no CUDA graph to dump")
-
-    def raw_cuda_graph(self):
-        raise EmulationError(f"CUDAGraph.raw_cuda_graph at {caller_site()}: the sim has no cudaGraph_t to hand to "
-                             "CUDA's own API; check this program on a GPU (streamcheck run --backend gpu)")
-
-    def raw_cuda_graph_exec(self):
-        raise EmulationError(f"CUDAGraph.raw_cuda_graph_exec at {caller_site()}: the sim has no cudaGraphExec_t to "
-                             "hand to CUDA's own API; check this program on a GPU (streamcheck run --backend gpu)")
+    debug_dump = staticmethod(refused("CUDAGraph.debug_dump", "the sim has no CUDA graph to dump"))
+    raw_cuda_graph = staticmethod(refused(
+        "CUDAGraph.raw_cuda_graph", "the sim has no cudaGraph_t to hand to CUDA's own API; " + ON_A_GPU))
+    raw_cuda_graph_exec = staticmethod(refused(
+        "CUDAGraph.raw_cuda_graph_exec", "the sim has no cudaGraphExec_t to hand to CUDA's own API; " + ON_A_GPU))
 
     register_generator_state = staticmethod(refused(
         "CUDAGraph.register_generator_state", "registering another generator with a graph is not emulated (the "
@@ -132,10 +126,8 @@ class EmulatedGraph:
         "CUDAGraph.begin_capture_to_if_node", "conditional graph nodes are not emulated; " + ON_A_GPU))
     end_capture_to_conditional_node = staticmethod(refused(
         "CUDAGraph.end_capture_to_conditional_node", "conditional graph nodes are not emulated; " + ON_A_GPU))
-
-    def get_graph_data(self):
-        raise EmulationError(f"CUDAGraph.get_graph_data at {caller_site()}: the sim's graphs have no CUDA graph "
-                             "nodes to describe; check this program on a GPU (streamcheck run --backend gpu)")
+    get_graph_data = staticmethod(refused(
+        "CUDAGraph.get_graph_data", "the sim's graphs have no CUDA graph nodes to describe; " + ON_A_GPU))
 
 
 def as_torch_error(error: CaptureError) -> Exception:

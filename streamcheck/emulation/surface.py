@@ -122,9 +122,6 @@ def patch_torch(emu) -> list:
                     put(module, name, value)
         put(cuda, name, value)
 
-    def external_stream(*args, **kwargs):
-        raise EmulationError(f"torch.cuda.ExternalStream at {caller_site()}: {_OTHER_STREAM}")
-
     def make_graphed_callables(*args, **kwargs):
         raise EmulationError(f"torch.cuda.make_graphed_callables at {caller_site()} is not emulated; use "
                              "torch.cuda.graph / CUDAGraph (emulated), or check this program on a GPU "
@@ -185,7 +182,7 @@ def patch_torch(emu) -> list:
                                                       device_properties(device).minor),
         "get_device_properties": device_properties,
         "get_arch_list": lambda: ["sm_90"], "is_bf16_supported": lambda including_emulation=True: True,
-        "Stream": Stream, "ExternalStream": external_stream, "Event": EmulatedEvent,
+        "Stream": Stream, "ExternalStream": refused("torch.cuda.ExternalStream", _OTHER_STREAM), "Event": EmulatedEvent,
         "current_stream": lambda device=None: emu.current_stream(device),
         "default_stream": lambda device=None: emu.default_stream(device),
         "set_stream": emu.set_current_stream, "stream": stream, "StreamContext": stream,
