@@ -9,17 +9,14 @@ a limit known and documented is listed in LIMITS with its reason (and docs/gpu-r
 """
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.paths import ROOT
 from tests.streamcheck.emulation.test_torch_programs_sim import EMULATED
-from tests.streamcheck.record.adapters.test_torch_programs_gpu import TIMEOUT_S, missing_gpu, parse_header
+from tests.streamcheck.record.adapters.test_torch_programs_gpu import (in_program, missing_gpu, parse_header,
+                                                                       streamcheck_run)
 
 # program name -> why its GPU and sim verdicts may differ (each a documented limit, never a shrug)
 LIMITS: dict = {}
@@ -28,22 +25,11 @@ LIMITS: dict = {}
 def _races(program: Path, backend: str, json_path: Path) -> tuple:
     """(exit status, {(kind, first line, second line)} of the races between two of the program's own lines,
     stderr)."""
-    cmd = [sys.executable, "-m", "streamcheck.cli", "run", "--backend", backend, "--json", str(json_path)]
-    if backend == "sim":
-        cmd += ["--schedules", "0"]
-    cmd.append(str(program))
-    env = {k: v for k, v in os.environ.items() if k != "STREAMCHECK_RUN"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=ROOT, env=env)
-    reports = json.loads(json_path.read_text(encoding="utf-8")) if json_path.exists() else []
-    if isinstance(reports, dict):  # with hazards (or an audit) the races are one key of the report
-        reports = reports["races"]
-    found = set()
-    for r in reports:
-        first, second = r["first"]["site"], r["second"]["site"]
-        own = [site.rpartition(":") for site in (first, second)]
-        if all((ROOT / path).resolve() == program.resolve() for path, _, _ in own):
-            found.add((r["kind"], int(own[0][2]), int(own[1][2])))
-    return proc.returncode, found, proc.stderr
+    options = ("--backend", backend) + (("--schedules", "0") if backend == "sim" else ())
+    run = streamcheck_run(program, *options, report=json_path)
+    found = {(r["kind"], int(r["first"]["site"].rpartition(":")[2]), int(r["second"]["site"].rpartition(":")[2]))
+             for r in run.races if in_program(r["first"]["site"], program) and in_program(r["second"]["site"], program)}
+    return run.returncode, found, run.stderr
 
 
 def _table_row(program: Path, gpu: set, sim: set) -> str:
