@@ -1,27 +1,39 @@
-"""Checker throughput on a synthetic trace: 100,000 operations, 4 streams, 1,000 buffers.
+"""Checker throughput on a synthetic trace: 100,000 operations, 4 streams, 1,000 buffers; the Python
+checker (hb.Checker, the reference) and the native one (core/fast.py) side by side.
 
     python benchmarks/bench_checker.py [--ops N] [--repeats R]
-Prints the median operations per second over the repeats (target >= 100,000), by wall
-clock and by this process's CPU time (the fairer figure on a machine shared with other
-jobs), and checks every repeat found the same races.
+Prints, for each checker, the median operations per second over the repeats of feeding the trace
+(target >= 100,000 for the Python checker, >= 5x that for the native one), by this process's CPU time
+(the fairer figure on a machine shared with other jobs) and by wall clock, and their ratio; then the
+CPU seconds of feeding the trace and reading its reports (races and hazards), where a racy trace costs
+the native checker one replay into the Python checker. Two traces: the racy one (streams share
+buffers without waits, thousands of distinct races) and a clean one (each stream keeps to its own
+buffers). Checks every repeat found the same races, and both checkers the same reports.
 """
 import argparse
 import random
 import statistics
 import time
 
+from streamcheck.core import fast
 from streamcheck.core.hb import Checker
 from streamcheck.core.trace import (Alloc, CallSite, EventCreate, EventRecord, Launch, Range, StreamCreate, StreamKind,
-                               StreamSync, StreamWait)
+                                    StreamSync, StreamWait)
 
 
-def synthetic_trace(n_ops: int, n_streams: int = 4, n_buffers: int = 1000, seed: int = 0) -> list:
+def synthetic_trace(n_ops: int, n_streams: int = 4, n_buffers: int = 1000, seed: int = 0, clean: bool = False) -> list:
+    """`clean`: each stream reads and writes only its own buffers (buffer % n_streams), so nothing races."""
     rng = random.Random(seed)
     site = CallSite("bench.py", 1)
     ops = [StreamCreate(0, site, stream=0, kind=StreamKind.LEGACY)]
     ops += [StreamCreate(0, site, stream=s, kind=StreamKind.NON_BLOCKING, name=f"s{s}") for s in range(1, n_streams + 1)]
     ops += [EventCreate(0, site, event=s) for s in range(1, n_streams + 1)]
     ops += [Alloc(0, site, buffer=b, nbytes=4096) for b in range(n_buffers)]
+
+    def buffer(stream: int) -> int:
+        b = rng.randrange(n_buffers)
+        return b - b % n_streams + stream - 1 if clean and b - b % n_streams + stream - 1 < n_buffers else b
+
     while len(ops) < n_ops:
         s = rng.randint(1, n_streams)
         r = rng.random()
@@ -32,22 +44,18 @@ def synthetic_trace(n_ops: int, n_streams: int = 4, n_buffers: int = 1000, seed:
         elif r < 0.17:
             ops.append(StreamSync(0, site, stream=s))
         else:
-            b1, b2 = rng.randrange(n_buffers), rng.randrange(n_buffers)
+            b1, b2 = buffer(s), buffer(s)
             half = rng.choice([(0, 2048), (2048, 4096), (0, 4096)])
             ops.append(Launch(0, CallSite("bench.py", 100 + rng.randrange(50)), stream=s, name="k",
                               reads=(Range(b1, *half),), writes=(Range(b2, *half),)))
     return ops[:n_ops]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ops", type=int, default=100_000)
-    ap.add_argument("--repeats", type=int, default=5)
-    args = ap.parse_args()
-    ops = synthetic_trace(args.ops)
-    wall, cpu, found = [], [], set()
-    for _ in range(args.repeats):
-        checker = Checker()
+def feed_rates(make, ops, repeats: int) -> tuple:
+    """(median ops/s by CPU time, by wall clock, the races of each repeat as (key, count) tuples)."""
+    cpu, wall, found = [], [], set()
+    for _ in range(repeats):
+        checker = make()
         feed = checker.feed
         t0, c0 = time.perf_counter(), time.process_time()
         for op in ops:
@@ -57,10 +65,55 @@ def main() -> None:
         found.add(tuple((r.key, r.count) for r in checker.races))
     if len(found) != 1:
         raise SystemExit("checker results differ between repeats: it must be deterministic")
-    races = len(next(iter(found)))
-    print(f"checker: {len(ops)} ops, 4 streams, 1000 buffers: median {statistics.median(wall):,.0f} ops/s wall "
-          f"(min {min(wall):,.0f}, max {max(wall):,.0f}), {statistics.median(cpu):,.0f} ops/s CPU; "
-          f"{args.repeats} repeats; {races} distinct races")
+    return statistics.median(cpu), statistics.median(wall), next(iter(found))
+
+
+def feed_and_report_seconds(make, ops, repeats: int) -> tuple:
+    """(median CPU seconds of feeding `ops` and reading races and hazards, the reports as dicts)."""
+    seconds = []
+    for _ in range(repeats):
+        c0 = time.process_time()
+        checker = make()
+        feed = checker.feed
+        for op in ops:
+            feed(op)
+        races, hazards = checker.races, checker.hazards
+        seconds.append(time.process_time() - c0)
+    return statistics.median(seconds), [r.to_dict() for r in races] + [h.to_dict() for h in hazards]
+
+
+def measure(title: str, ops, repeats: int) -> None:
+    python_cpu, python_wall, python_races = feed_rates(Checker, ops, repeats)
+    occurrences = sum(count for _, count in python_races)
+    print(f"{title}: {len(ops):,} ops, 4 streams, 1000 buffers, {len(python_races)} distinct races "
+          f"({occurrences:,} occurrences); medians of {repeats} repeats")
+    python_seconds, python_reports = feed_and_report_seconds(Checker, ops, repeats)
+    if fast.NativeChecker is None:
+        print(f"  feed: Python {python_cpu:,.0f} ops/s CPU ({python_wall:,.0f} wall); feed + reports "
+              f"{python_seconds:.3f} s CPU")
+        print(f"  {fast.notice()}")
+        return
+    native_cpu, native_wall, native_races = feed_rates(fast.NativeChecker, ops, repeats)
+    native_seconds, native_reports = feed_and_report_seconds(fast.NativeChecker, ops, repeats)
+    if native_races != python_races or native_reports != python_reports:
+        raise SystemExit("the native checker's reports differ from the Python checker's")
+    print(f"  feed, CPU:  Python {python_cpu:>11,.0f} ops/s   native {native_cpu:>11,.0f} ops/s   "
+          f"{native_cpu / python_cpu:5.1f}x")
+    print(f"  feed, wall: Python {python_wall:>11,.0f} ops/s   native {native_wall:>11,.0f} ops/s   "
+          f"{native_wall / python_wall:5.1f}x")
+    replay = " (the native one replays the trace into the Python checker once)" if python_races else ""
+    print(f"  feed + reports, CPU: Python {python_seconds:.3f} s   native {native_seconds:.3f} s   "
+          f"{python_seconds / native_seconds:5.1f}x{replay}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ops", type=int, default=100_000)
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+    measure("racy trace", synthetic_trace(args.ops), args.repeats)
+    measure("clean trace (each stream its own buffers)", synthetic_trace(args.ops, clean=True), args.repeats)
+
 
 if __name__ == "__main__":
     main()
