@@ -51,59 +51,64 @@ def synthetic_trace(n_ops: int, n_streams: int = 4, n_buffers: int = 1000, seed:
     return ops[:n_ops]
 
 
-def feed_rates(make, ops, repeats: int) -> tuple:
-    """(median ops/s by CPU time, by wall clock, the races of each repeat as (key, count) tuples)."""
-    cpu, wall, found = [], [], set()
-    for _ in range(repeats):
-        checker = make()
-        feed = checker.feed
-        t0, c0 = time.perf_counter(), time.process_time()
-        for op in ops:
-            feed(op)
-        wall.append(len(ops) / (time.perf_counter() - t0))
-        cpu.append(len(ops) / (time.process_time() - c0))
-        found.add(tuple((r.key, r.count) for r in checker.races))
-    if len(found) != 1:
-        raise SystemExit("checker results differ between repeats: it must be deterministic")
-    return statistics.median(cpu), statistics.median(wall), next(iter(found))
+def feed_once(make, ops) -> tuple:
+    """(ops/s by CPU time, by wall clock, the races as (key, count) tuples) of one checker fed `ops`."""
+    checker = make()
+    feed = checker.feed
+    t0, c0 = time.perf_counter(), time.process_time()
+    for op in ops:
+        feed(op)
+    cpu, wall = len(ops) / (time.process_time() - c0), len(ops) / (time.perf_counter() - t0)
+    return cpu, wall, tuple((r.key, r.count) for r in checker.races)
 
 
-def feed_and_report_seconds(make, ops, repeats: int) -> tuple:
-    """(median CPU seconds of feeding `ops` and reading races and hazards, the reports as dicts)."""
-    seconds = []
-    for _ in range(repeats):
-        c0 = time.process_time()
-        checker = make()
-        feed = checker.feed
-        for op in ops:
-            feed(op)
-        races, hazards = checker.races, checker.hazards
-        seconds.append(time.process_time() - c0)
-    return statistics.median(seconds), [r.to_dict() for r in races] + [h.to_dict() for h in hazards]
+def report_once(make, ops) -> tuple:
+    """(CPU seconds of feeding `ops` and reading races and hazards, the reports as dicts)."""
+    c0 = time.process_time()
+    checker = make()
+    feed = checker.feed
+    for op in ops:
+        feed(op)
+    races, hazards = checker.races, checker.hazards
+    return time.process_time() - c0, [r.to_dict() for r in races] + [h.to_dict() for h in hazards]
 
 
 def measure(title: str, ops, repeats: int) -> None:
-    python_cpu, python_wall, python_races = feed_rates(Checker, ops, repeats)
-    occurrences = sum(count for _, count in python_races)
-    print(f"{title}: {len(ops):,} ops, 4 streams, 1000 buffers, {len(python_races)} distinct races "
-          f"({occurrences:,} occurrences); medians of {repeats} repeats")
-    python_seconds, python_reports = feed_and_report_seconds(Checker, ops, repeats)
+    """Each repeat runs every checker once, one after the other, so a change of load hits both alike."""
+    makers = {"Python": Checker} if fast.NativeChecker is None else {"Python": Checker, "native": fast.NativeChecker}
+    cpu, wall, seconds = ({name: [] for name in makers} for _ in range(3))
+    races, reports = set(), []
+    for _ in range(repeats):
+        for name, make in makers.items():
+            rate, wall_rate, found = feed_once(make, ops)
+            cpu[name].append(rate)
+            wall[name].append(wall_rate)
+            races.add(found)
+            took, written = report_once(make, ops)
+            seconds[name].append(took)
+            if written not in reports:
+                reports.append(written)
+    if len(races) != 1 or len(reports) != 1:
+        raise SystemExit("checker results differ between repeats or between the checkers: they must not")
+    found = next(iter(races))
+    print(f"{title}: {len(ops):,} ops, 4 streams, 1000 buffers, {len(found)} distinct races "
+          f"({sum(count for _, count in found):,} occurrences); medians of {repeats} repeats")
+    median = statistics.median
     if fast.NativeChecker is None:
-        print(f"  feed: Python {python_cpu:,.0f} ops/s CPU ({python_wall:,.0f} wall); feed + reports "
-              f"{python_seconds:.3f} s CPU")
+        print(f"  feed: Python {median(cpu['Python']):,.0f} ops/s CPU ({median(wall['Python']):,.0f} wall); "
+              f"feed + reports {median(seconds['Python']):.3f} s CPU")
         print(f"  {fast.notice()}")
         return
-    native_cpu, native_wall, native_races = feed_rates(fast.NativeChecker, ops, repeats)
-    native_seconds, native_reports = feed_and_report_seconds(fast.NativeChecker, ops, repeats)
-    if native_races != python_races or native_reports != python_reports:
-        raise SystemExit("the native checker's reports differ from the Python checker's")
-    print(f"  feed, CPU:  Python {python_cpu:>11,.0f} ops/s   native {native_cpu:>11,.0f} ops/s   "
-          f"{native_cpu / python_cpu:5.1f}x")
-    print(f"  feed, wall: Python {python_wall:>11,.0f} ops/s   native {native_wall:>11,.0f} ops/s   "
-          f"{native_wall / python_wall:5.1f}x")
-    replay = " (the native one replays the trace into the Python checker once)" if python_races else ""
-    print(f"  feed + reports, CPU: Python {python_seconds:.3f} s   native {native_seconds:.3f} s   "
-          f"{python_seconds / native_seconds:5.1f}x{replay}")
+    ratio = [n / p for n, p in zip(cpu["native"], cpu["Python"])]
+    print(f"  feed, CPU:  Python {median(cpu['Python']):>11,.0f} ops/s   native {median(cpu['native']):>11,.0f} ops/s"
+          f"   {median(ratio):5.1f}x (median of the repeats' ratios; min {min(ratio):.1f}x)")
+    wall_ratio = [n / p for n, p in zip(wall["native"], wall["Python"])]
+    print(f"  feed, wall: Python {median(wall['Python']):>11,.0f} ops/s   native {median(wall['native']):>11,.0f} ops/s"
+          f"   {median(wall_ratio):5.1f}x")
+    replay = " (the native one replays the trace into the Python checker once)" if found else ""
+    speedup = [p / n for n, p in zip(seconds["native"], seconds["Python"])]
+    print(f"  feed + reports, CPU: Python {median(seconds['Python']):.3f} s   native {median(seconds['native']):.3f} s"
+          f"   {median(speedup):5.1f}x{replay}")
 
 
 def main() -> None:

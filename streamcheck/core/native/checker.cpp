@@ -932,7 +932,10 @@ PyObject* checker_feed(CheckerObject* self, PyObject* op) {
     // hb.py takes over with this operation (which it may refuse with TraceError): what the native side
     // saw of it is dropped, so the occurrences cover exactly the operations before it.
     core.occurrences.resize(before);
-    return PyObject_CallMethodOneArg(reinterpret_cast<PyObject*>(self), s_switch, Py_True);
+    PyObject* reference = PyObject_CallMethodOneArg(reinterpret_cast<PyObject*>(self), s_switch, Py_True);
+    if (reference == nullptr) return nullptr;
+    Py_DECREF(reference);
+    Py_RETURN_NONE;
 }
 
 PyObject* checker_take_ops(CheckerObject* self, PyObject*) {

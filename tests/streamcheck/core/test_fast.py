@@ -191,7 +191,7 @@ def feed_both(ops) -> tuple:
         errors = []
         for checker in (reference, native):
             try:
-                checker.feed(op)
+                assert checker.feed(op) is None
                 errors.append(None)
             except TraceError as exc:
                 errors.append(str(exc))
