@@ -20,8 +20,10 @@ hb.py stays the reference, and every report is its own:
 """
 from __future__ import annotations
 
+import hashlib
 import importlib
 import os
+from pathlib import Path
 from typing import Optional
 
 from . import hb
@@ -52,6 +54,7 @@ from .trace import (
 SWITCH = "STREAMCHECK_NATIVE_CHECKER"  # "0": check in Python (hb.Checker)
 
 _NATIVE = __package__ + "._checker_native"
+_SOURCE = Path(__file__).with_name("native") / "checker.cpp"
 try:
     _checker_native = importlib.import_module(_NATIVE)
 except ImportError as exc:
@@ -62,6 +65,12 @@ except ImportError as exc:
     else:
         _MISSING = f"{_NATIVE} does not load: {exc}; reinstall streamcheck (pip install -e .)"
 else:
+    if _SOURCE.exists() and getattr(_checker_native, "SOURCE_SHA256", None) != hashlib.sha256(
+            _SOURCE.read_bytes()).hexdigest():  # an editable install not rebuilt since checker.cpp changed
+        _checker_native = None
+        _MISSING = (f"{_NATIVE} was built from another version of {_SOURCE.name}; reinstall streamcheck "
+                    "(pip install -e .)")
+if _checker_native is not None:
     # The operation classes in the order of checker.cpp's OpType, the stream kinds in its StreamKindIndex's.
     _checker_native.configure(
         (ThreadStart, ThreadJoin, HandOff, TakeOver, StreamCreate, EventCreate, EventDestroy, EventRecord,

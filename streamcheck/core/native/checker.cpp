@@ -1110,6 +1110,12 @@ PyMODINIT_FUNC PyInit__checker_native(void) {
     if (intern_names() < 0) return nullptr;
     PyObject* module = PyModule_Create(&module_def);
     if (module == nullptr) return nullptr;
+#ifdef SOURCE_SHA256
+    if (PyModule_AddStringConstant(module, "SOURCE_SHA256", SOURCE_SHA256) < 0) {  // setup.py's hash of this file
+        Py_DECREF(module);
+        return nullptr;
+    }
+#endif
     PyObject* type = PyType_FromSpec(&checker_spec);
     if (type == nullptr || PyModule_AddObject(module, "Checker", type) < 0) {
         Py_XDECREF(type);

@@ -57,7 +57,9 @@ FAMILIES = {
 def traces(draw, max_ops: int = 60):
     """A trace that stays valid as it goes (every id known, every range inside a live buffer),
     with a few operations that make hb.Checker take over when `rare` allows them."""
-    site = lambda: CallSite("prog.py", draw(st.integers(1, N_SITES)))  # noqa: E731
+    def site() -> CallSite:
+        return CallSite("prog.py", draw(st.integers(1, N_SITES)))
+
     two_devices = draw(st.booleans())
     ops = []
     streams = []  # (id, device)
@@ -72,11 +74,9 @@ def traces(draw, max_ops: int = 60):
         ops.append(StreamCreate(0, site(), stream=len(streams), kind=draw(st.sampled_from(KIND_SPELLINGS[kind])),
                                 device=device, name=f"s{len(streams)}"))
         streams.append((len(streams), device))
-    events = {}  # id -> live
-    for event in range(1, draw(st.integers(1, 2)) + 1):
-        ops.append(EventCreate(0, site(), event=event))
-        events[event] = True
-    threads, joined, channels = [0], set(), set()
+    events = list(range(1, draw(st.integers(1, 2)) + 1))
+    ops += [EventCreate(0, site(), event=event) for event in events]
+    threads, channels = [0], set()
     live, freed, next_buffer = {}, {}, 0  # buffer id -> device
     families = draw(st.sets(st.sampled_from(sorted(FAMILIES))))
     enabled = ["launch"] * 3 + ["alloc"] + [tag for family in sorted(families) for tag in FAMILIES[family]]
@@ -93,7 +93,6 @@ def traces(draw, max_ops: int = 60):
         if draw(st.integers(0, 2)) == 0:  # a host thread issues a run of operations, then another one does
             thread = draw(st.sampled_from(threads))
         stream, device = draw(st.sampled_from(streams))
-        span = draw(st.sampled_from(SPANS))
 
         def ranges(max_size: int = 2) -> tuple:
             if not live:
@@ -114,21 +113,21 @@ def traces(draw, max_ops: int = 60):
         elif tag == "host" and live:
             ops.append(HostAccess(thread, site(), reads=ranges(), writes=ranges()))
         elif tag == "record":
-            ops.append(EventRecord(thread, site(), event=draw(st.sampled_from(sorted(events))), stream=stream))
+            ops.append(EventRecord(thread, site(), event=draw(st.sampled_from(events)), stream=stream))
         elif tag == "wait":  # perhaps before any record: a no-op
-            ops.append(StreamWait(thread, site(), stream=stream, event=draw(st.sampled_from(sorted(events)))))
+            ops.append(StreamWait(thread, site(), stream=stream, event=draw(st.sampled_from(events))))
         elif tag == "ssync":
             ops.append(StreamSync(thread, site(), stream=stream))
         elif tag == "squery":
             ops.append(StreamQuery(thread, site(), stream=stream, done=draw(st.booleans())))
         elif tag in ("esync", "equery"):
-            event = draw(st.sampled_from(sorted(events)))
+            event = draw(st.sampled_from(events))
             ops.append(EventSync(thread, site(), event=event) if tag == "esync"
                        else EventQuery(thread, site(), event=event, done=draw(st.booleans())))
         elif tag == "dsync":
             ops.append(DeviceSync(thread, site(), device=draw(st.integers(0, 1)) if two_devices else 0))
         elif tag == "edestroy":  # then the same id is created again: a new event, never recorded
-            event = draw(st.sampled_from(sorted(events)))
+            event = draw(st.sampled_from(events))
             ops.append(EventDestroy(thread, site(), event=event))
             ops.append(EventCreate(thread, site(), event=event))
         elif tag == "alloc" or (tag == "free" and not live):
@@ -424,13 +423,30 @@ def test_without_the_compiled_module_the_python_checker_runs_and_one_line_says_w
                "from streamcheck.core import fast, hb\n"
                "print(type(fast.new_checker()) is hb.Checker)\n"
                "print(fast.notice())\n")
-    env = dict(os.environ, PYTHONPATH=ROOT)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.pop(fast.SWITCH, None)
     out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=env, cwd=ROOT,
                          check=True).stdout.splitlines()
     assert out[0] == "True"
     assert out[1].startswith("streamcheck: native checker unavailable (streamcheck.core._checker_native ")
     assert out[1].endswith("): using the Python checker") and "pip install -e ." in out[1]
+
+
+def test_a_build_of_another_checker_cpp_is_refused_for_the_python_checker():
+    """An editable install not rebuilt after checker.cpp changed: its module carries the old source's hash."""
+    program = ("import sys, types\n"
+               "stale = types.ModuleType('streamcheck.core._checker_native')\n"
+               "stale.SOURCE_SHA256 = '0' * 64\n"
+               "sys.modules[stale.__name__] = stale\n"
+               "from streamcheck.core import fast, hb\n"
+               "print(type(fast.new_checker()) is hb.Checker)\n"
+               "print(fast.notice())\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop(fast.SWITCH, None)
+    out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=env, cwd=ROOT,
+                         check=True).stdout.splitlines()
+    assert out == ["True", "streamcheck: native checker unavailable (streamcheck.core._checker_native was built from "
+                   "another version of checker.cpp; reinstall streamcheck (pip install -e .)): using the Python checker"]
 
 
 def test_the_install_built_the_native_checker():
