@@ -631,6 +631,9 @@ def print_report(args, session, probe, sim: bool = False) -> None:
     """The recording's summary, what was not intercepted, the race report; then a confirmation
     rerun's verdict, or how to make the races strike."""
     print(session.summary(), file=sys.stderr)
+    from ..core.fast import notice
+    if notice():  # the Python checker stands in for the native one
+        print(notice(), file=sys.stderr)
     for problem in session.unpatched:
         print(f"streamcheck: not intercepted: {problem}", file=sys.stderr)
     print(session.report(width=report_width(sys.stderr)), file=sys.stderr)

@@ -1108,12 +1108,12 @@ class Checker:
         not strict, which allocation got the bytes (`reuse`), or that none did (`hazard`)."""
         edge, hint = self._explain_edge(first, first_access, owner, second, kind, op, buf)
         if reuse is not None:
-            src = self._owners[first[_OWNER]]
             by = f" on {self._streams[reuse.stream].label}" if reuse.stream in self._streams else ""
             edge += (f"; the allocation at {site_path(reuse.site)}{by} got these bytes before that use was ordered "
                      "before it")
             waiter = self._streams[reuse.stream].label if reuse.stream in self._streams else "the host"
-            hint += f"; or make {waiter} wait for {src.label} before the allocation at {site_path(reuse.site)}"
+            hint += (f"; or make {waiter} wait for {self.owner_label(first[_OWNER])} before the allocation at "
+                     f"{site_path(reuse.site)}")
         elif hazard:
             edge += ("; no allocation got these bytes in this run, so nothing was corrupted, but one that gets them "
                      "before that use is ordered before it would be")
@@ -1124,8 +1124,10 @@ class Checker:
         producer = f"`{first_access.name}` ({site_path(first_access.site)})"
         at = site_path(second.site)
         src, dst = self._owners[first[_OWNER]], self._owners[owner]
-        if kind == "FREE" and getattr(op, "pool", "") == "torch" and isinstance(src, _Stream):
-            # torch's caching allocator reuses the block on its allocation stream at once.
+        if kind == "FREE" and getattr(op, "pool", "") == "torch" and isinstance(src, _Stream) and isinstance(
+                dst, _Stream):
+            # torch's caching allocator reuses the block on its allocation stream at once (a host free reads
+            # as any host free, below).
             return (f"the caching allocator may hand the freed block to the next allocation on {dst.label} "
                     f"(freed at {at}) while {src.label} may still use it for {producer}; the block was "
                     f"never marked as used on {src.label}",
@@ -1159,8 +1161,9 @@ class Checker:
         hint = self._hint(src, first_access, dst, second)
         tick = first[_TICK]
         for event, wait_site, was_recorded in dst.waits.values():
-            # The event now covers the producer, but the wait came before that record.
-            if event.stream is src and event.state.get(src.owner, 0) >= tick:
+            # The event now covers the producer, but the wait came before that record (an event last
+            # recorded inside a capture has no state: it covers nothing).
+            if event.stream is src and event.state is not None and event.state.get(src.owner, 0) >= tick:
                 if not was_recorded:
                     return (f"{dst.label} waited on event `{event.name}` at {site_path(wait_site)} before it was ever "
                             f"recorded (it was recorded on {src.label} after {producer} only later); "

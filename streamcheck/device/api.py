@@ -58,6 +58,7 @@ import numpy as np
 
 from ..core import trace as T
 from ..core.capture import CaptureError, CapturedGraph, CaptureTracker
+from ..core.fast import new_checker
 from ..core.hb import Checker, PeerAccessError, format_hazards, format_report, peer_access_error
 from ..core.trace import CallSite, StreamKind
 from ..host_handoffs import Listener, listen as listen_to_hand_offs
@@ -287,7 +288,7 @@ class Device:
                               f"{self.backend.name} backend drives {limit} device{'s' if limit != 1 else ''} "
                               f"here, fewer than the {self.devices} asked for; several devices run on the sim "
                               f"(Device('sim', devices={self.devices}))")
-        self.checker: Optional[Checker] = Checker() if check else None
+        self.checker: Optional[Checker] = new_checker() if check else None
         self._peers: set = set()  # (device, peer): enable_peer_access(device, peer) was called
         self._lock = threading.RLock()
         self._next = {"stream": 1, "event": 1, "buffer": 1, "graph": 1, "thread": 1}

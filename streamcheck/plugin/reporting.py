@@ -102,7 +102,9 @@ def _show_header(config) -> list:
             or config.getoption("no_header", False)):
         return []
     config.stash[HEADER_SHOWN_KEY] = True
-    return [header_line(config)]
+    from ..core.fast import notice  # here, not at import: the plugin loads nothing until streamcheck is used
+    checker = notice()  # one line, only where the Python checker stands in for the native one
+    return [header_line(config)] + ([checker] if checker else [])
 
 
 def pytest_report_header(config) -> list:

@@ -23,6 +23,7 @@ from typing import Optional, Protocol
 
 from . import kernel_access
 from ..core import trace as T
+from ..core.fast import new_checker
 from ..core.hb import Checker, TraceError, format_hazards, format_report
 from ..core.schedule import graph_delay_name, seed_delays
 from .gpu import thread_state as _state
@@ -155,7 +156,7 @@ class Recorder:
         self.edits = None  # the sync audit's proof rerun (analyses.sync_audit.SyncEdits): syncs to skip
         self._decided = None  # the sync op a skip-capable call already put to `edits`
         self._replacement_events: dict = {}  # stream id -> (driver event, its trace id) the replacements record
-        self._checker: Optional[Checker] = Checker() if check else None
+        self._checker: Optional[Checker] = new_checker() if check else None
         self._checked = None  # with defer_checks(): how many trace records the checker has seen
         self.errors: list = []  # internal problems while recording (never raised into the program)
         self.refused: list = []  # (trace index, record, TraceError) the checker refused: a race can hide there

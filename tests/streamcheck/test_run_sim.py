@@ -71,6 +71,16 @@ def test_the_fixed_twin_is_clean_and_every_schedule_prints_the_same(script, caps
     assert "6 schedule(s) on the sim (delay, random, pct): 0 printed other output" in err
 
 
+def test_a_run_checking_in_python_says_so_in_one_line(script, capsys, monkeypatch):
+    line = "streamcheck: native checker unavailable (STREAMCHECK_NATIVE_CHECKER=0): using the Python checker"
+    monkeypatch.setenv("STREAMCHECK_NATIVE_CHECKER", "0")
+    assert cli.main(["run", "--backend", "sim", "--schedules", "0", script(FIXED)]) == 0
+    assert capsys.readouterr().err.count(line + "\n") == 1
+    monkeypatch.delenv("STREAMCHECK_NATIVE_CHECKER")
+    assert cli.main(["run", "--backend", "sim", "--schedules", "0", script(FIXED)]) == 0
+    assert "native checker" not in capsys.readouterr().err  # built here (tests/streamcheck/core/test_fast.py)
+
+
 def test_error_exitcode_when_a_race_is_found(script, capsys):
     assert cli.main(["run", "--backend", "sim", "--schedules", "0", "--error-exitcode", "9", script(RACY)]) == 9
 

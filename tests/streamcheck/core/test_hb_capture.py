@@ -213,6 +213,25 @@ def test_waiting_on_a_never_recorded_event_inside_a_capture_is_a_no_op():
     assert codes(p) == []
 
 
+def test_a_race_after_a_wait_on_an_event_last_recorded_inside_a_capture_names_the_missing_wait():
+    """B waited on `e` before any record; `e` was then recorded only inside a capture, which records
+    nothing on the device: the race's wording must not take that record for one that covers `produce`."""
+    p = CaptureProg()
+    p.stream("A")
+    p.stream("B")
+    p.alloc("x")
+    p.event("e")
+    p.launch("A", "produce", writes=["x"])
+    p.wait("B", "e")
+    p.begin("A")
+    p.record("e", "A")
+    p.end("A")
+    p.launch("B", "consume", reads=["x"])
+    [race] = p.checker().races
+    assert (race.kind, race.first.name, race.second.name) == ("RAW", "produce", "consume")
+    assert race.missing_edge.startswith("stream B never waited for an event recorded on stream A after `produce`")
+
+
 def test_two_captures_cannot_be_merged_and_both_are_invalidated():
     p = setup()
     p.begin("main", graph=1)

@@ -742,6 +742,30 @@ def test_a_reuse_race_names_the_use_the_free_and_the_allocation_that_got_the_byt
     assert p.checker().hazards == []  # reported as the race, not again as a hazard
 
 
+def test_a_reuse_race_with_a_host_threads_use_names_the_thread_in_the_fix():
+    p = two_streams()
+    p.thread_start(1, parent=0)
+    p.host(writes=["x"], thread=1, name="fill")
+    p.free("x", stream="A")
+    p.alloc("y", stream="B", reuses=["x"])
+    [race] = p.races()
+    assert (race.kind, race.first.actor, race.first.name) == ("FREE", "host thread 1", "fill")
+    assert race.hint.startswith("hand over from thread 1 after `fill`")
+    assert "; or make stream B wait for host thread 1 before the allocation at " in race.hint
+
+
+def test_a_torch_free_on_the_host_is_worded_as_any_host_free():
+    """The record_stream wording names the stream whose next allocation gets the block: a free on the
+    host has none, so it reads as a host free."""
+    p = two_streams()
+    p.launch("A", "use", reads=["x"])
+    p.free("x", pool="torch", strict=True)
+    [race] = p.races()
+    assert (race.kind, race.second.actor) == ("FREE", "host thread 0")
+    assert race.missing_edge.startswith("host thread 0 freed the memory at ")
+    assert race.hint.startswith("call stream A.synchronize()")
+
+
 def test_a_free_nothing_reuses_is_a_hazard_with_the_record_stream_fix():
     p = reuse_program("nothing reuses")
     checker = p.checker()

@@ -87,6 +87,19 @@ def test_a_foreign_suite_runs_the_same_with_and_without_the_plugin(pytester, not
         assert seen == {"modules": [], "visible": "0,1"}
 
 
+def test_the_header_says_in_one_line_when_the_python_checker_stands_in(pytester, monkeypatch):
+    pytester.makepyfile(test_plain="def test_plain(): pass")
+    line = "streamcheck: native checker unavailable (STREAMCHECK_NATIVE_CHECKER=0): using the Python checker"
+    monkeypatch.setenv("STREAMCHECK_NATIVE_CHECKER", "0")
+    lines = pytester.runpytest_inprocess("-p", "no:hypothesispytest", "--streamcheck-check=warn").stdout.lines
+    seed = next(i for i, text in enumerate(lines) if SEED_LINE.search(text))
+    assert lines[seed + 1] == line and lines.count(line) == 1
+    assert line not in pytester.runpytest_inprocess("-p", "no:hypothesispytest").stdout.lines  # unused: silent
+    monkeypatch.delenv("STREAMCHECK_NATIVE_CHECKER")
+    used = pytester.runpytest_inprocess("-p", "no:hypothesispytest", "--streamcheck-check=warn").stdout.str()
+    assert SEED_LINE.search(used) and "native checker" not in used  # built here (tests/streamcheck/core/test_fast.py)
+
+
 def test_header_and_seed_only_where_streamcheck_is_used(pytester):
     pytester.makepyfile(test_plain="def test_plain(): pass")
     plain = pytester.runpytest_inprocess("-p", "no:hypothesispytest")

@@ -1,0 +1,248 @@
+"""The checker real runs use: hb.Checker's rules compiled (native/checker.cpp, built at install as
+streamcheck.core._checker_native) where the build succeeded, hb.Checker itself where it did not or
+where STREAMCHECK_NATIVE_CHECKER=0. `new_checker()` is the one entry point; `notice()` is the one
+line a run prints when it checks in Python.
+
+hb.py stays the reference, and every report is its own:
+- the native side models threads and hand-offs, streams of every kind on every device, events,
+  waits, host synchronizations and queries, allocations with reuse, frees (strict, pending,
+  record_stream), launches, copies and host accesses, check for check as hb.Checker does. Any
+  other operation (stream capture, graph launches, peer access, a kernel touching another
+  device's memory), any operation hb.Checker refuses (TraceError) and any attribute NativeChecker
+  does not answer itself (sync_clocks, thread_owner, owner_label, setting on_race, ...) make
+  hb.Checker take over: every operation fed so far is replayed into a fresh one, which answers
+  everything from then on (the refused operation is fed last, so it raises hb.py's own error).
+- the native side keeps each race occurrence as operation indices and a kind. Reading `races`,
+  `hazards` or `witness` of a run that found one hands over the same way, so report texts are
+  hb.py's by construction: a racy run pays the Python replay once (and goes on in Python), a
+  clean run never does. The replay asserts the native occurrences equal hb.Checker's (on_race:
+  every occurrence, first and second operation and Race.key), in order.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os
+from pathlib import Path
+from typing import Optional
+
+from . import hb
+from .trace import (
+    Alloc,
+    Copy,
+    DeviceSync,
+    EventCreate,
+    EventDestroy,
+    EventQuery,
+    EventRecord,
+    EventSync,
+    Free,
+    HandOff,
+    HostAccess,
+    ImplicitSync,
+    Launch,
+    StreamCreate,
+    StreamKind,
+    StreamQuery,
+    StreamSync,
+    StreamWait,
+    TakeOver,
+    ThreadJoin,
+    ThreadStart,
+)
+
+SWITCH = "STREAMCHECK_NATIVE_CHECKER"  # "0": check in Python (hb.Checker)
+
+_NATIVE = __package__ + "._checker_native"
+_SOURCE = Path(__file__).with_name("native") / "checker.cpp"
+try:
+    _checker_native = importlib.import_module(_NATIVE)
+except ImportError as exc:
+    _checker_native = None
+    if isinstance(exc, ModuleNotFoundError) and exc.name == _NATIVE:  # the install could not compile it
+        _MISSING = (f"{_NATIVE} is not built; reinstall streamcheck where a C++ compiler and Python's headers "
+                    "are found (pip install -e .)")
+    else:
+        _MISSING = f"{_NATIVE} does not load: {exc}; reinstall streamcheck (pip install -e .)"
+else:
+    if _SOURCE.exists() and getattr(_checker_native, "SOURCE_SHA256", None) != hashlib.sha256(
+            _SOURCE.read_bytes()).hexdigest():  # an editable install not rebuilt since checker.cpp changed
+        _checker_native = None
+        _MISSING = (f"{_NATIVE} was built from another version of {_SOURCE.name}; reinstall streamcheck "
+                    "(pip install -e .)")
+if _checker_native is not None:
+    # The operation classes in the order of checker.cpp's OpType, the stream kinds in its StreamKindIndex's.
+    _checker_native.configure(
+        (ThreadStart, ThreadJoin, HandOff, TakeOver, StreamCreate, EventCreate, EventDestroy, EventRecord,
+         StreamWait, StreamSync, EventSync, StreamQuery, EventQuery, DeviceSync, Alloc, Free, Launch, Copy,
+         HostAccess, ImplicitSync),
+        (StreamKind.LEGACY, StreamKind.PER_THREAD, StreamKind.BLOCKING, StreamKind.NON_BLOCKING),
+        StreamKind.parse)
+
+
+def unavailable() -> Optional[str]:
+    """Why this process checks in Python (hb.Checker), or None when new_checker() gives the native one."""
+    if os.environ.get(SWITCH) == "0":
+        return f"{SWITCH}=0"
+    if _checker_native is None:
+        return _MISSING
+    return None
+
+
+def notice() -> str:
+    """The one line a run prints when it checks in Python; "" when the native checker runs."""
+    why = unavailable()
+    return f"streamcheck: native checker unavailable ({why}): using the Python checker" if why else ""
+
+
+def new_checker():
+    """A checker for a real run: NativeChecker where it is built, else hb.Checker (same races, same reports)."""
+    return hb.Checker() if unavailable() else NativeChecker()
+
+
+if _checker_native is not None:
+    class NativeChecker(_checker_native.Checker):
+        """hb.Checker's interface over the compiled core (`feed` is the C++ one): what the native side
+        knows it answers, anything else hands over to hb.Checker (see the module's docstring)."""
+
+        def __init__(self) -> None:
+            self._keys: dict = {}  # Race.key of every occurrence seen so far (distinct_races)
+            self._keyed = 0  # how many occurrences _keys has seen
+
+        def _switch(self, pending: bool = False) -> hb.Checker:
+            """Hand everything over to a fresh hb.Checker fed the same operations (called by feed, with
+            `pending`, for an operation the native side does not check: it is fed last, and raises what
+            hb.Checker raises for it)."""
+            reference = self._reference
+            if reference is not None:
+                return reference
+            ops = self._ops
+            reference = hb.Checker()
+            if __debug__:  # the native occurrences must be hb.Checker's, in order (python -O skips this)
+                native, found = self.occurrences(), []
+                reference.on_race = lambda first, second, key: found.append((first, second, key))
+            try:
+                for index in range(len(ops) - 1 if pending else len(ops)):
+                    reference.feed(ops[index])
+            finally:
+                reference.on_race = None
+                self._take_ops()
+                self._hand_over(reference)
+            assert same_occurrences(native, found), _difference(native, found, ops)
+            if pending:
+                reference.feed(ops[-1])
+            return reference
+
+        def occurrences(self) -> Optional[list]:
+            """Every race occurrence so far as hb.Checker's on_race would have been told it, in order:
+            (first operation, second operation, Race.key). None once hb.Checker took over."""
+            ops = self._ops
+            if ops is None:
+                return None
+            return [(ops[first], ops[second], (kind, ops[first].site.place, ops[key_second].site.place))
+                    for first, second, key_second, kind in self._occurrences(0)]
+
+        def __getattr__(self, name: str):
+            # Only what the class does not define gets here: hb.Checker's other attributes.
+            if name.startswith("__"):
+                raise AttributeError(name)
+            return getattr(self._switch(), name)
+
+        @property
+        def races(self) -> list:
+            reference = self._reference
+            if reference is None:
+                if not self._occurrence_count:
+                    return []
+                reference = self._switch()
+            return reference.races
+
+        @property
+        def hazards(self) -> list:
+            reference = self._reference
+            if reference is None:
+                if not self._has_hazards():
+                    return []
+                reference = self._switch()
+            return reference.hazards
+
+        def witness(self, race, latest: bool = False) -> Optional[tuple]:
+            reference = self._reference
+            if reference is None:
+                if not self._occurrence_count:
+                    return None
+                reference = self._switch()
+            return reference.witness(race, latest)
+
+        @property
+        def distinct_races(self) -> int:
+            reference = self._reference
+            if reference is not None:
+                return reference.distinct_races
+            count = self._occurrence_count
+            if count != self._keyed:  # Race.key of the new occurrences (a stop test reads this per operation)
+                ops = self._ops
+                for first, _, second, kind in self._occurrences(self._keyed):
+                    self._keys[(kind, ops[first].site.place, ops[second].site.place)] = None
+                self._keyed = count
+            return len(self._keys)
+
+        @property
+        def on_race(self):
+            reference = self._reference
+            return reference.on_race if reference is not None else None
+
+        @on_race.setter
+        def on_race(self, callback) -> None:
+            if callback is None and self._reference is None:
+                return  # nothing to call: stay native
+            self._switch().on_race = callback
+
+        # What the native side never has: capture and peer-access errors, captures and graphs (their
+        # operations hand over first).
+        @property
+        def capture_errors(self) -> list:
+            reference = self._reference
+            return reference.capture_errors if reference is not None else []
+
+        @property
+        def peer_errors(self) -> list:
+            reference = self._reference
+            return reference.peer_errors if reference is not None else []
+
+        def capturing(self, stream: int) -> Optional[int]:
+            reference = self._reference
+            return reference.capturing(stream) if reference is not None else None
+
+        def has_graph(self, graph_id: int) -> bool:
+            reference = self._reference
+            return reference.has_graph(graph_id) if reference is not None else False
+
+        def captured_graph(self, graph_id: int):
+            reference = self._reference
+            return reference.captured_graph(graph_id) if reference is not None else None
+
+        @property
+        def native(self) -> bool:
+            """Whether the compiled core still checks (False once hb.Checker took over)."""
+            return self._reference is None
+else:
+    NativeChecker = None
+
+
+def same_occurrences(mine: list, theirs: list) -> bool:
+    """Whether two lists of (first op, second op, Race.key) name the same operations (by identity:
+    two equal records are still two operations) and keys, in the same order."""
+    return len(mine) == len(theirs) and all(
+        a is c and b is d and key == other for (a, b, key), (c, d, other) in zip(mine, theirs))
+
+
+def _difference(native: list, found: list, ops: list) -> str:
+    """Where the native checker's occurrences and hb.Checker's part, for the assertion."""
+    index = {id(op): i for i, op in enumerate(ops)}
+    mine, theirs = ([(index[id(a)], index[id(b)], key) for a, b, key in side] for side in (native, found))
+    for i, (a, b) in enumerate(zip(mine, theirs)):
+        if a != b:
+            return f"native checker and hb.Checker differ at race occurrence {i}: {a} != {b} (operation indices, key)"
+    return (f"native checker found {len(mine)} race occurrences, hb.Checker {len(theirs)}; the first "
+            f"{min(len(mine), len(theirs))} agree")
