@@ -17,12 +17,14 @@ end of each special operator (the observer calls `special_end`), so the trace st
 """
 from __future__ import annotations
 
+import os
 import threading
 
 from .. import gpu as _gpu
 from .. import native
 from ...core import trace as T
 from . import torch_ops
+from .threads import add_context
 from .torch_ops import Ops, native_description, register_storage
 
 
@@ -221,3 +223,29 @@ def stop(recording: NativeRecording) -> None:
             _gpu.native_pause = None
         if rec.pending == recording.drain:
             rec.pending = None
+
+
+def install(rec, patcher) -> None:
+    """Record `rec`'s torch operators through the native observer where it can be had and nothing
+    must run before each operator is issued (a delay, a race-confirmation probe: the dispatch mode
+    runs those); else the dispatch mode records them (torch_ops.install), and a notice says why,
+    unless STREAMCHECK_NATIVE_RECORD=0 chose it."""
+    if "torch" not in rec.state or rec.intercepts:  # torch_runtime refused this torch (notice given)
+        return
+    observer = native.load()
+    if observer is None:
+        if os.environ.get(native.SWITCH) != "0":
+            rec.notice(f"torch operators are recorded through Python, about 7 µs each (the native observer is "
+                       f"unavailable: {native.unavailable_reason()})")
+        return
+    recording = rec.state["torch_native"] = start(rec, rec.gpu.torch, observer)
+    add_context(rec, lambda: ObservedThread(observer), patcher)
+
+    def undo():
+        stop(recording)
+        rec.state.pop("torch_native", None)
+    patcher.on_undo(undo)
+
+
+def patches() -> tuple:
+    return ()

@@ -57,6 +57,10 @@ _LAYOUT_ONLY = frozenset({"aten.ones_like.default", "aten.zeros_like.default", "
                           "aten.new_full.default"})
 _COPIES = frozenset({"aten.copy_.default", "aten._to_copy.default", "aten._copy_from.default",
                      "aten._copy_from_and_resize.default"})
+# Autograd's own bookkeeping, whose schema says "written": `detach_` changes a tensor's autograd
+# metadata in its autograd kernel and dispatches no further (no kernel touches the bytes; a dispatch
+# mode sees it only with autograd off). Not an operator of the trace.
+_METADATA_ONLY = frozenset({"aten.detach_.default"})
 
 
 # torch's own operators: their schemas are exact, and their implementations are not the program's.
@@ -426,7 +430,8 @@ def native_description(func, backend: str) -> tuple:
     """What the native observer (record/native/observer.cpp) needs to know of operator overload
     `func`, from this module's rules: (flags, written per schema argument, index of the `device`
     argument, of the `pin_memory` argument; -1 where it has none). Flags as record/native names them."""
-    from ..native import (AUTOCAST, COPY, HOST_OUTPUT, LAYOUT_ONLY, MATH, NO_ACCESS, READING, SPECIAL, VIEW)
+    from ..native import (AUTOCAST, COPY, HOST_OUTPUT, IGNORED, LAYOUT_ONLY, MATH, NO_ACCESS, READING, SPECIAL,
+                          VIEW)
     import torch
 
     schema = operator_schema(func)
@@ -445,10 +450,12 @@ def native_description(func, backend: str) -> tuple:
     host_value = bool(_host_value_kind(func))
     if name in _COPIES:
         flags |= COPY | READING
-    if (func.namespace not in _TORCH_NAMESPACES or host_value or name in _SPECIAL):
+    if func.namespace not in _TORCH_NAMESPACES or host_value or name in _SPECIAL:
         flags |= SPECIAL  # _record's own rules: custom operators, host reads and waits, record_stream
     if host_value or name == "aten._local_scalar_dense.default":
         flags |= READING
+    if name in _METADATA_ONLY:
+        flags |= IGNORED
     names = [a.name for a in func._schema.arguments]
     if "pin_memory" in names or name == "aten._pin_memory.default":
         flags |= HOST_OUTPUT
@@ -480,11 +487,11 @@ def make_mode(rec, torch, ops=None, backend: str = "CUDA"):
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
-            if R.current is not rec or is_suppressed() or R.depth():
+            if R.current is not rec or is_suppressed() or R.depth() or str(func) in _METADATA_ONLY:
                 return func(*args, **kwargs)
-            if is_math_kernel(func, backend):  # with autograd off: the operators it calls, as with it on
+            if is_math_kernel(func, backend):  # with autograd off: the operators its C++ kernel calls, as with it on
                 with self:
-                    return func.decompose(*args, **kwargs)
+                    return func._op_dk(torch._C.DispatchKey.CompositeImplicitAutograd, *args, **kwargs)
             return ops.call(func, args, kwargs)
 
     return RecordingMode()
@@ -494,20 +501,25 @@ def skip_torch_wrappers(torch) -> None:
     """torch wraps every dispatch mode's __torch_dispatch__ in torch._disable_dynamo
     (TorchDispatchMode.__init_subclass__): torch/_compile.py's `inner` calls torch._dynamo.disable's
     `_fn` (eval_frame.py, which wraps each torch.compile'd function too). Those frames only forward
-    a call: a report names the user's line, not `through torch/_dynamo/eval_frame.py`."""
+    a call: a report names the user's line, not `through torch/_dynamo/eval_frame.py`. So do the
+    frames through which torch dispatches in Python: an operator's `decompose` (make_mode's), a custom
+    operator's autograd and ADInplaceOrView kernels and their `redispatch` (a dispatch mode is called
+    from inside them, the native observer where the program called the operator)."""
     root = os.path.dirname(torch.__file__)
     T.skip_wrapper_frames(os.path.join(root, "_compile.py"), "inner")
     T.skip_wrapper_frames(os.path.join(root, "_dynamo", "eval_frame.py"), "_fn")
+    T.skip_wrapper_frames(os.path.join(root, "_ops.py"), "decompose", "redispatch")
+    T.skip_wrapper_frames(os.path.join(root, "_library", "custom_ops.py"), "adinplaceorview_impl")
+    T.skip_wrapper_frames(os.path.join(root, "_library", "autograd.py"), "autograd_impl", "forward_no_grad")
 
 
 def install(rec, patcher) -> None:
-    """Record torch's operators for `rec`: through the native observer (record/native: C++ callbacks,
-    torch_native.py) where it can be had and no delay or probe must run before each operator is
-    issued, else through the dispatch mode (the reference; STREAMCHECK_NATIVE_RECORD=0 chooses it)."""
+    """Record torch's operators for `rec` through the dispatch mode (the reference), unless the
+    native observer records them (torch_native.install, which runs first)."""
     torch = rec.gpu.torch
     if "torch" not in rec.state:  # torch_runtime refused this torch (notice given)
         return
-    if not rec.intercepts and _install_native(rec, torch, patcher):
+    if "torch_native" in rec.state:
         return
     mode = make_mode(rec, torch)
     mode.__enter__()
@@ -519,25 +531,6 @@ def install(rec, patcher) -> None:
         except Exception:  # left on another thread's stack already: nothing to undo
             pass
     patcher.on_undo(leave)
-
-
-def _install_native(rec, torch, patcher) -> bool:
-    """The native observer for `rec`, if it can be had; else one notice of why (not when turned off)."""
-    from .. import native
-
-    observer = native.load()
-    if observer is None:
-        reason = native.unavailable_reason()
-        if os.environ.get(native.SWITCH) != "0":
-            rec.notice(f"torch operators are recorded through Python, about 7 µs each (the native observer, "
-                       f"{native.SWITCH}=1, is unavailable: {reason})")
-        return False
-    from . import torch_native
-
-    recording = torch_native.start(rec, torch, observer)
-    add_context(rec, lambda: torch_native.ObservedThread(observer), patcher)
-    patcher.on_undo(lambda: torch_native.stop(recording))
-    return True
 
 
 def _numpy(orig):

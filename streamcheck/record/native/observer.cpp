@@ -439,7 +439,10 @@ Frame& push(ThreadState& ts, FrameKind kind) {
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   ThreadState& ts = thread_state;
   bool inside = ts.depth > 0 && ts.frames[ts.depth - 1].kind != kTransparent;
-  if (inside || ts.paused > 0 || !enabled.load(std::memory_order_relaxed)) {
+  // Operators torch runs with the Python key excluded (torch.tensor()'s own copy of its data) are hidden
+  // from dispatch modes: from this observer too, so that both paths record the same operators.
+  if (inside || ts.paused > 0 || !enabled.load(std::memory_order_relaxed) ||
+      c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::Python)) {
     push(ts, kOpaque);
     return nullptr;
   }

@@ -18,48 +18,14 @@ torch = pytest.importorskip("torch")
 
 from streamcheck.record import native, recorder as R  # noqa: E402
 from streamcheck.record.adapters import torch_graphs, torch_native, torch_ops, torch_runtime  # noqa: E402
-from streamcheck.record.adapters.cuda_device import CudaGpu  # noqa: E402
 from streamcheck.core import trace as T  # noqa: E402
 from streamcheck.record.host_views import HostView  # noqa: E402
 import numpy as np  # noqa: E402
 
+from . import stand_in  # noqa: E402
+from .stand_in import CpuStandsInForCuda, stand_in_gpu  # noqa: E402,F401 (also the other tests' names here)
+
 A, B = 0x10, 0x20  # two torch streams (cudaStream_t)
-
-
-class CpuStandsInForCuda(torch_ops.Ops):
-    """Every CPU tensor is a CUDA tensor, except those in `pinned` (pinned host memory) and in
-    `pageable` (ordinary host memory, which the recording does not track), by storage address.
-
-    The caching allocator tells a recording when a block is freed (torch_runtime._deallocated, which
-    a test calls where the program drops a tensor); CPU memory has no such callback. So the stand-in
-    keeps every storage it registered for the recording's life: the CPU allocator cannot hand an
-    address the recording still files under a dead tensor to a new one (whose writes would then
-    race with the dead tensor's, whenever the CPU allocator happened to reuse it)."""
-
-    def __init__(self, rec, torch):
-        super().__init__(rec, torch)
-        self.pinned: set = set()
-        self.pageable: set = set()
-        self.kept: list = []  # the storages registered so far
-
-    def _kind(self, t):
-        ptr = t.untyped_storage().data_ptr()
-        if t.numel() == 0 or ptr in self.pageable:
-            return ""
-        return "host" if ptr in self.pinned else "cuda"
-
-    def register(self, t, kind, fresh=False):
-        super().register(t, kind, fresh)
-        self.kept.append(t.untyped_storage())
-
-
-def stand_in_gpu() -> CudaGpu:
-    """The recorder's Gpu for the stand-in: the CUDA driver is never asked, so the fake stream
-    handles (A, B) reach no real driver on a machine that has one (cuStreamGetFlags on a made-up
-    handle is a segmentation fault there, not an error)."""
-    gpu = CudaGpu(torch=torch)
-    gpu.driver.lib = None
-    return gpu
 
 
 def harness(monkeypatch, path: str = "python"):
@@ -72,6 +38,7 @@ def harness(monkeypatch, path: str = "python"):
         if observer is None:
             pytest.skip(f"no native observer here: {native.unavailable_reason()}")
     rec = R.Recorder(stand_in_gpu())
+    stand_in.machinery(rec)
     monkeypatch.setattr(R, "current", rec)
     rec.state["torch"] = torch_runtime.TorchState()
     current = {"stream": A}
