@@ -238,7 +238,13 @@ def install(rec, patcher) -> None:
             rec.notice(f"torch operators are recorded through Python, about 7 µs each (the native observer is "
                        f"unavailable: {native.unavailable_reason()})")
         return
-    recording = rec.state["torch_native"] = start(rec, rec.gpu.torch, observer)
+    recording = start(rec, rec.gpu.torch, observer)
+    if not observer.stream_handles():  # streams would be c10's ids, not the cudaStream_t the recorder names
+        stop(recording)
+        rec.notice("torch operators are recorded through Python, about 7 µs each (the native observer is "
+                   f"unavailable: torch {rec.gpu.torch.__version__}'s CUDA guard gives no stream handles)")
+        return
+    rec.state["torch_native"] = recording
     add_context(rec, lambda: ObservedThread(observer), patcher)
 
     def undo():

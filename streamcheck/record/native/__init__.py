@@ -50,6 +50,7 @@ class Observer:
         self.path = path
         self._enable = f("enable", ctypes.c_int, ctypes.c_int, obj, obj, obj, obj, ctypes.c_int)
         self.disable = f("disable", None)
+        self.stream_handles = f("stream_handles", ctypes.c_int)
         self.observe_thread = f("observe_thread", ctypes.c_int, ctypes.c_int)
         self.thread_has_callbacks = f("thread_has_callbacks", ctypes.c_int)
         self.pause = f("pause", None, ctypes.c_int)
@@ -103,10 +104,10 @@ def load() -> Optional[Observer]:
     """The observer, built and loaded once per process; None where it cannot be had (the reason:
     unavailable_reason). Needs torch imported (the library links to its libraries)."""
     global _observer, _failure
-    if _observer is not None or _failure:
-        return _observer
     if os.environ.get(SWITCH) == "0":
         return None
+    if _observer is not None or _failure:
+        return _observer
     try:
         path = native_build.build(LIBRARY)
         observer = Observer(path)

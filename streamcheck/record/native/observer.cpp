@@ -713,6 +713,12 @@ int streamcheck_native_enable(int device_type, PyObject* describe, PyObject* cla
   return 0;
 }
 
+// Whether the records' streams are the device's native handles (cudaStream_t), as the recorder names streams
+// (set by enable; a device type without them, CPU, gives stream ids).
+int streamcheck_native_stream_handles() {
+  return native_streams;
+}
+
 // Stop recording: every thread's callback goes inert at once (each thread removes its own with observe_thread(0)).
 void streamcheck_native_disable() {
   enabled.store(false);
