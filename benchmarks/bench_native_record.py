@@ -11,9 +11,13 @@ observation is host work, the same for CUDA tensors), side by side in one proces
 - rf-record: a thread-local callback that records what the recorder needs (benchmarks/
   native_record_probe.cpp): the operator, each tensor argument's byte span and storage and whether
   the schema writes it, the outputs, the current stream, the calling Python frame (code, offset);
-- observer: streamcheck's observer (streamcheck/record/native/observer.cpp) recording into its
-  buffer, with stack ids to the user's frame; observer+drain adds the Python drain that turns its
-  records into trace records of a recorder (on a stand-in GPU), amortized over each step.
+- python-path: the recorder's Python path, the dispatch mode turning each operator into trace
+  records (torch_ops.make_mode; CPU tensors standing in for CUDA ones, into a recorder on a
+  stand-in GPU, with no checker: the checker's cost is the same for both paths);
+- native-path: the native observer (streamcheck/record/native/observer.cpp) and its drain
+  (record/adapters/torch_native.py) into the same kind of recorder, drained after each step (at a
+  synchronization, as in a program); observer-only: the C++ side alone (the records drained after
+  the timing).
 
 The step is a small decode-like mix of operators on small tensors (in place, out=, fresh outputs, a
 view written through, a TensorList, a reduction); each mode runs it `--steps` times per repeat, the
@@ -102,11 +106,51 @@ class Probe:
         return On()
 
 
-def observer_mode(torch, drain: bool):
-    """streamcheck's observer on CPU tensors, into a recorder on a stand-in GPU (drained per step when asked)."""
-    from streamcheck.record.native import recording as native_recording
+class Recording:
+    """A recorder on a stand-in GPU, its operators recorded through `path` ("python" or "native"),
+    CPU tensors standing in for CUDA tensors on one stream; `drain`: after each step (native)."""
 
-    return native_recording.benchmark_context(torch, drain=drain)
+    STREAM = 0x10
+
+    def __init__(self, torch, path: str, drain: bool = True):
+        self.torch, self.path, self.drain = torch, path, drain
+        self.after_step = None
+
+    def __enter__(self):
+        from streamcheck.record import native, recorder as R
+        from streamcheck.record.adapters import torch_native, torch_ops, torch_runtime
+        from streamcheck.record.adapters.cuda_device import CudaGpu
+
+        class CpuAsDevice(torch_ops.Ops):
+            def _kind(self, t):
+                return "cuda" if t.numel() else ""
+
+        torch_ops.current_stream_ptr = lambda torch, device=None: self.STREAM  # one stand-in stream
+        gpu = CudaGpu(torch=self.torch)
+        gpu.driver.lib = None
+        rec = self.rec = R.Recorder(gpu, check=False)
+        R.current = rec
+        rec.state["torch"] = torch_runtime.TorchState()
+        rec.register_stream(self.STREAM, rec.site(), fresh=True, short="stand-in")
+        ops = CpuAsDevice(rec, self.torch)
+        if self.path == "python":
+            self.mode = torch_ops.make_mode(rec, self.torch, ops, backend="CPU")
+            self.mode.__enter__()
+        else:
+            self.recording = torch_native.start(rec, self.torch, native.load(), ops, device="cpu",
+                                                stream_pointer=lambda handle: self.STREAM)
+            self.after_step = rec.flush if self.drain else None
+        return self
+
+    def __exit__(self, *exc):
+        from streamcheck.record import recorder as R
+        from streamcheck.record.adapters import torch_native
+
+        if self.path == "python":
+            self.mode.__exit__(*exc)
+        else:
+            torch_native.stop(self.recording)
+        R.current = None
 
 
 def run(step, context, steps: int) -> tuple:
@@ -115,9 +159,15 @@ def run(step, context, steps: int) -> tuple:
     if context is None:
         context = contextlib.nullcontext()
     with context:
+        after = getattr(context, "after_step", None)
         t0, c0 = time.perf_counter(), time.thread_time()
-        for _ in range(steps):
-            step()
+        if after is None:
+            for _ in range(steps):
+                step()
+        else:
+            for _ in range(steps):
+                step()
+                after()
         t1, c1 = time.perf_counter(), time.thread_time()
     return (t1 - t0) / steps * 1e6, (c1 - c0) / steps * 1e6
 
@@ -141,13 +191,14 @@ def main(argv=None) -> int:
         "rf-noop-global": lambda: probe.mode(full=False, global_=True),
         "rf-record": lambda: probe.mode(full=True, global_=False),
     }
-    try:
-        from streamcheck.record.native import recording as native_recording  # noqa: F401
+    from streamcheck.record import native
 
-        modes["observer"] = lambda: observer_mode(torch, drain=False)
-        modes["observer+drain"] = lambda: observer_mode(torch, drain=True)
-    except ImportError:
-        pass
+    modes["python-path"] = lambda: Recording(torch, "python")
+    if native.load() is not None:
+        modes["native-path"] = lambda: Recording(torch, "native")
+        modes["observer-only"] = lambda: Recording(torch, "native", drain=False)
+    else:
+        print(f"(no native observer here: {native.unavailable_reason()})")
     for make in modes.values():  # warm-up: builds, caches, first calls
         run(step, make(), 50)
     probe.lib.probe_clear()

@@ -197,6 +197,7 @@ class Recorder:
         self._named_events = 0
         self._starts: list = []  # sorted allocation starts
         self._allocs: list = []  # _Alloc in the same order
+        self._pool_at: dict = {}  # start -> the live allocation there that is not external (allocation_at)
         self._next_buffer = 1
         self._alloc_serial = 0
         self._deferred: list = []  # frees that arrived while the lock was held: (alloc, thread, site)
@@ -480,6 +481,8 @@ class Recorder:
             i = bisect.bisect_left(self._starts, start)
             self._starts.insert(i, start)
             self._allocs.insert(i, alloc)
+            if not external:
+                self._pool_at[start] = alloc
             reuses = () if external or not self._freed else self._take_freed(start, start + size)
         self.record(T.Alloc(tid, site, buffer=bid, nbytes=size, name=name.format(id=bid), stream=stream,
                             reuses=reuses))
@@ -549,14 +552,7 @@ class Recorder:
         """The live allocation that starts at `ptr` (pools free by their block's address)."""
         if self.pending is not None:
             self.flush()  # the native observer's records may register it
-        with self._lock:
-            i = bisect.bisect_left(self._starts, ptr)
-            while i < len(self._starts) and self._starts[i] == ptr:
-                alloc = self._allocs[i]
-                if not alloc.external:
-                    return alloc
-                i += 1
-        return None
+        return self._pool_at.get(ptr)
 
     def allocation_of(self, obj) -> Optional[_Alloc]:
         """The allocation holding array `obj`, if the recording knows it."""
@@ -595,6 +591,14 @@ class Recorder:
                 return
             del self._starts[i]
             del self._allocs[i]
+            if self._pool_at.get(alloc.start) is alloc:
+                del self._pool_at[alloc.start]
+                for other in self._allocs[i:]:  # another one there (bisect order: the latest first)
+                    if other.start != alloc.start:
+                        break
+                    if not other.external:
+                        self._pool_at[alloc.start] = other
+                        break
             j = bisect.bisect_left(self._freed_starts, alloc.start)
             self._freed_starts.insert(j, alloc.start)
             self._freed.insert(j, (alloc.start, alloc.stop, alloc.id))
@@ -645,6 +649,10 @@ class Recorder:
             alloc = self._external(start, stop)
             if alloc is None:
                 return Range(self._unmapped, start, stop)
+        return self.range_in(alloc, start, stop)
+
+    def range_in(self, alloc: _Alloc, start: int, stop: int) -> Range:
+        """Addresses [start, stop) of allocation `alloc` as a Range (one object per bytes)."""
         key = (start, stop)
         rng = alloc.ranges.get(key)
         if rng is None:

@@ -144,29 +144,40 @@ class NativeRecording:
                 resolver.release(previous)
 
     def _launch(self, op: int, stream: int, flags: int, accesses) -> None:
-        """torch_ops.Ops._record's ordinary operator, from a record."""
+        """torch_ops.Ops._record's ordinary operator, from a record: the stream (when known before the
+        operator ran), the storages registered (the reads', the writes', then the fresh outputs'), the
+        launch reading what it does not write."""
         rec = self.rec
         pointer = self.stream_pointer(stream)
         sid = rec.sid(pointer) if flags & native.STREAM_BEFORE else None
         site, tid = rec.site(), rec.tid()
-        reads = [a for a in accesses if a[5] == native.READ]
-        writes = [a for a in accesses if a[5] == native.WRITTEN]
-        fresh = [a for a in accesses if a[5] == native.FRESH]
+
         def current():  # the stream to file a block allocated before the recording under
             return pointer
-        for _, _, base, nbytes, _, _ in reads + writes:
-            register_storage(rec, base, nbytes, "cuda", False, current)
-        for _, _, base, nbytes, _, _ in fresh:
-            register_storage(rec, base, nbytes, "cuda", True, current)
+        spans = ([], [], [])  # (allocation, lo, hi) read, written, fresh
+        for role in (native.READ, native.WRITTEN, native.FRESH):
+            into = spans[role]
+            for lo, hi, base, nbytes, _, their_role in accesses:
+                if their_role == role:
+                    into.append((register_storage(rec, base, nbytes, "cuda", role == native.FRESH, current), lo, hi))
         if self.flags[op] & native.NO_ACCESS:
             return
-        writes += fresh
         if sid is None:  # a factory: its output says where it ran
             sid = rec.sid(pointer)
-        written = rec.span_ranges((a[0], a[1]) for a in writes)
+        written, read = self._ranges(spans[1] + spans[2]), self._ranges(spans[0])
         rec.record(T.Launch(tid, site, stream=sid, name=self.names[op],
-                            reads=tuple(r for r in rec.span_ranges((a[0], a[1]) for a in reads) if r not in written),
-                            writes=written))
+                            reads=tuple(r for r in read if r not in written) if written else read, writes=written))
+
+    def _ranges(self, spans) -> tuple:
+        """Recorder.ranges of the spans, each in the allocation of its tensor's storage."""
+        rec, out = self.rec, []
+        for alloc, lo, hi in spans:
+            if lo == hi:  # an empty tensor spans no bytes
+                continue
+            rng = rec.range_in(alloc, lo, hi) if alloc is not None else rec.span_range(lo, hi)
+            if all(rng is not seen for seen in out):
+                out.append(rng)
+        return tuple(out)
 
     def _replay(self, op: int, slot: int, stream) -> None:
         """A special operator, through torch_ops' own rules, with its values as Python objects."""

@@ -191,24 +191,24 @@ def register(rec, torch, t, kind: str, fresh: bool = False) -> None:
                      lambda: current_stream_ptr(torch, t.device.index))
 
 
-def register_storage(rec, ptr: int, nbytes: int, kind: str, fresh: bool, current_stream) -> None:
+def register_storage(rec, ptr: int, nbytes: int, kind: str, fresh: bool, current_stream):
     """register's rule for a storage at `ptr` of `nbytes` (the native observer's records give
     those); `current_stream()`: the stream to file a block under that was allocated before the
-    recording started (the current stream of the tensor's device when the operator ran)."""
+    recording started (the current stream of the tensor's device when the operator ran). Returns
+    the recorder's allocation of it (None for no storage)."""
     if not ptr:
-        return
+        return None
     known = rec.allocation_at(ptr)
     if known is not None:
         if not (fresh and kind == "host" and known.pool == "pinned"):
-            return
+            return known
         rec.host_block_reused(known)
     if kind == "cuda":
         sid = state(rec).pending.pop(ptr, None)
         if sid is None:  # allocated before the recording started: file it under the current stream
             sid = rec.sid(current_stream())
-        rec.alloc(ptr, nbytes, what="torch tensor", pool="torch", sid=sid)
-    else:
-        rec.host_alloc(ptr, nbytes)
+        return rec.alloc(ptr, nbytes, what="torch tensor", pool="torch", sid=sid)
+    return rec.host_alloc(ptr, nbytes)
 
 
 class Ops:
@@ -276,7 +276,7 @@ class Ops:
 
     def _record(self, func, args, kwargs, run):
         schema = operator_schema(func)
-        if schema.view:  # no kernel: a view is bytes of its base, seen when it is used
+        if schema.view or schema.name in _METADATA_ONLY:  # no kernel: a view is bytes of its base, seen when used
             return run()
         name = schema.name
         if name == "aten.record_stream.default":
@@ -487,7 +487,7 @@ def make_mode(rec, torch, ops=None, backend: str = "CUDA"):
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
-            if R.current is not rec or is_suppressed() or R.depth() or str(func) in _METADATA_ONLY:
+            if R.current is not rec or is_suppressed() or R.depth():
                 return func(*args, **kwargs)
             if is_math_kernel(func, backend):  # with autograd off: the operators its C++ kernel calls, as with it on
                 with self:
