@@ -36,6 +36,8 @@
 #include <internal/pycore_frame.h>
 #elif PY_VERSION_HEX < 0x030A0000
 #error "streamcheck's native recorder reads the frames of Python 3.10 to 3.13; this Python is older"
+#else
+#include <frameobject.h>
 #endif
 
 #include <ATen/Context.h>
