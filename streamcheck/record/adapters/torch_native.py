@@ -125,23 +125,26 @@ class NativeRecording:
         return site
 
     def _record(self, taken) -> None:
+        """Each record as its own thread at its own site: what rec.tid() and rec.site() answer meanwhile."""
         rec, resolver, sites, state_ = self.rec, self.resolver, self.sites, _gpu.thread_state
-        for op, ident, stream, device, stack, flags, slot, accesses in taken:
-            site = sites.get(stack)
-            if site is None:
-                site = self._site(stack)
-            previous = resolver.hold(site)
-            state_.acting = ident
-            try:
-                if flags & native.SPECIAL_RECORD:
-                    self._replay(op, slot, stream if flags & native.HAS_STREAM else None)
-                else:
-                    self._launch(op, stream, flags, accesses)
-            except Exception as exc:
-                rec.errors.append(f"{self.names[op]}: {type(exc).__name__}: {exc} (not recorded)")
-            finally:
-                state_.acting = 0
-                resolver.release(previous)
+        previous = resolver.hold(None)
+        try:
+            for op, ident, stream, device, stack, flags, slot, accesses in taken:
+                site = sites.get(stack)
+                if site is None:
+                    site = self._site(stack)
+                resolver.hold(site)
+                state_.acting = ident
+                try:
+                    if flags & native.SPECIAL_RECORD:
+                        self._replay(op, slot, stream if flags & native.HAS_STREAM else None)
+                    else:
+                        self._launch(op, stream, flags, accesses)
+                except Exception as exc:
+                    rec.errors.append(f"{self.names[op]}: {type(exc).__name__}: {exc} (not recorded)")
+        finally:
+            state_.acting = 0
+            resolver.release(previous)
 
     def _launch(self, op: int, stream: int, flags: int, accesses) -> None:
         """torch_ops.Ops._record's ordinary operator, from a record: the stream (when known before the
