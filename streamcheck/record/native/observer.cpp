@@ -469,6 +469,13 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     push(ts, kOpaque);
     return nullptr;
   }
+  // The call site first: classifying a new code object calls Python, whose own operators push frames of
+  // their own (which may move this thread's frames; none of them is held across it).
+  uint32_t stack = 0;
+  try {
+    stack = stack_id();
+  } catch (...) {
+  }
   Frame& f = push(ts, kKernel);
   f.op = op;
   f.tensors.clear();
@@ -478,7 +485,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   f.relevant = false;
   f.device = -1;
   f.stream = 0;
-  f.stack = 0;
+  f.stack = stack;
   f.exceptions = std::uncaught_exceptions();
   bool host = false;  // a host tensor takes part (pageable or pinned)
   try {
@@ -532,14 +539,13 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     if (known && !(flags & kNoAccess)) f.stream = current_stream(f.device);
     if (!known) f.device = -2;  // decided by its first fresh output
     f.relevant = f.relevant || known;
-    f.stack = stack_id();
   } catch (...) {
     f.kind = kOpaque;  // never break the program: this operator goes unrecorded
     return nullptr;
   }
   if (f.special && f.relevant && (flags & kReading)) {
     f.began = true;
-    call_python(special_begin, nullptr);
+    call_python(special_begin, nullptr);  // (f is not used after this call)
   }
   return nullptr;
 }
