@@ -17,6 +17,8 @@ end of each special operator (the observer calls `special_end`), so the trace st
 """
 from __future__ import annotations
 
+import contextlib
+import importlib
 import os
 import threading
 
@@ -24,6 +26,7 @@ from .. import gpu as _gpu
 from .. import native
 from ...core import trace as T
 from . import torch_ops
+from .patching import forwarding
 from .threads import add_context
 from .torch_ops import Ops, native_description, register_storage
 
@@ -260,11 +263,43 @@ def install(rec, patcher) -> None:
         return
     rec.state["torch_native"] = recording
     add_context(rec, lambda: ObservedThread(observer), patcher)
+    _pause_while_modes_are_off(observer, patcher)
 
     def undo():
         stop(recording)
         rec.state.pop("torch_native", None)
     patcher.on_undo(undo)
+
+
+def _pause_while_modes_are_off(observer, patcher) -> None:
+    """torch turns the dispatch modes off around work of its own: Dynamo compiles under
+    `_disable_current_modes` (Inductor's autotuning runs kernels on inputs it clones), and the
+    dispatch mode sees none of it. The observer pauses there too. torch._dynamo.convert_frame holds
+    its own reference to the function: rebound when it is imported (at the first compile)."""
+    name = "_disable_current_modes"
+
+    def wrap(original):
+        @contextlib.contextmanager
+        def disable_current_modes(*args, **kwargs):
+            observer.pause(1)
+            try:
+                with original(*args, **kwargs) as modes:
+                    yield modes
+            finally:
+                observer.pause(-1)
+        return forwarding(original, disable_current_modes)
+
+    replacements: dict = {}  # original -> its replacement (the same for every module that holds it)
+
+    def rebind(module) -> None:
+        original = getattr(module, name, None)
+        if original is None:
+            return
+        if original not in replacements:
+            replacements[original] = wrap(original)
+        patcher.set(module, name, replacements[original], f"{module.__name__}.{name}")
+    rebind(importlib.import_module("torch.utils._python_dispatch"))
+    patcher.after_import("torch._dynamo.convert_frame", rebind)
 
 
 def patches() -> tuple:

@@ -385,6 +385,18 @@ bool is_pinned(const at::Tensor& t) {
   return answer;
 }
 
+// A tensor of the observed device whose bytes are there: not a fake tensor of torch.compile's tracing (its device
+// says cuda, its storage is meta; a dispatch mode is off while Dynamo traces), nor a wrapper without storage.
+bool on_device(const at::Tensor& t) {
+  return t.device().type() == observed && t.has_storage() && t.storage().device_type() == observed;
+}
+
+// A host tensor whose bytes are on the host (fake and meta tensors are not).
+bool on_host(const at::Tensor& t) {
+  return t.device().type() == c10::DeviceType::CPU && t.has_storage() &&
+         t.storage().device_type() == c10::DeviceType::CPU;
+}
+
 template <typename F>
 void each_tensor(const c10::IValue& value, F&& f) {
   if (value.isTensor()) {
@@ -498,9 +510,9 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
         // A Python number the binding wrapped (x + 1): no memory of the program's (a dispatch mode
         // gets it back as the number).
         if (!t.defined() || t.unsafeGetTensorImpl()->is_wrapped_number()) return;
-        if (t.device().type() == observed) {
+        if (on_device(t)) {
           f.tensors.emplace_back(t, role);
-        } else if (t.device().type() == c10::DeviceType::CPU) {
+        } else if (on_host(t)) {
           host = true;
           if (is_pinned(t)) f.special = f.relevant = true;
         }
@@ -569,12 +581,12 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
       const auto& outputs = fn.outputs();
       auto fresh = [&](const at::Tensor& t) {
         if (!t.defined()) return;
-        if (t.device().type() == observed) {
+        if (on_device(t)) {
           for (auto& [w, role] : f.tensors) {
             if (role == kWritten && w.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return;
           }
           add_access(mine, t, kFresh);
-        } else if (t.device().type() == c10::DeviceType::CPU && observed != c10::DeviceType::CPU && f.keep_inputs) {
+        } else if (on_host(t) && observed != c10::DeviceType::CPU && f.keep_inputs) {
           bool host_pinned = is_pinned(t);
           if ((flags & kCopy) || host_pinned) special = true;  // .cpu() returns host memory; pin_memory= pinned
           if (host_pinned) f.relevant = true;
@@ -601,7 +613,8 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     if (f.began) call_python(special_end, Py_False);
     return;
   }
-  if (mine.empty() && !f.relevant) {  // nothing on the device, no pinned memory: not the recorder's
+  // Nothing on the device (and, for a special operator, no pinned memory, no device named): not the recorder's.
+  if (mine.empty() && !(special && f.relevant)) {
     if (f.began) call_python(special_end, Py_False);
     return;
   }

@@ -316,3 +316,42 @@ def test_without_a_compiler_the_python_path_records_and_says_so_once(tmp_path):
     assert notice.startswith("torch operators are recorded through Python") and "\n" not in notice
     assert "no-such-compiler could not run" in notice
     assert result["modes"] == ["RecordingMode"]
+
+
+def test_the_fake_tensors_of_compile_tracing_are_not_recorded(monkeypatch, observer):
+    """torch.compile traces with fake tensors (a device, no bytes: meta storage) under a FakeTensorMode,
+    while the dispatch mode of the Python path is off (ignore_compile_internals): their operators are
+    nobody's accesses."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    rec, _, on = harness(monkeypatch, "native")
+    with on(A):
+        with FakeTensorMode():
+            x = torch.zeros(8)
+            x.mul_(2)
+        real = torch.ones(4)
+        real.add_(1)
+    assert [op.name for op in launches(rec)] == ["aten.ones.default", "aten.add_.Tensor"]
+
+
+def test_what_torch_runs_with_the_dispatch_modes_off_is_not_recorded(monkeypatch, observer):
+    """Dynamo compiles under torch's _disable_current_modes (Inductor's autotuning clones inputs and
+    runs kernels there): the dispatch mode sees none of it, nor does the observer."""
+    from torch.utils import _python_dispatch
+
+    from streamcheck.record.adapters.patching import Patcher
+
+    rec, _, on = harness(monkeypatch, "native")
+    original = _python_dispatch._disable_current_modes
+    patcher = Patcher(rec.unpatched)
+    torch_native._pause_while_modes_are_off(observer, patcher)
+    x = torch.zeros(4)
+    try:
+        with on(A):
+            with _python_dispatch._disable_current_modes():
+                x.mul_(2)  # torch's own work
+            x.add_(1)
+    finally:
+        patcher.restore()
+    assert [op.name for op in launches(rec)] == ["aten.add_.Tensor"]
+    assert _python_dispatch._disable_current_modes is original and rec.unpatched == []
