@@ -13,9 +13,11 @@ loop. Needs a GPU with a CUDA build of torch.
 streamcheck runs three ways: as `streamcheck run` records (call sites with a stack of up to 8
 frames); `streamcheck-syncs`, the checker fed at host synchronizations (Recorder.defer_checks);
 `streamcheck-depth1`, call sites without the user's callers (SiteSettings(depth=1)): what the
-stack costs. `compiled` and `compiled-streamcheck`: the same loop with each stream's work a
-torch.compile'd function (Inductor's Triton kernels and its extern mm), plain and under
-streamcheck; their ratio is to `compiled`.
+stack costs. Each records torch's operators through the native observer (record/native: C++
+callbacks) where it builds; the `-python` modes force the Python path, the dispatch mode
+(STREAMCHECK_NATIVE_RECORD=0), side by side. `compiled` and `compiled-streamcheck`: the same loop
+with each stream's work a torch.compile'd function (Inductor's Triton kernels and its extern mm),
+plain and under streamcheck; their ratio is to `compiled`.
 """
 from __future__ import annotations
 
@@ -28,8 +30,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MODES = ("plain", "streamcheck", "streamcheck-syncs", "streamcheck-depth1", "sanitizer", "compiled",
-         "compiled-streamcheck")
+MODES = ("plain", "streamcheck", "streamcheck-python", "streamcheck-syncs", "streamcheck-python-syncs",
+         "streamcheck-depth1", "sanitizer", "compiled", "compiled-streamcheck", "compiled-streamcheck-python")
 ROOT = os.path.dirname(HERE)
 
 
@@ -95,14 +97,15 @@ def child(mode: str, args) -> None:
         if mode == "streamcheck-depth1":
             set_site_settings(SiteSettings(depth=1))
         session = instrument.start()
-        if mode == "streamcheck-syncs":
+        if mode.endswith("-syncs"):
             session.defer_checks()
         try:
             times = decode_loop(args.dim, args.steps, args.warmup, args.repeats, compiled)
+            path = "native" if "torch_native" in session.state else "python"  # which path recorded it
         finally:
             instrument.stop()
         extra = {"races": len(session.races), "ops": len(session.trace), "errors": session.errors[:3],
-                 "notices": session.notices}
+                 "notices": session.notices, "path": path}
     else:
         times = decode_loop(args.dim, args.steps, args.warmup, args.repeats, compiled)
         extra = {}
@@ -130,6 +133,8 @@ def main(argv=None) -> int:
         env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
         if mode == "sanitizer":
             env["TORCH_CUDA_SANITIZER"] = "1"
+        if "streamcheck" in mode:  # the native observer, or the dispatch mode for the -python modes
+            env["STREAMCHECK_NATIVE_RECORD"] = "0" if "-python" in mode else "1"
         cmd = [sys.executable, os.path.abspath(__file__), "--child", "sanitizer" if mode == "sanitizer" else mode,
                "--steps", str(args.steps), "--warmup", str(args.warmup), "--repeats", str(args.repeats),
                "--dim", str(args.dim)]
@@ -153,7 +158,8 @@ def main(argv=None) -> int:
         notes = ""
         base = bases.get("compiled" if row["mode"].startswith("compiled") else "eager", float("nan"))
         if "streamcheck" in row["mode"]:
-            notes = f"{row['ops']} ops recorded, {row['races']} races, errors {row['errors']}, notices {row['notices']}"
+            notes = (f"{row['path']} path, {row['ops']} ops recorded, {row['races']} races, errors {row['errors']}, "
+                     f"notices {row['notices']}")
         print(f"{row['mode']:<20}{median:>16.1f}{min(times):>10.1f}{max(times):>10.1f}{median / base:>7.2f}x  {notes}")
     return 0
 

@@ -251,6 +251,7 @@ class CallSite:
 UNKNOWN_SITE = CallSite("<unknown>", 0)
 
 MACHINERY, LIBRARY, USER = 0, 1, 2  # what a frame's file is to a resolver
+FORWARDING = 3  # what a library's forwarding wrapper's frame is to a resolver's walk (code_kind): skipped
 # Packages whose frames are libraries wherever they are installed (found once imported).
 LIBRARY_PACKAGES = ("torch", "cupy", "cupyx", "cupy_backends", "triton", "transformers")
 _installed: Optional[tuple] = None
@@ -343,6 +344,42 @@ class SiteResolver:
         if path.startswith(self.libraries + _site_settings.libraries) or path.startswith(_library_prefixes()):
             return LIBRARY
         return USER
+
+    def code_kind(self, code) -> int:
+        """What a frame running `code` is to this resolver's walk: MACHINERY, LIBRARY, USER, or
+        FORWARDING (a library's wrapper that only forwards a call, skipped like MACHINERY). For a
+        walk made elsewhere: the native recorder's (record/native/observer.cpp), which asks once
+        per code object."""
+        kind = self.kind_of(code.co_filename)
+        if kind == LIBRARY and _WRAPPERS and _forwards(code):
+            return FORWARDING
+        return kind
+
+    def site_of(self, frames: tuple, user: int) -> "CallSite":
+        """The site of a walk made elsewhere by __call__'s rule: `frames` the (code object, offset)
+        pairs it kept, innermost first, `user` the index of the user's frame. The same CallSite that
+        __call__ gives for that call path (one per path, lines resolved when first read)."""
+        if self._version != _settings_version:
+            self.kind_of("")
+        if not frames:
+            return UNKNOWN_SITE
+        key = tuple(x for code, offset in frames for x in (id(code), offset))
+        site = self._sites.get(key)
+        if site is None:
+            site = self._sites[key] = CallSite.captured(tuple(frames), user)
+        return site
+
+    def hold(self, site: "CallSite"):
+        """This thread's calls resolve to `site` until release(what hold returned): a recorder
+        turning records made earlier into trace records (the native observer's, drained later) names
+        their own site. The cheap form of held(), for one record at a time."""
+        state = self._held
+        previous = getattr(state, "site", None)
+        state.site = site
+        return previous
+
+    def release(self, previous) -> None:
+        self._held.site = previous
 
     def held(self, site: "CallSite") -> "_HeldSite":
         """`with resolver.held(site):` this thread's calls resolve to `site`: a layer that turns one

@@ -24,13 +24,20 @@ MAX_DELAY_US = 50_000  # the spin kernel's hard cap (STREAMCHECK_SPIN_MAX_NS): n
 class _ThreadState(threading.local):
     """Per host thread, with class defaults so reading needs no getattr fallback (hot path):
     `suppress`: inside work streamcheck issues itself, never the program's; `depth`: inside a
-    recorded library call, whose own library calls are part of it (recorder.inside)."""
+    recorded library call, whose own library calls are part of it (recorder.inside); `acting`: the
+    ident of the thread whose earlier call this thread is recording now (the native observer's
+    records, drained later), 0 for its own."""
 
     suppress = 0
     depth = 0
+    acting = 0
 
 
 thread_state = _ThreadState()
+# While the native operator observer records (record/native): pause(+1 / -1) tells it that this
+# thread is inside streamcheck's own work or a recorded call, whose torch operators are not the
+# program's (what `suppress` and `depth` tell the Python dispatch mode).
+native_pause = None
 
 
 def gpu_available() -> bool:
@@ -68,10 +75,15 @@ def suppressed():
     """Record nothing issued by this thread inside the block: the cupy backend's spins, timing
     events and fills, work a streamcheck Device checks itself, the warm-up."""
     thread_state.suppress += 1
+    pause = native_pause
+    if pause is not None:
+        pause(1)
     try:
         yield
     finally:
         thread_state.suppress -= 1
+        if pause is not None:
+            pause(-1)
 
 
 def is_suppressed() -> bool:

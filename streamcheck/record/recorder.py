@@ -21,6 +21,7 @@ import threading
 import weakref
 from typing import Optional, Protocol
 
+from . import gpu as _gpu
 from . import kernel_access
 from ..core import trace as T
 from ..core.fast import new_checker
@@ -70,10 +71,15 @@ def inside(call, *args, **kwargs):
     recorded again."""
     state = _state
     state.depth += 1
+    pause = _gpu.native_pause
+    if pause is not None:
+        pause(1)
     try:
         return call(*args, **kwargs)
     finally:
         state.depth -= 1
+        if pause is not None:
+            pause(-1)
 
 
 def format_capture_errors(errors) -> str:
@@ -151,7 +157,11 @@ class Recorder:
         # A free is a race only once an allocation gets its bytes too early (core.trace.Free): the
         # pools' allocations are seen by address, so the one that gets freed bytes is known.
         self.strict_free = strict_free
-        self.trace = T.Trace()
+        self._trace = T.Trace()
+        # Records issued but not in the trace yet (the native operator observer's buffer): a function
+        # that records them, called before anything else is recorded or read (flush).
+        self.pending = None
+        self._flushing = False
         self.reading = False  # inside a blocking host read, which records its own StreamSync
         self.edits = None  # the sync audit's proof rerun (analyses.sync_audit.SyncEdits): syncs to skip
         self._decided = None  # the sync op a skip-capable call already put to `edits`
@@ -188,6 +198,7 @@ class Recorder:
         self._named_events = 0
         self._starts: list = []  # sorted allocation starts
         self._allocs: list = []  # _Alloc in the same order
+        self._pool_at: dict = {}  # start -> the live allocation there that is not external (allocation_at)
         self._next_buffer = 1
         self._alloc_serial = 0
         self._deferred: list = []  # frees that arrived while the lock was held: (alloc, thread, site)
@@ -201,11 +212,31 @@ class Recorder:
         self._signatures: dict = {}
         self._next_graph = 1
         self._capture_origin: dict = {}  # stream id -> (graph id, trace index of its CaptureBegin)
-        self._append = self.trace.ops.append
+        self._append = self._trace.ops.append
         self._feed = self._checker.feed if self._checker is not None else None
         self.record(T.StreamCreate(0, self.site(), stream=0, kind=StreamKind.LEGACY, name="legacy default stream"))
         self._streams[0] = 0
         self._stream_names[0] = "legacy"
+
+    @property
+    def trace(self) -> T.Trace:
+        """Every record so far (those the native observer holds included)."""
+        if self.pending is not None:
+            self.flush()
+        return self._trace
+
+    def flush(self) -> None:
+        """Record what `pending` holds, in issue order, before what comes next."""
+        if self.pending is None or self._flushing:
+            return
+        with self._lock:
+            if self._flushing or self.pending is None:
+                return
+            self._flushing = True
+            try:
+                self.pending()
+            finally:
+                self._flushing = False
 
     # --- activation ---------------------------------------------------------------------
     def activate(self) -> None:
@@ -301,6 +332,8 @@ class Recorder:
     # --- recording core -----------------------------------------------------------------
     def record(self, op) -> None:
         with self._lock:
+            if self.pending is not None and not self._flushing:
+                self.flush()  # under the lock: no other thread's record comes between
             edits = self.edits
             if edits is not None:
                 if op is not self._decided and type(op) in _SYNC_OPS:
@@ -312,7 +345,7 @@ class Recorder:
                     self._feed(op)
                 except TraceError as exc:  # a trace we built wrong: keep the program running
                     self.errors.append(str(exc))
-                    self.refused.append((len(self.trace.ops) - 1, op, exc))
+                    self.refused.append((len(self._trace.ops) - 1, op, exc))
             if self.probe is not None:
                 self.probe.issued(self, op)
         if self._deferred and not self._lock._is_owned():
@@ -327,7 +360,7 @@ class Recorder:
             self.free(alloc, tid, site)
 
     def tid(self) -> int:
-        ident = threading.get_ident()
+        ident = _state.acting or threading.get_ident()
         tid = self._threads.get(ident)
         if tid is None:
             with self._lock:
@@ -449,6 +482,8 @@ class Recorder:
             i = bisect.bisect_left(self._starts, start)
             self._starts.insert(i, start)
             self._allocs.insert(i, alloc)
+            if not external:
+                self._pool_at[start] = alloc
             reuses = () if external or not self._freed else self._take_freed(start, start + size)
         self.record(T.Alloc(tid, site, buffer=bid, nbytes=size, name=name.format(id=bid), stream=stream,
                             reuses=reuses))
@@ -516,17 +551,14 @@ class Recorder:
 
     def allocation_at(self, ptr: int) -> Optional[_Alloc]:
         """The live allocation that starts at `ptr` (pools free by their block's address)."""
-        with self._lock:
-            i = bisect.bisect_left(self._starts, ptr)
-            while i < len(self._starts) and self._starts[i] == ptr:
-                alloc = self._allocs[i]
-                if not alloc.external:
-                    return alloc
-                i += 1
-        return None
+        if self.pending is not None:
+            self.flush()  # the native observer's records may register it
+        return self._pool_at.get(ptr)
 
     def allocation_of(self, obj) -> Optional[_Alloc]:
         """The allocation holding array `obj`, if the recording knows it."""
+        if self.pending is not None:
+            self.flush()
         span = self.gpu.array_span(obj)
         return self._find(span[0], span[1]) if span is not None else None
 
@@ -560,6 +592,14 @@ class Recorder:
                 return
             del self._starts[i]
             del self._allocs[i]
+            if self._pool_at.get(alloc.start) is alloc:
+                del self._pool_at[alloc.start]
+                for other in self._allocs[i:]:  # another one there (bisect order: the latest first)
+                    if other.start != alloc.start:
+                        break
+                    if not other.external:
+                        self._pool_at[alloc.start] = other
+                        break
             j = bisect.bisect_left(self._freed_starts, alloc.start)
             self._freed_starts.insert(j, alloc.start)
             self._freed.insert(j, (alloc.start, alloc.stop, alloc.id))
@@ -601,12 +641,19 @@ class Recorder:
         span = self.gpu.array_span(obj)
         if span is None:
             return None
-        start, stop = span
+        return self.span_range(*span)
+
+    def span_range(self, start: int, stop: int) -> Range:
+        """Device addresses [start, stop) as a Range of the allocation holding them."""
         alloc = self._find(start, stop)
         if alloc is None:
             alloc = self._external(start, stop)
             if alloc is None:
                 return Range(self._unmapped, start, stop)
+        return self.range_in(alloc, start, stop)
+
+    def range_in(self, alloc: _Alloc, start: int, stop: int) -> Range:
+        """Addresses [start, stop) of allocation `alloc` as a Range (one object per bytes)."""
         key = (start, stop)
         rng = alloc.ranges.get(key)
         if rng is None:
@@ -619,6 +666,17 @@ class Recorder:
             rng = self.range_of(obj)
             # range_of hands out one Range object per (allocation, bytes): identity is equality here.
             if rng is not None and all(rng is not seen for seen in out):
+                out.append(rng)
+        return tuple(out)
+
+    def span_ranges(self, spans) -> tuple:
+        """ranges() of (start, stop) address spans (start == stop: an empty array, no range)."""
+        out = []
+        for start, stop in spans:
+            if start == stop:
+                continue
+            rng = self.span_range(start, stop)
+            if all(rng is not seen for seen in out):
                 out.append(rng)
         return tuple(out)
 

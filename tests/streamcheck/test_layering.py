@@ -16,7 +16,7 @@ CORE = "streamcheck.core"
 CORE_THIRD_PARTY = {"numpy"}
 # What each layer's folder may import besides itself and the leaves (docs/architecture.md's table).
 # Layers not named here (plugin/, commands/, cli.py, strategies.py) sit above them all.
-LEAVES = ("streamcheck.atomic_files", "streamcheck.timeout", "streamcheck.interrupts")
+LEAVES = ("streamcheck.atomic_files", "streamcheck.timeout", "streamcheck.interrupts", "streamcheck.native_build")
 # Beside the core: modules every layer may use, each importing only the core (checked below).
 BESIDE_THE_CORE = ("streamcheck.host_handoffs",)
 MAY_IMPORT = {

@@ -4,11 +4,9 @@ guard, and the engine aborts the process when it asks for one).
 
 Torch reads its CUDA hooks once, at its import: the library must be in the process before torch,
 so `streamcheck run --backend sim` and an emulated pytest run re-exec themselves with it in
-LD_PRELOAD (`reexec_with_library`). It is built here with the machine's C++ compiler against the
-installed torch's headers (a few seconds), once per torch and source: cached under
-$STREAMCHECK_CACHE_DIR (default ~/.cache/streamcheck)/native/, behind a file lock so parallel
-workers build it once. Nothing here imports torch (it finds torch with importlib), so a process
-about to re-exec pays nothing for it.
+LD_PRELOAD (`reexec_with_library`). It is built by streamcheck/native_build.py (the machine's C++
+compiler against the installed torch's headers, a few seconds, once per torch and source, cached).
+Nothing here imports torch, so a process about to re-exec pays nothing for it.
 
 Where it cannot be had (no compiler, a CUDA build of torch, STREAMCHECK_NATIVE=0), the emulation
 refuses backward() in one line that says why (`unavailable_reason`).
@@ -16,27 +14,21 @@ refuses backward() in one line that says why (`unavailable_reason`).
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import importlib.metadata
-import importlib.util
 import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Optional
 
+from ... import native_build
+from ...native_build import NativeUnavailable, cache_root  # noqa: F401 (the emulation's names for them)
+
 SOURCE = Path(__file__).with_name("cuda_guard.cpp")
 LIBRARY_NAME = "libstreamcheck_cuda_guard.so"
+LIBRARY = native_build.NativeLibrary(LIBRARY_NAME, SOURCE)
 SWITCH = "STREAMCHECK_NATIVE"  # "0": never build or preload it
 PRELOADED = "STREAMCHECK_NATIVE_PRELOADED"  # set in the re-exec's environment: one re-exec, never a loop
 UNAVAILABLE = "STREAMCHECK_NATIVE_UNAVAILABLE"  # why a run goes on without it (for the refusal's line)
 _SYMBOL = "streamcheck_native_version"
-_COMPILE_FLAGS = ("-O2", "-std=c++20", "-fPIC", "-shared", "-Wall")
-
-
-class NativeUnavailable(RuntimeError):
-    """The library cannot be had here: one line that says why and what to do."""
 
 
 def loaded() -> bool:
@@ -60,34 +52,9 @@ def unavailable_reason() -> str:
             "--streamcheck-emulate-cuda load it before torch)")
 
 
-def _torch_dir() -> Path:
-    spec = importlib.util.find_spec("torch")
-    if spec is None or not spec.submodule_search_locations:
-        raise NativeUnavailable("torch is not installed")
-    return Path(list(spec.submodule_search_locations)[0])
-
-
-def cache_root() -> Path:
-    given = os.environ.get("STREAMCHECK_CACHE_DIR")
-    if given:
-        return Path(given)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "streamcheck"
-
-
 def library_path() -> Path:
-    """Where the library for this torch and this source is (built or not): keyed by torch's version,
-    its location (the library links to its files) and the source's and flags' hash."""
-    torch_dir = _torch_dir()
-    try:
-        version = importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        version = "unknown"
-    digest = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), str(torch_dir).encode(), " ".join(_COMPILE_FLAGS).encode()):
-        digest.update(part)
-        digest.update(b"\0")
-    return cache_root() / "native" / f"torch-{version}-{digest.hexdigest()[:16]}" / LIBRARY_NAME
+    """Where the library for this torch and this source is (built or not)."""
+    return native_build.library_path(LIBRARY)
 
 
 def _check_cpu_build(torch_dir: Path) -> None:
@@ -95,46 +62,11 @@ def _check_cpu_build(torch_dir: Path) -> None:
     if any(lib.glob("libc10_cuda*")) or any(lib.glob("libc10_hip*")):
         raise NativeUnavailable("torch here is a CUDA build, whose own CUDA guard would serve the emulation's tensors; "
                                 "the emulation's autograd needs a CPU-only torch")
-    if not (lib / "libc10.so").exists() or not (torch_dir / "include" / "c10").is_dir():
-        raise NativeUnavailable(f"torch at {torch_dir} has no C++ headers or libc10.so to build against")
 
 
 def build() -> Path:
-    """The library, built now unless the cache has it (one build at a time: a file lock)."""
-    import fcntl
-
-    path = library_path()
-    if path.exists():
-        return path
-    torch_dir = _torch_dir()
-    _check_cpu_build(torch_dir)
-    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-    if compiler is None:
-        raise NativeUnavailable("no C++ compiler (g++) to build it; install one (apt-get install g++)")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        lock = open(path.parent / "build.lock", "w")
-    except OSError as exc:
-        raise NativeUnavailable(f"cannot write its cache {path.parent} ({exc.strerror}); set STREAMCHECK_CACHE_DIR "
-                                "to a writable folder") from None
-    with lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # a second worker waits here, then finds the library built
-        if path.exists():
-            return path
-        partial = path.with_name(f"{LIBRARY_NAME}.{os.getpid()}.partial")
-        lib = torch_dir / "lib"
-        command = [compiler, *_COMPILE_FLAGS, f"-I{torch_dir / 'include'}", str(SOURCE), "-o", str(partial),
-                   f"-L{lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{lib}"]  # rpath: no LD_LIBRARY_PATH needed
-        try:
-            done = subprocess.run(command, capture_output=True, text=True)
-        except OSError as exc:
-            raise NativeUnavailable(f"the C++ compiler {compiler} could not run ({exc.strerror})") from None
-        if done.returncode != 0:
-            partial.unlink(missing_ok=True)
-            errors = [line for line in done.stderr.splitlines() if "error" in line] or done.stderr.splitlines() or [""]
-            raise NativeUnavailable(f"building it with {compiler} failed: {errors[0].strip()}")
-        os.replace(partial, path)  # whole or absent: a reader never sees a partial library
-    return path
+    """The library, built now unless the cache has it (native_build.build)."""
+    return native_build.build(LIBRARY, before_building=_check_cpu_build)
 
 
 def preload_environment(path: Path, environ=None) -> dict:

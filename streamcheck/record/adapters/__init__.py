@@ -22,7 +22,8 @@ ADAPTERS = (
     ("cupy_functions", "cupy"),  # module functions, ufuncs, linalg, fft
     ("cupy_allocator", "cupy"),  # global and thread-local allocators
     ("torch_runtime", "torch"),  # streams, events, syncs, the caching allocator (GPU-trace callbacks)
-    ("torch_ops", "torch"),  # ATen operators (a TorchDispatchMode), host copies, record_stream
+    ("torch_native", "torch"),  # ATen operators through the native observer (C++), where it can be had
+    ("torch_ops", "torch"),  # ATen operators (a TorchDispatchMode) otherwise; the operator rules
     ("torch_graphs", "torch"),  # torch.cuda.graph / CUDAGraph capture and replay
     ("torch_inductor", "torch"),  # torch.compile's kernels (Inductor's CachingAutotuner.run)
     ("triton_launch", "triton"),  # Triton's JITFunction.run (jit, autotune, heuristics)

@@ -57,6 +57,10 @@ _LAYOUT_ONLY = frozenset({"aten.ones_like.default", "aten.zeros_like.default", "
                           "aten.new_full.default"})
 _COPIES = frozenset({"aten.copy_.default", "aten._to_copy.default", "aten._copy_from.default",
                      "aten._copy_from_and_resize.default"})
+# Autograd's own bookkeeping, whose schema says "written": `detach_` changes a tensor's autograd
+# metadata in its autograd kernel and dispatches no further (no kernel touches the bytes; a dispatch
+# mode sees it only with autograd off). Not an operator of the trace.
+_METADATA_ONLY = frozenset({"aten.detach_.default"})
 
 
 # torch's own operators: their schemas are exact, and their implementations are not the program's.
@@ -183,21 +187,28 @@ def register(rec, torch, t, kind: str, fresh: bool = False) -> None:
     operator's new result; a pinned one at a known block's address is that block handed out again
     by torch's CachingHostAllocator (no callback reports pinned frees)."""
     storage = t.untyped_storage()
-    ptr = storage.data_ptr()
+    register_storage(rec, storage.data_ptr(), storage.nbytes(), kind, fresh,
+                     lambda: current_stream_ptr(torch, t.device.index))
+
+
+def register_storage(rec, ptr: int, nbytes: int, kind: str, fresh: bool, current_stream):
+    """register's rule for a storage at `ptr` of `nbytes` (the native observer's records give
+    those); `current_stream()`: the stream to file a block under that was allocated before the
+    recording started (the current stream of the tensor's device when the operator ran). Returns
+    the recorder's allocation of it (None for no storage)."""
     if not ptr:
-        return
+        return None
     known = rec.allocation_at(ptr)
     if known is not None:
         if not (fresh and kind == "host" and known.pool == "pinned"):
-            return
+            return known
         rec.host_block_reused(known)
     if kind == "cuda":
         sid = state(rec).pending.pop(ptr, None)
         if sid is None:  # allocated before the recording started: file it under the current stream
-            sid = rec.sid(current_stream_ptr(torch, t.device.index))
-        rec.alloc(ptr, storage.nbytes(), what="torch tensor", pool="torch", sid=sid)
-    else:
-        rec.host_alloc(ptr, storage.nbytes())
+            sid = rec.sid(current_stream())
+        return rec.alloc(ptr, nbytes, what="torch tensor", pool="torch", sid=sid)
+    return rec.host_alloc(ptr, nbytes)
 
 
 class Ops:
@@ -207,6 +218,13 @@ class Ops:
         self.rec = rec
         self.torch = torch
         self._pinned: dict = {}  # storage address -> pinned (is_pinned is a driver query)
+        self.recorded_stream = None  # replay: the stream the operator ran on (its device's current one then)
+
+    def _current_stream(self, device) -> int:
+        """cudaStream_t of torch's current stream on `device`, as the operator being recorded found it."""
+        if self.recorded_stream is not None:
+            return self.recorded_stream
+        return current_stream_ptr(self.torch, device)
 
     # --- tensors --------------------------------------------------------------------------
     def _kind(self, t) -> str:
@@ -244,9 +262,21 @@ class Ops:
             self.rec.errors.append(f"{operator_schema(func).name}: {type(exc).__name__}: {exc} (not recorded)")
             return ran[0] if ran else func(*args, **kwargs)
 
+    def replay(self, func, args, kwargs, result, stream) -> None:
+        """Record a call of operator `func` that already ran and returned `result`, on `stream`
+        (its device's current stream then; None: ask now): the native observer's special operators,
+        through the same rules as call (the recorder holds the call's thread and site meanwhile)."""
+        self.recorded_stream = stream
+        try:
+            self._record(func, args, kwargs, lambda: result)
+        except Exception as exc:
+            self.rec.errors.append(f"{operator_schema(func).name}: {type(exc).__name__}: {exc} (not recorded)")
+        finally:
+            self.recorded_stream = None
+
     def _record(self, func, args, kwargs, run):
         schema = operator_schema(func)
-        if schema.view:  # no kernel: a view is bytes of its base, seen when it is used
+        if schema.view or schema.name in _METADATA_ONLY:  # no kernel: a view is bytes of its base, seen when used
             return run()
         name = schema.name
         if name == "aten.record_stream.default":
@@ -266,7 +296,7 @@ class Ops:
         # device's current stream, where a delay must hold it too).
         target = cuda[0].device.index if cuda else _cuda_target(torch, kwargs)
         if (cuda or target is not None) and name not in _NO_ACCESS:
-            stream = current_stream_ptr(torch, target)
+            stream = self._current_stream(target)
             sid = rec.sid(stream)
             if rec.intercepts:
                 rec.before_issue(stream, sid, name)  # before the operator is issued
@@ -309,7 +339,7 @@ class Ops:
                                     writes=rec.ranges(t for t, _ in writes), name=name))
         else:
             if stream is None:  # a factory: its output says where it ran
-                stream = current_stream_ptr(torch, next(t for t, k in writes if k == "cuda").device.index)
+                stream = self._current_stream(next(t for t, k in writes if k == "cuda").device.index)
                 sid = rec.sid(stream)
             written = rec.ranges(t for t, _ in writes)
             rec.record(T.Launch(tid, site, stream=sid, name=name,
@@ -339,7 +369,7 @@ class Ops:
         if not device_side:  # between two host tensors: the host copies
             rec.record(T.HostAccess(tid, site, reads=rec.ranges(src), writes=rec.ranges(dst), name=name))
             return
-        sid = rec.sid(current_stream_ptr(torch, device_side[0].device.index))
+        sid = rec.sid(self._current_stream(device_side[0].device.index))
         kind = CopyKind.H2D if any(self._kind(t) == "cuda" for t in dst) else CopyKind.D2H
         rec.record(T.Copy(tid, site, stream=sid, kind=kind, src=next(iter(rec.ranges(src)), None),
                           dst=next(iter(rec.ranges(dst)), None)))
@@ -356,7 +386,7 @@ class Ops:
         """`.item()` & co.: a copy to the host on the current stream, then a wait for it."""
         rec = self.rec
         self.register(tensor, "cuda")
-        stream = current_stream_ptr(self.torch, tensor.device.index)
+        stream = self._current_stream(tensor.device.index)
         return rec.host_read("aten._local_scalar_dense", tensor, stream, True, run)
 
     def _record_stream(self, run, args, kwargs):
@@ -373,8 +403,74 @@ class Ops:
         return result
 
 
-def make_mode(rec, torch, ops=None):
-    """The TorchDispatchMode that records operators for `rec` (built when torch is loaded)."""
+def is_math_kernel(func, backend: str) -> bool:
+    """Whether operator overload `func` runs as its CompositeImplicitAutograd kernel on `backend`
+    ("CUDA"; "CPU" on the stand-ins of tests): torch's rule for the autograd key, a math kernel
+    unless the backend or a CompositeExplicitAutograd kernel is registered for it. Such an
+    operator (linear, matmul, reshape, contiguous, to) is the operators it calls: with autograd on,
+    they are all a dispatch mode sees; with it off (inference_mode) the mode sees the operator
+    itself, and decomposes it (make_mode), since its schema can say "alias" of what may be a copy
+    (`to`, `reshape`). The native observer makes the same call (native_description)."""
+    kind = _math_kernels.get((func, backend))
+    if kind is None:
+        import torch
+
+        name, has = func.name(), torch._C._dispatch_has_kernel_for_dispatch_key
+        kind = _math_kernels[(func, backend)] = (
+            has(name, "CompositeImplicitAutograd")
+            and not any(has(name, key) for key in (backend, f"Autograd{backend}", "CompositeExplicitAutograd",
+                                                   "CompositeExplicitAutogradNonFunctional")))
+    return kind
+
+
+_math_kernels: dict = {}  # (operator overload, backend) -> is_math_kernel
+
+
+def native_description(func, backend: str) -> tuple:
+    """What the native observer (record/native/observer.cpp) needs to know of operator overload
+    `func`, from this module's rules: (flags, written per schema argument, index of the `device`
+    argument, of the `pin_memory` argument; -1 where it has none). Flags as record/native names them."""
+    from ..native import (AUTOCAST, COPY, HOST_OUTPUT, IGNORED, LAYOUT_ONLY, MATH, NO_ACCESS, READING, SPECIAL,
+                          VIEW)
+    import torch
+
+    schema = operator_schema(func)
+    name = schema.name
+    flags = 0
+    if schema.view:
+        flags |= VIEW
+    if is_math_kernel(func, backend):
+        flags |= MATH
+    if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), f"Autocast{backend}"):
+        flags |= AUTOCAST
+    if name in _NO_ACCESS:
+        flags |= NO_ACCESS
+    if name in _LAYOUT_ONLY:
+        flags |= LAYOUT_ONLY
+    host_value = bool(_host_value_kind(func))
+    if name in _COPIES:
+        flags |= COPY | READING
+    if func.namespace not in _TORCH_NAMESPACES or host_value or name in _SPECIAL:
+        flags |= SPECIAL  # _record's own rules: custom operators, host reads and waits, record_stream
+    if host_value or name == "aten._local_scalar_dense.default":
+        flags |= READING
+    if name in _METADATA_ONLY:
+        flags |= IGNORED
+    names = [a.name for a in func._schema.arguments]
+    if "pin_memory" in names or name == "aten._pin_memory.default":
+        flags |= HOST_OUTPUT
+    written = tuple(written for _, _, written in schema.arguments)
+    return (flags, written, names.index("device") if "device" in names else -1,
+            names.index("pin_memory") if "pin_memory" in names else -1)
+
+
+# Operators _record handles apart, whatever their tensors (the native observer replays them through it).
+_SPECIAL = frozenset({"aten.record_stream.default", "aten._local_scalar_dense.default"})
+
+
+def make_mode(rec, torch, ops=None, backend: str = "CUDA"):
+    """The TorchDispatchMode that records operators for `rec` (built when torch is loaded);
+    `backend`: the dispatch key of the device it records (is_math_kernel)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     ops = ops or Ops(rec, torch)
@@ -393,6 +489,9 @@ def make_mode(rec, torch, ops=None):
             kwargs = kwargs or {}
             if R.current is not rec or is_suppressed() or R.depth():
                 return func(*args, **kwargs)
+            if is_math_kernel(func, backend):  # with autograd off: the operators its C++ kernel calls, as with it on
+                with self:
+                    return func._op_dk(torch._C.DispatchKey.CompositeImplicitAutograd, *args, **kwargs)
             return ops.call(func, args, kwargs)
 
     return RecordingMode()
@@ -402,15 +501,25 @@ def skip_torch_wrappers(torch) -> None:
     """torch wraps every dispatch mode's __torch_dispatch__ in torch._disable_dynamo
     (TorchDispatchMode.__init_subclass__): torch/_compile.py's `inner` calls torch._dynamo.disable's
     `_fn` (eval_frame.py, which wraps each torch.compile'd function too). Those frames only forward
-    a call: a report names the user's line, not `through torch/_dynamo/eval_frame.py`."""
+    a call: a report names the user's line, not `through torch/_dynamo/eval_frame.py`. So do the
+    frames through which torch dispatches in Python: an operator's `decompose` (make_mode's), a custom
+    operator's autograd and ADInplaceOrView kernels and their `redispatch` (a dispatch mode is called
+    from inside them, the native observer where the program called the operator)."""
     root = os.path.dirname(torch.__file__)
     T.skip_wrapper_frames(os.path.join(root, "_compile.py"), "inner")
     T.skip_wrapper_frames(os.path.join(root, "_dynamo", "eval_frame.py"), "_fn")
+    T.skip_wrapper_frames(os.path.join(root, "_ops.py"), "decompose", "redispatch")
+    T.skip_wrapper_frames(os.path.join(root, "_library", "custom_ops.py"), "adinplaceorview_impl")
+    T.skip_wrapper_frames(os.path.join(root, "_library", "autograd.py"), "autograd_impl", "forward_no_grad")
 
 
 def install(rec, patcher) -> None:
+    """Record torch's operators for `rec` through the dispatch mode (the reference), unless the
+    native observer records them (torch_native.install, which runs first)."""
     torch = rec.gpu.torch
     if "torch" not in rec.state:  # torch_runtime refused this torch (notice given)
+        return
+    if "torch_native" in rec.state:
         return
     mode = make_mode(rec, torch)
     mode.__enter__()

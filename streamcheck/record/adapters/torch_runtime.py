@@ -141,6 +141,7 @@ def _deallocated(ptr: int) -> None:
     rec = _recording()
     if rec is None:
         return
+    rec.flush()  # the native observer's records of the block's tensors come first (they register it)
     torch_state = state(rec)
     torch_state.pending.pop(ptr, None)
     if rec.captures or ptr in torch_state.graph_pool_blocks:

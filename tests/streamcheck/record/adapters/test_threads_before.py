@@ -2,7 +2,7 @@
 Python >= 3.12 they get torch's dispatch mode at their next Python event, so their operators
 are recorded; where they cannot (older Pythons, a thread inside a mode of its own) the
 recording names each one, and names it again when it does torch work unseen. On the CPU: CPU
-tensors stand in for CUDA tensors (test_torch_ops.CpuStandsInForCuda)."""
+tensors stand in for CUDA tensors (stand_in.CpuStandsInForCuda)."""
 from __future__ import annotations
 
 import contextlib
@@ -17,7 +17,7 @@ from streamcheck.record import recorder as R  # noqa: E402
 from streamcheck.record.adapters import threads, torch_ops, torch_runtime  # noqa: E402
 from streamcheck.record.adapters.patching import Patcher  # noqa: E402
 from streamcheck.core import trace as T  # noqa: E402
-from tests.streamcheck.record.adapters.test_torch_ops import CpuStandsInForCuda, stand_in_gpu  # noqa: E402
+from tests.streamcheck.record.adapters.stand_in import CpuStandsInForCuda, stand_in_gpu  # noqa: E402
 
 A = 0x10  # torch's current stream (cudaStream_t)
 needs_312 = pytest.mark.skipif(not threads.REACHES_RUNNING_THREADS,

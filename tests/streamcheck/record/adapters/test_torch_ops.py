@@ -1,7 +1,12 @@
 """The torch adapter (streamcheck/record/adapters/torch_ops.py, torch_runtime.py) on the CPU: CPU tensors
 stand in for CUDA tensors (and a chosen few for pinned host memory), so the operator rules are
 checked without a GPU: schema writes, fresh outputs, views as byte ranges, host copies,
-`.item()`, the caching allocator's blocks and record_stream."""
+`.item()`, the caching allocator's blocks and record_stream.
+
+Each test of the `run` fixture runs twice: through the dispatch mode (the Python path) and through
+the native observer (record/native, torch_native.py) observing CPU tensors. Those of `python_run`
+need the stand-in's pinned or pageable host tensors, which only the Python path can be told of (the
+observer asks the allocator whether memory is pinned)."""
 from __future__ import annotations
 
 import contextlib
@@ -11,56 +16,29 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from streamcheck.record import recorder as R  # noqa: E402
-from streamcheck.record.adapters import torch_graphs, torch_ops, torch_runtime  # noqa: E402
-from streamcheck.record.adapters.cuda_device import CudaGpu  # noqa: E402
+from streamcheck.record import native, recorder as R  # noqa: E402
+from streamcheck.record.adapters import torch_graphs, torch_native, torch_ops, torch_runtime  # noqa: E402
 from streamcheck.core import trace as T  # noqa: E402
 from streamcheck.record.host_views import HostView  # noqa: E402
 import numpy as np  # noqa: E402
 
+from . import stand_in  # noqa: E402
+from .stand_in import CpuStandsInForCuda, stand_in_gpu  # noqa: E402,F401 (also the other tests' names here)
+
 A, B = 0x10, 0x20  # two torch streams (cudaStream_t)
 
 
-class CpuStandsInForCuda(torch_ops.Ops):
-    """Every CPU tensor is a CUDA tensor, except those in `pinned` (pinned host memory) and in
-    `pageable` (ordinary host memory, which the recording does not track), by storage address.
-
-    The caching allocator tells a recording when a block is freed (torch_runtime._deallocated, which
-    a test calls where the program drops a tensor); CPU memory has no such callback. So the stand-in
-    keeps every storage it registered for the recording's life: the CPU allocator cannot hand an
-    address the recording still files under a dead tensor to a new one (whose writes would then
-    race with the dead tensor's, whenever the CPU allocator happened to reuse it)."""
-
-    def __init__(self, rec, torch):
-        super().__init__(rec, torch)
-        self.pinned: set = set()
-        self.pageable: set = set()
-        self.kept: list = []  # the storages registered so far
-
-    def _kind(self, t):
-        ptr = t.untyped_storage().data_ptr()
-        if t.numel() == 0 or ptr in self.pageable:
-            return ""
-        return "host" if ptr in self.pinned else "cuda"
-
-    def register(self, t, kind, fresh=False):
-        super().register(t, kind, fresh)
-        self.kept.append(t.untyped_storage())
-
-
-def stand_in_gpu() -> CudaGpu:
-    """The recorder's Gpu for the stand-in: the CUDA driver is never asked, so the fake stream
-    handles (A, B) reach no real driver on a machine that has one (cuStreamGetFlags on a made-up
-    handle is a segmentation fault there, not an error)."""
-    gpu = CudaGpu(torch=torch)
-    gpu.driver.lib = None
-    return gpu
-
-
-@pytest.fixture
-def run(monkeypatch):
-    """(recorder, ops, on(stream)): `with on(A): ...` runs torch code recorded on stream A."""
+def harness(monkeypatch, path: str = "python"):
+    """(recorder, ops, on(stream)): `with on(A): ...` runs torch code recorded on stream A, through the
+    dispatch mode (`path` "python") or the native observer ("native", which this process may lack:
+    the test is skipped, saying why)."""
+    observer = None
+    if path == "native":
+        observer = native.load()
+        if observer is None:
+            pytest.skip(f"no native observer here: {native.unavailable_reason()}")
     rec = R.Recorder(stand_in_gpu())
+    stand_in.machinery(rec)
     monkeypatch.setattr(R, "current", rec)
     rec.state["torch"] = torch_runtime.TorchState()
     current = {"stream": A}
@@ -76,13 +54,30 @@ def run(monkeypatch):
 
         def __enter__(self):
             current["stream"] = self.stream
-            self.mode = torch_ops.make_mode(rec, torch, ops)
-            self.mode.__enter__()
+            if observer is None:
+                self.mode = torch_ops.make_mode(rec, torch, ops, backend="CPU")
+                self.mode.__enter__()
+            else:  # CPU has no streams: each record is on the stream current when it is drained (at exit)
+                self.recording = torch_native.start(rec, torch, observer, ops, device="cpu",
+                                                    stream_pointer=lambda handle: current["stream"])
 
         def __exit__(self, *exc):
-            self.mode.__exit__(*exc)
+            if observer is None:
+                self.mode.__exit__(*exc)
+            else:
+                torch_native.stop(self.recording)
             current["stream"] = A
     return rec, ops, on
+
+
+@pytest.fixture(params=["python", "native"])
+def run(request, monkeypatch):
+    return harness(monkeypatch, request.param)
+
+
+@pytest.fixture
+def python_run(monkeypatch):
+    return harness(monkeypatch, "python")
 
 
 def launches(rec):
@@ -138,8 +133,8 @@ def test_slices_of_one_bucket_written_from_two_streams_race_only_where_they_over
     assert (race.start, race.stop) == (8, 16)
 
 
-def test_a_pinned_buffer_rewritten_by_the_host_while_its_async_copy_is_pending_races(run):
-    rec, ops, on = run
+def test_a_pinned_buffer_rewritten_by_the_host_while_its_async_copy_is_pending_races(python_run):
+    rec, ops, on = python_run
     staging = torch.ones(16)
     ops.pinned.add(staging.untyped_storage().data_ptr())
     device = torch.zeros(16)
@@ -154,12 +149,12 @@ def test_a_pinned_buffer_rewritten_by_the_host_while_its_async_copy_is_pending_r
     assert race.second.actor == "host thread 0"
 
 
-def test_a_fresh_pinned_tensor_on_a_reused_block_is_ordered_after_the_old_tensors_pending_copy(run):
+def test_a_fresh_pinned_tensor_on_a_reused_block_is_ordered_after_the_old_tensors_pending_copy(python_run):
     """torch's CachingHostAllocator (issue 37): the block of a pinned staging tensor whose
     non_blocking copy is pending goes back to the pool when the tensor dies, and is handed to a new
     pinned tensor only once the event recorded after that copy completed. So the host's write into
     the new tensor (same bytes) is ordered after the copy, where a write into the old one races."""
-    rec, ops, on = run
+    rec, ops, on = python_run
     staging = torch.ones(16)
     ptr = staging.untyped_storage().data_ptr()
     ops.pinned.add(ptr)
@@ -178,10 +173,10 @@ def test_a_fresh_pinned_tensor_on_a_reused_block_is_ordered_after_the_old_tensor
 
 
 @pytest.mark.parametrize("synchronized", [False, True], ids=["read-before-sync", "read-after-sync"])
-def test_a_numpy_view_of_pinned_memory_reads_it_as_the_host(run, monkeypatch, synchronized):
+def test_a_numpy_view_of_pinned_memory_reads_it_as_the_host(python_run, monkeypatch, synchronized):
     """vLLM's pattern (issue 37): a non_blocking D2H copy into a pinned tensor, then the host reads
     its numpy view. The view's read is a host access of the bytes it reads (RAW before the sync)."""
-    rec, ops, on = run
+    rec, ops, on = python_run
     pinned = torch.zeros(16)
     ops.pinned.add(pinned.untyped_storage().data_ptr())
     monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self: self.untyped_storage().data_ptr() in ops.pinned)
@@ -208,8 +203,8 @@ def test_numpy_of_pageable_memory_is_a_plain_array(run):
     assert type(array) is np.ndarray
 
 
-def test_the_same_host_write_after_a_stream_sync_is_fine(run):
-    rec, ops, on = run
+def test_the_same_host_write_after_a_stream_sync_is_fine(python_run):
+    rec, ops, on = python_run
     staging = torch.ones(16)
     ops.pinned.add(staging.untyped_storage().data_ptr())
     device = torch.zeros(16)
@@ -221,8 +216,8 @@ def test_the_same_host_write_after_a_stream_sync_is_fine(run):
     assert rec.races == []
 
 
-def test_a_blocking_copy_from_pinned_memory_is_followed_by_a_host_wait(run):
-    rec, ops, on = run
+def test_a_blocking_copy_from_pinned_memory_is_followed_by_a_host_wait(python_run):
+    rec, ops, on = python_run
     device = torch.zeros(4)
     pinned = torch.ones(4)
     ops.pinned.add(pinned.untyped_storage().data_ptr())
@@ -235,11 +230,11 @@ def test_a_blocking_copy_from_pinned_memory_is_followed_by_a_host_wait(run):
 
 @pytest.mark.parametrize("non_blocking", [False, True], ids=["blocking", "non-blocking-asked"])
 @pytest.mark.parametrize("direction", ["H2D", "D2H"])
-def test_a_copy_between_a_device_tensor_and_pageable_memory_is_followed_by_a_host_wait(run, direction, non_blocking):
+def test_a_copy_between_a_device_tensor_and_pageable_memory_is_followed_by_a_host_wait(python_run, direction, non_blocking):
     # Pageable memory goes through a staging buffer the host waits for, non_blocking or not: the
     # host issues what follows after the copy ran, so stream B's use of the device tensor is
     # ordered after it with no event.
-    rec, ops, on = run
+    rec, ops, on = python_run
     device, pageable = torch.zeros(4), torch.ones(4)
     ops.pageable.add(pageable.untyped_storage().data_ptr())
     with on(A):
@@ -409,10 +404,10 @@ def test_a_block_a_graph_tree_warm_up_allocated_goes_back_to_the_trees_pool_and_
     assert free.pool == "torch" and rec.races == [] and [h.race.kind for h in rec.hazards] == ["FREE"]
 
 
-def test_a_tensor_the_program_drops_keeps_its_address_while_recording(run):
+def test_a_tensor_the_program_drops_keeps_its_address_while_recording(python_run):
     # The CPU allocator would hand the address to the next tensor of that size at once: a tensor
     # there would be taken for bytes of the dropped one (which the recording never saw freed).
-    rec, _, on = run
+    rec, _, on = python_run
     x = torch.ones(1024)
     with on(A):
         y = x * 2
@@ -437,8 +432,8 @@ def test_record_stream_defers_the_reuse_past_the_side_streams_work(run):
     assert rec.races == []
 
 
-def test_a_failure_in_the_bookkeeping_never_breaks_the_program(run, monkeypatch):
-    rec, ops, on = run
+def test_a_failure_in_the_bookkeeping_never_breaks_the_program(python_run, monkeypatch):
+    rec, ops, on = python_run
     x = torch.arange(4.0)
 
     def broken(t):

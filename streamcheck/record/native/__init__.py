@@ -1,0 +1,141 @@
+"""The recorder's native operator observer (observer.cpp): torch's operators seen from the
+dispatcher's RecordFunction callbacks in C++, with no Python frame per operator, as compact records
+in a buffer that the recorder drains (record/adapters/torch_native.py turns them into trace records
+by torch_ops' rules). What it records and why is in observer.cpp's header; the design in
+docs/architecture.md ("Recording torch operators in C++").
+
+The library is built against the user's own torch and Python (streamcheck/native_build.py: g++,
+a few seconds, cached) and loaded with ctypes; no CUDA toolkit is needed. `STREAMCHECK_NATIVE_RECORD=0`
+turns it off (the recorder then uses its Python path, a TorchDispatchMode); where it cannot be had
+(no compiler, no Python headers, a Python whose frames it cannot read), the Python path runs and the
+recording says why in one line (`unavailable_reason`).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+from ... import native_build
+from ...native_build import NativeUnavailable
+
+SWITCH = "STREAMCHECK_NATIVE_RECORD"  # "0": the Python path; "1" or unset: this observer where it builds
+LIBRARY = native_build.NativeLibrary("libstreamcheck_record.so", Path(__file__).with_name("observer.cpp"),
+                                     python=True)
+
+# torch_ops.native_description's flags (observer.cpp's OpFlag).
+VIEW, MATH, AUTOCAST, NO_ACCESS, LAYOUT_ONLY, COPY, SPECIAL, READING, HOST_OUTPUT, IGNORED = (
+    1 << i for i in range(10))
+# A record's flags (observer.cpp's RecordFlag) and an access's roles.
+STREAM_BEFORE, HAS_STREAM, SPECIAL_RECORD = 1, 2, 4
+READ, WRITTEN, FRESH = 0, 1, 2
+# c10::DeviceType of the devices it can observe.
+DEVICE_TYPES = {"cpu": 0, "cuda": 1}
+
+
+class Observer:
+    """The library's C functions (ctypes.PyDLL: called with the GIL held)."""
+
+    def __init__(self, path: Path):
+        lib = ctypes.PyDLL(str(path))
+        obj = ctypes.py_object
+
+        def f(name, restype, *argtypes):
+            function = getattr(lib, f"streamcheck_native_{name}")
+            function.restype, function.argtypes = restype, list(argtypes)
+            return function
+
+        self.path = path
+        self._enable = f("enable", ctypes.c_int, ctypes.c_int, obj, obj, obj, obj, ctypes.c_int)
+        self.disable = f("disable", None)
+        self.stream_handles = f("stream_handles", ctypes.c_int)
+        self.observe_thread = f("observe_thread", ctypes.c_int, ctypes.c_int)
+        self.thread_has_callbacks = f("thread_has_callbacks", ctypes.c_int)
+        self.pause = f("pause", None, ctypes.c_int)
+        self._take = f("take", ctypes.c_int, obj)
+        self._stack = f("stack", ctypes.c_int, ctypes.c_uint, obj)
+        self.reset_stacks = f("reset_stacks", None)
+        self.stack_here = f("stack_here", ctypes.c_uint)
+        self._frames_here = f("frames_here", ctypes.c_int, obj)
+
+    def enable(self, device: str, describe, classify, begin, end, depth: int) -> None:
+        """Record operators on tensors of `device` ("cuda"; "cpu" for tests) on the threads that
+        call observe_thread(1). Python's functions: describe(name, overload) -> (index, flags,
+        written, device argument) or None; classify(code) -> its kind (SiteResolver.code_kind);
+        begin() and end(ok) around a special operator that may wait; `depth`: the user's frames kept."""
+        self._enable(DEVICE_TYPES[device], describe, classify, begin, end, depth)
+
+    def take(self) -> list:
+        """The records made since the last take, in issue order: (op index, thread ident, stream,
+        device, stack id, flags, special slot, accesses), an access (lo, hi, storage, storage bytes,
+        device, role)."""
+        out: list = []
+        self._take(out)
+        return out
+
+    def stack(self, stack_id: int) -> Optional[tuple]:
+        """((code, offset), ...) innermost first, and the user's frame's index; None for no stack."""
+        out: list = []
+        self._stack(stack_id, out)
+        return out[0] if out else None
+
+    def frames_here(self) -> list:
+        out: list = []
+        self._frames_here(out)
+        return out
+
+
+_observer: Optional[Observer] = None
+_failure: str = ""
+
+
+def unavailable_reason() -> str:
+    """Why this process records torch operators through the Python path ('' where it need not)."""
+    if os.environ.get(SWITCH) == "0":
+        return f"{SWITCH}=0 turned it off"
+    if _observer is None and not _failure:
+        load()
+    return _failure
+
+
+def load() -> Optional[Observer]:
+    """The observer, built and loaded once per process; None where it cannot be had (the reason:
+    unavailable_reason). Needs torch imported (the library links to its libraries)."""
+    global _observer, _failure
+    if os.environ.get(SWITCH) == "0":
+        return None
+    if _observer is not None or _failure:
+        return _observer
+    try:
+        path = native_build.build(LIBRARY)
+        observer = Observer(path)
+    except NativeUnavailable as exc:
+        _failure = str(exc)
+        return None
+    except OSError as exc:  # the library does not load against this torch
+        _failure = f"its library did not load ({exc})"
+        return None
+    if not _reads_frames(observer):
+        _failure = (f"it cannot read the frames of this Python ({sys.version.split()[0]}) as Python does: "
+                    "call sites would be wrong")
+        return None
+    _observer = observer
+    return observer
+
+
+def _reads_frames(observer: Observer) -> bool:
+    """Whether the observer's walk of this thread's frames is sys._getframe()'s: the same code
+    objects, and the same offsets in every frame but this one (still running). Its walk starts in
+    Observer.frames_here, which called it."""
+    read = observer.frames_here()[1:]
+    frame, expected = sys._getframe(), []
+    while frame is not None:
+        expected.append((frame.f_code, frame.f_lasti))
+        frame = frame.f_back
+    return (len(read) == len(expected) and all(a[0] is b[0] for a, b in zip(read, expected))
+            and read[1:] == expected[1:])
+
+
+__all__ = ["Observer", "load", "unavailable_reason", "NativeUnavailable", "SWITCH"]

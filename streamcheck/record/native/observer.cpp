@@ -1,0 +1,848 @@
+// streamcheck's operator observer: torch's operators seen from the dispatcher's RecordFunction callbacks
+// (C++, no Python frame per operator), written as compact records into a buffer that the recorder drains
+// (streamcheck/record/native/__init__.py; the records become trace records in record/adapters/torch_ops.py).
+//
+// Which operators: those a TorchDispatchMode would see (the recorder's Python path is the reference). The
+// dispatcher calls RecordFunction for every operator it is asked for, composites and the operators kernels
+// call inside themselves too; a dispatch mode sees each call at the Python key, below autograd and autocast,
+// and nothing that runs inside it. So, per thread, a stack of open operators:
+// - an operator whose kernel is CompositeImplicitAutograd for the observed backend (a "math" kernel: linear,
+//   matmul, reshape, to) is transparent: the operators it calls are the ones recorded (the mode's view with
+//   autograd on; with it off, torch_ops' mode decomposes such an operator itself, so both paths agree);
+// - so is an operator with an autocast kernel while autocast is on (it casts, then calls the operator again);
+// - any other operator is recorded once, and what runs inside it is not;
+// - views (every return aliases an input, none is written) touch no memory: nothing is recorded.
+// What an operator reads and writes comes from its schema's alias annotations (`Tensor(a!)`: written), as
+// torch_ops.operator_accesses says; Python describes each operator once (describe_op), so the rules have one
+// home.
+//
+// Special operators (copies that touch host memory, pinned host memory, `.item()`, operators that hand the host
+// a value, record_stream, custom operators) keep their inputs and outputs, and at the operator's end the
+// observer calls Python, which drains the buffer and replays them through torch_ops' own rules (their values
+// reach Python through the `streamcheck_native::special_values` operator, converted by torch itself).
+//
+// Call sites: each record carries a stack id, the frames from the innermost one to the user's (and the user's
+// callers) that the recorder's SiteResolver would keep, interned: read from the thread's Python frame stack
+// without the GIL (torch's bindings release it around an operator; the thread stands inside the operator, so its
+// frames stand still), each code object classified once by Python (the resolver's rule). Files and lines are
+// resolved only for what a report names.
+//
+// Locks: the buffer and the tables have their own mutexes, never held while the GIL is taken.
+#define Py_BUILD_CORE 1
+#include <Python.h>
+#if PY_VERSION_HEX >= 0x030E0000
+#error "streamcheck's native recorder reads the frames of Python 3.10 to 3.13; this Python is newer"
+#elif PY_VERSION_HEX >= 0x030B0000
+#include <internal/pycore_frame.h>
+#elif PY_VERSION_HEX < 0x030A0000
+#error "streamcheck's native recorder reads the frames of Python 3.10 to 3.13; this Python is older"
+#else
+#include <frameobject.h>
+#endif
+
+#include <ATen/Context.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/record_function.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/library.h>
+
+#include <pthread.h>
+
+#include <atomic>
+#include <cstdint>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace {
+
+// --- what Python says of an operator (torch_ops.native_description), once per operator -------------------
+enum OpFlag : uint32_t {
+  kView = 1,          // every return aliases an input, none is written: no access
+  kMath = 2,          // CompositeImplicitAutograd kernel on the observed backend: transparent
+  kAutocast = 4,      // has an autocast kernel for the observed device: transparent while autocast is on
+  kNoAccess = 8,      // allocates without touching the bytes: its tensors are registered only
+  kLayoutOnly = 16,   // reads only the shape of its unwritten arguments
+  kCopy = 32,         // a copy: special when a host tensor takes part
+  kSpecial = 64,      // always handled by torch_ops' Python rules
+  kReading = 128,     // the host may wait for the device inside it (torch's sync callback is its own)
+  kHostOutput = 256,  // may return pinned host memory: always, or when its pin_memory argument is true
+  kIgnored = 512,     // not the program's (streamcheck's own, the profiler's)
+};
+
+struct OpInfo {
+  uint32_t index = 0;
+  uint32_t flags = kIgnored;
+  std::vector<uint8_t> written;  // per schema argument
+  int device_arg = -1;           // index of the argument named `device`
+  int pin_arg = -1;              // index of the argument named `pin_memory`
+};
+
+// Roles of a tensor in a record (torch_ops' reads, writes and fresh outputs).
+enum Role : uint8_t { kRead = 0, kWritten = 1, kFresh = 2 };
+
+struct Access {
+  uint64_t lo, hi;  // the bytes it spans (lo == hi: empty)
+  uint64_t base, nbytes;  // its storage, for the recorder's allocation table
+  int16_t device;
+  uint8_t role;
+};
+
+enum RecordFlag : uint32_t {
+  kStreamBefore = 1,  // the stream was known before the operator ran (an argument's device, or device=)
+  kHasStream = 2,
+  kSpecialRecord = 4,
+};
+
+struct Record {
+  uint32_t op, stack, flags, first, count;
+  int16_t device;
+  uint64_t thread, stream;
+  int64_t slot;  // special: its values in `specials`
+};
+
+struct Special {
+  std::vector<c10::IValue> inputs, outputs;
+};
+
+// --- configuration (set by enable, under the GIL) ----------------------------------------------------------
+std::atomic<bool> enabled{false};
+c10::DeviceType observed = c10::DeviceType::CUDA;
+c10::DispatchKey autocast_key = c10::DispatchKey::AutocastCUDA;
+bool native_streams = false;  // the observed device's guard gives streams' native handles (cudaStream_t)
+PyObject* describe_op = nullptr;  // (qualified name, overload) -> (index, flags, written, device_arg, pin_arg) or None
+PyObject* classify_code = nullptr;  // code -> 0 machinery, 1 library, 2 user, 3 a library's forwarding wrapper
+PyObject* special_begin = nullptr;  // () -> None: a special operator that may wait is starting
+PyObject* special_end = nullptr;  // (ok) -> None: a special operator ended (drain now), or failed
+int user_depth = 8;  // SiteSettings.depth: the user's frame and its callers kept
+
+constexpr int kWalkLimit = 64;  // SiteResolver's depth_limit
+enum CodeKind : uint8_t { kMachinery = 0, kLibrary = 1, kUser = 2, kForwards = 3 };
+
+std::mutex ops_mutex;
+std::unordered_map<const char*, OpInfo*> ops;  // keyed by the schema's name string (lives with the operator)
+std::vector<OpInfo*> retired;  // earlier recordings' descriptions: a callback running now may still read one
+
+std::mutex records_mutex;
+std::vector<Record> records;
+std::vector<Access> accesses;
+std::unordered_map<int64_t, Special> specials;
+int64_t next_slot = 0;
+
+std::mutex pinned_mutex;
+std::unordered_map<const void*, bool> pinned;  // storage address -> pinned host memory (is_pinned is a driver query)
+
+struct VectorHash {
+  size_t operator()(const std::vector<uint64_t>& v) const noexcept {
+    uint64_t h = 1469598103934665603ULL;
+    for (uint64_t x : v) h = (h ^ x) * 1099511628211ULL;
+    return static_cast<size_t>(h);
+  }
+};
+std::mutex stacks_mutex;
+std::unordered_map<PyObject*, uint8_t> code_kinds;  // holds a reference to each code: its address stays its own
+std::unordered_map<std::vector<uint64_t>, uint32_t, VectorHash> stack_ids;
+std::vector<std::vector<uint64_t>> stacks;  // id - 1 -> (code, offset)... then the user's frame's index
+
+// --- per thread ---------------------------------------------------------------------------------------------
+enum FrameKind : uint8_t { kTransparent, kOpaque, kKernel };
+
+struct Frame {
+  FrameKind kind = kOpaque;
+  OpInfo* op = nullptr;
+  std::vector<std::pair<at::Tensor, uint8_t>> tensors;  // the arguments it accesses, with their roles
+  std::vector<c10::IValue> inputs;  // kept where it may be special
+  bool keep_inputs = false;
+  bool special = false;
+  bool began = false;  // special_begin was called
+  bool relevant = false;  // a tensor on the device, pinned host memory, or device= names the device
+  int16_t device = -1;
+  uint64_t stream = 0;
+  uint32_t stack = 0;
+  int exceptions = 0;
+};
+
+struct ThreadState {
+  std::vector<Frame> frames;
+  size_t depth = 0;
+  int paused = 0;  // streamcheck's own work on this thread (recorder.inside, gpu.suppressed)
+  at::CallbackHandle handle = 0;
+};
+thread_local ThreadState thread_state;
+
+bool python_usable() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsInitialized() && !Py_IsFinalizing();
+#else
+  return Py_IsInitialized() && !_Py_IsFinalizing();
+#endif
+}
+
+// Python, called from a callback: the GIL taken (this thread may hold it already), and this thread's operators
+// paused meanwhile (what Python runs is streamcheck's, never the program's).
+struct InPython {
+  PyGILState_STATE gil;
+  InPython() : gil(PyGILState_Ensure()) {
+    ++thread_state.paused;
+  }
+  ~InPython() {
+    if (PyErr_Occurred()) PyErr_Clear();  // the recorder's functions report their own errors
+    --thread_state.paused;
+    PyGILState_Release(gil);
+  }
+};
+
+void call_python(PyObject* function, PyObject* argument) {
+  if (function == nullptr || !python_usable()) return;
+  InPython in_python;
+  PyObject* result = argument != nullptr ? PyObject_CallOneArg(function, argument) : PyObject_CallNoArgs(function);
+  Py_XDECREF(result);
+}
+
+// --- Python frames, read without the GIL ---------------------------------------------------------------------
+#if PY_VERSION_HEX >= 0x030B0000
+using PyFrame = _PyInterpreterFrame;
+
+PyFrame* complete(PyFrame* frame) {
+  while (frame != nullptr && _PyFrame_IsIncomplete(frame)) frame = frame->previous;
+  return frame;
+}
+
+PyFrame* first_frame(PyThreadState* state) {
+#if PY_VERSION_HEX >= 0x030D0000
+  return complete(state->current_frame);
+#else
+  return complete(state->cframe->current_frame);
+#endif
+}
+
+PyFrame* back(PyFrame* frame) {
+  return complete(frame->previous);
+}
+
+PyObject* code_of(PyFrame* frame) {
+#if PY_VERSION_HEX >= 0x030D0000
+  return reinterpret_cast<PyObject*>(_PyFrame_GetCode(frame));
+#else
+  return reinterpret_cast<PyObject*>(frame->f_code);
+#endif
+}
+
+int64_t offset_of(PyFrame* frame) {  // frame.f_lasti
+  int lasti = _PyInterpreterFrame_LASTI(frame);
+  return lasti < 0 ? -1 : static_cast<int64_t>(lasti) * static_cast<int64_t>(sizeof(_Py_CODEUNIT));
+}
+#else
+using PyFrame = PyFrameObject;
+
+PyFrame* first_frame(PyThreadState* state) {
+  return state->frame;
+}
+
+PyFrame* back(PyFrame* frame) {
+  return frame->f_back;
+}
+
+PyObject* code_of(PyFrame* frame) {
+  return reinterpret_cast<PyObject*>(frame->f_code);
+}
+
+int64_t offset_of(PyFrame* frame) {
+  return frame->f_lasti < 0 ? -1 : static_cast<int64_t>(frame->f_lasti) * static_cast<int64_t>(sizeof(_Py_CODEUNIT));
+}
+#endif
+
+// The kind of `code`, asking Python (under the GIL) the first time. Called without stacks_mutex held.
+uint8_t code_kind(PyObject* code) {
+  {
+    std::lock_guard<std::mutex> lock(stacks_mutex);
+    auto found = code_kinds.find(code);
+    if (found != code_kinds.end()) return found->second;
+  }
+  uint8_t kind = kLibrary;
+  if (!python_usable()) return kind;
+  InPython in_python;
+  PyObject* result = classify_code != nullptr ? PyObject_CallOneArg(classify_code, code) : nullptr;
+  if (result != nullptr) {
+    kind = static_cast<uint8_t>(PyLong_AsLong(result));
+    Py_DECREF(result);
+  }
+  std::lock_guard<std::mutex> lock(stacks_mutex);
+  if (code_kinds.emplace(code, kind).second) Py_INCREF(code);
+  return kind;
+}
+
+// The walk of SiteResolver.__call__: streamcheck's frames and forwarding wrappers skipped, the libraries' frames
+// kept up to the user's, then the user's callers while they are the user's, at most user_depth of them.
+uint32_t stack_id() {
+  PyThreadState* state = PyGILState_GetThisThreadState();
+  if (state == nullptr) return 0;  // a thread Python never ran on (the autograd engine's): no site
+  std::vector<uint64_t> key;
+  key.reserve(24);
+  int user = -1;
+  PyFrame* frame = first_frame(state);
+  for (int i = 0; i < kWalkLimit && frame != nullptr; ++i) {
+    PyObject* code = code_of(frame);
+    uint8_t kind = code_kind(code);
+    if (kind != kMachinery && kind != kForwards) {
+      key.push_back(reinterpret_cast<uint64_t>(code));
+      key.push_back(static_cast<uint64_t>(offset_of(frame)));
+      if (kind == kUser) {
+        user = static_cast<int>(key.size() / 2) - 1;
+        break;
+      }
+    }
+    frame = back(frame);
+  }
+  if (user >= 0) {
+    frame = back(frame);
+    for (int i = 0; i < user_depth - 1 && frame != nullptr;) {
+      PyObject* code = code_of(frame);
+      uint8_t kind = code_kind(code);
+      if (kind == kForwards) {  // torch.compile's wrapper: its caller is the user's
+        frame = back(frame);
+        continue;
+      }
+      if (kind != kUser) break;
+      key.push_back(reinterpret_cast<uint64_t>(code));
+      key.push_back(static_cast<uint64_t>(offset_of(frame)));
+      frame = back(frame);
+      ++i;
+    }
+  }
+  if (key.empty()) return 0;
+  key.push_back(static_cast<uint64_t>(user < 0 ? 0 : user));
+  std::lock_guard<std::mutex> lock(stacks_mutex);
+  auto found = stack_ids.find(key);
+  if (found != stack_ids.end()) return found->second;
+  stacks.push_back(key);
+  auto id = static_cast<uint32_t>(stacks.size());
+  stack_ids.emplace(std::move(key), id);
+  return id;
+}
+
+// --- operators --------------------------------------------------------------------------------------------------
+OpInfo* describe(const at::RecordFunction& fn) {
+  const char* key = fn.name();
+  {
+    std::lock_guard<std::mutex> lock(ops_mutex);
+    auto found = ops.find(key);
+    if (found != ops.end()) return found->second;
+  }
+  // A RecordFunction named by a string (no schema) is nobody's operator; its name's address is not stable.
+  static OpInfo ignored;
+  auto name = fn.operator_name();
+  if (!name) return &ignored;
+  auto handle = c10::Dispatcher::singleton().findOp(*name);
+  if (!handle || !handle->hasSchema() || handle->schema().name().c_str() != key) return &ignored;
+  auto* info = new OpInfo();
+  if (python_usable() && describe_op != nullptr) {
+    InPython in_python;
+    PyObject* result = PyObject_CallFunction(describe_op, "ss", name->name.c_str(), name->overload_name.c_str());
+    if (result != nullptr && result != Py_None) {
+      PyObject* written = nullptr;
+      unsigned int index = 0, flags = kIgnored;
+      int device_arg = -1, pin_arg = -1;
+      if (PyArg_ParseTuple(result, "IIOii", &index, &flags, &written, &device_arg, &pin_arg)) {
+        info->index = index;
+        info->flags = flags;
+        info->device_arg = device_arg;
+        info->pin_arg = pin_arg;
+        Py_ssize_t n = PySequence_Size(written);
+        for (Py_ssize_t i = 0; i < n; ++i) {
+          PyObject* item = PySequence_GetItem(written, i);
+          info->written.push_back(item != nullptr && PyObject_IsTrue(item) == 1);
+          Py_XDECREF(item);
+        }
+      }
+    }
+    Py_XDECREF(result);
+  }
+  std::lock_guard<std::mutex> lock(ops_mutex);
+  auto placed = ops.emplace(key, info);
+  if (!placed.second) {  // another thread described it meanwhile
+    delete info;
+    return placed.first->second;
+  }
+  return info;
+}
+
+bool is_pinned(const at::Tensor& t) {
+  if (t.device().type() != c10::DeviceType::CPU || observed == c10::DeviceType::CPU || t.numel() == 0 ||
+      !t.has_storage()) {
+    return false;
+  }
+  const void* ptr = t.storage().data();
+  std::lock_guard<std::mutex> lock(pinned_mutex);
+  auto found = pinned.find(ptr);
+  if (found != pinned.end()) return found->second;
+  bool answer = at::globalContext().isPinnedPtr(ptr);
+  pinned.emplace(ptr, answer);
+  return answer;
+}
+
+// A tensor of the observed device whose bytes are there: not a fake tensor of torch.compile's tracing (its device
+// says cuda, its storage is meta; a dispatch mode is off while Dynamo traces), nor a wrapper without storage.
+bool on_device(const at::Tensor& t) {
+  return t.device().type() == observed && t.has_storage() && t.storage().device_type() == observed;
+}
+
+// A host tensor whose bytes are on the host (fake and meta tensors are not).
+bool on_host(const at::Tensor& t) {
+  return t.device().type() == c10::DeviceType::CPU && t.has_storage() &&
+         t.storage().device_type() == c10::DeviceType::CPU;
+}
+
+template <typename F>
+void each_tensor(const c10::IValue& value, F&& f) {
+  if (value.isTensor()) {
+    f(value.toTensor());
+  } else if (value.isTensorList()) {
+    for (const at::Tensor& t : value.toTensorList()) f(t);
+  } else if (value.isList()) {  // Tensor?[] (index): a generic list
+    for (const c10::IValue& item : value.toListRef()) {
+      if (item.isTensor()) f(item.toTensor());
+    }
+  }
+}
+
+// The current stream of `device` of the observed type: its native handle (cudaStream_t) where the guard has one,
+// else its id (a device type without streams: CPU, for tests).
+uint64_t current_stream(int16_t device) {
+  auto* guard = c10::impl::getDeviceGuardImpl(observed);
+  c10::Device where(observed, device < 0 ? guard->getDevice().index() : static_cast<c10::DeviceIndex>(device));
+  c10::Stream stream = guard->getStream(where);
+  if (native_streams) return reinterpret_cast<uint64_t>(guard->getStreamNativeHandle(stream));
+  return static_cast<uint64_t>(stream.id());
+}
+
+void add_access(std::vector<Access>& out, const at::Tensor& t, uint8_t role) {
+  Access a{0, 0, 0, 0, static_cast<int16_t>(t.device().index()), role};
+  if (t.has_storage()) {
+    const auto& storage = t.storage();
+    a.base = reinterpret_cast<uint64_t>(storage.data());
+    a.nbytes = storage.nbytes();
+  }
+  // cuda_device._span: the bytes a strided tensor spans; none if it is empty.
+  bool empty = false;
+  int64_t size = static_cast<int64_t>(t.element_size()), lo = 0, hi = 0;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    int64_t n = t.sizes()[d], stride = t.strides()[d] * size;
+    if (n == 0) empty = true;
+    if (n > 1) (stride >= 0 ? hi : lo) += (n - 1) * stride;
+  }
+  if (!empty && a.base != 0) {
+    auto ptr = static_cast<int64_t>(reinterpret_cast<uintptr_t>(t.data_ptr()));
+    a.lo = static_cast<uint64_t>(ptr + lo);
+    a.hi = static_cast<uint64_t>(ptr + hi + size);
+  }
+  out.push_back(a);
+}
+
+Frame& push(ThreadState& ts, FrameKind kind) {
+  if (ts.depth == ts.frames.size()) ts.frames.emplace_back();
+  Frame& f = ts.frames[ts.depth++];
+  f.kind = kind;
+  return f;
+}
+
+std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+  ThreadState& ts = thread_state;
+  bool inside = ts.depth > 0 && ts.frames[ts.depth - 1].kind != kTransparent;
+  // Operators torch runs with the Python key excluded (torch.tensor()'s own copy of its data) are hidden
+  // from dispatch modes: from this observer too, so that both paths record the same operators.
+  if (inside || ts.paused > 0 || !enabled.load(std::memory_order_relaxed) ||
+      c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::Python)) {
+    push(ts, kOpaque);
+    return nullptr;
+  }
+  OpInfo* op = nullptr;
+  try {
+    op = describe(fn);
+  } catch (...) {
+    push(ts, kOpaque);
+    return nullptr;
+  }
+  uint32_t flags = op->flags;
+  if (flags & kIgnored) {
+    push(ts, kOpaque);
+    return nullptr;
+  }
+  if ((flags & kMath) || ((flags & kAutocast) && c10::impl::tls_is_dispatch_key_included(autocast_key) &&
+                          !c10::impl::tls_is_dispatch_key_excluded(autocast_key))) {
+    push(ts, kTransparent);
+    return nullptr;
+  }
+  if (flags & kView) {  // no kernel: a view is bytes of its base, seen when it is used
+    push(ts, kOpaque);
+    return nullptr;
+  }
+  // The call site first: classifying a new code object calls Python, whose own operators push frames of
+  // their own (which may move this thread's frames; none of them is held across it).
+  uint32_t stack = 0;
+  try {
+    stack = stack_id();
+  } catch (...) {
+  }
+  Frame& f = push(ts, kKernel);
+  f.op = op;
+  f.tensors.clear();
+  f.inputs.clear();
+  f.special = (flags & kSpecial) != 0;
+  f.began = false;
+  f.relevant = false;
+  f.device = -1;
+  f.stream = 0;
+  f.stack = stack;
+  f.exceptions = std::uncaught_exceptions();
+  bool host = false;  // a host tensor takes part (pageable or pinned)
+  try {
+    auto inputs = fn.inputs();
+    bool layout_only = (flags & kLayoutOnly) != 0;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      uint8_t role = i < op->written.size() && op->written[i] ? kWritten : kRead;
+      if (layout_only && role == kRead) continue;
+      each_tensor(inputs[i], [&](const at::Tensor& t) {
+        // A Python number the binding wrapped (x + 1): no memory of the program's (a dispatch mode
+        // gets it back as the number).
+        if (!t.defined() || t.unsafeGetTensorImpl()->is_wrapped_number()) return;
+        if (on_device(t)) {
+          f.tensors.emplace_back(t, role);
+        } else if (on_host(t)) {
+          host = true;
+          if (is_pinned(t)) f.special = f.relevant = true;
+        }
+      });
+    }
+    if ((flags & kCopy) && op->device_arg >= 0 && static_cast<size_t>(op->device_arg) < inputs.size()) {
+      const c10::IValue& d = inputs[op->device_arg];
+      if (d.isDevice() && d.toDevice().type() == c10::DeviceType::CPU) host = true;  // .cpu(), .to("cpu")
+    }
+    if ((flags & kCopy) && host && observed != c10::DeviceType::CPU) f.special = true;
+    bool host_output = false;
+    if ((flags & kHostOutput) && observed != c10::DeviceType::CPU) {
+      int pin = op->pin_arg;
+      host_output = pin < 0 || (static_cast<size_t>(pin) < inputs.size() && inputs[pin].isBool() &&
+                                inputs[pin].toBool());
+    }
+    f.keep_inputs = f.special || (flags & kCopy) || host_output;
+    if (f.keep_inputs) f.inputs.assign(inputs.begin(), inputs.end());
+    // Where it runs: its first argument on the device (reads first), else the device its `device=` names.
+    for (int pass = 0; pass < 2 && f.device < 0; ++pass) {
+      for (auto& [t, role] : f.tensors) {
+        if ((role == kRead) == (pass == 0)) {
+          f.device = t.device().index();
+          break;
+        }
+      }
+    }
+    bool known = f.device >= 0;
+    if (!known && op->device_arg >= 0 && static_cast<size_t>(op->device_arg) < inputs.size()) {
+      const c10::IValue& d = inputs[op->device_arg];
+      if (d.isDevice() && d.toDevice().type() == observed) {
+        known = true;
+        f.device = d.toDevice().index();  // -1: the current device
+      }
+    }
+    if (known && !(flags & kNoAccess)) f.stream = current_stream(f.device);
+    if (!known) f.device = -2;  // decided by its first fresh output
+    f.relevant = f.relevant || known;
+  } catch (...) {
+    f.kind = kOpaque;  // never break the program: this operator goes unrecorded
+    return nullptr;
+  }
+  if (f.special && f.relevant && (flags & kReading)) {
+    f.began = true;
+    call_python(special_begin, nullptr);  // (f is not used after this call)
+  }
+  return nullptr;
+}
+
+void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
+  ThreadState& ts = thread_state;
+  if (ts.depth == 0) return;  // enabled while this operator was already open
+  Frame& f = ts.frames[--ts.depth];
+  if (f.kind != kKernel) return;
+  bool failed = std::uncaught_exceptions() > f.exceptions;
+  uint32_t flags = f.op->flags;
+  std::vector<Access> mine;
+  Special values;
+  bool special = f.special;
+  try {
+    if (!failed) {
+      mine.reserve(f.tensors.size() + 2);
+      for (auto& [t, role] : f.tensors) add_access(mine, t, role);
+      // Fresh outputs: the returned tensors on the device that are not a written argument (in-place and out=
+      // operators return those); of several returns, only the direct tensors (torch_ops._tensors).
+      const auto& outputs = fn.outputs();
+      auto fresh = [&](const at::Tensor& t) {
+        if (!t.defined()) return;
+        if (on_device(t)) {
+          for (auto& [w, role] : f.tensors) {
+            if (role == kWritten && w.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return;
+          }
+          add_access(mine, t, kFresh);
+        } else if (on_host(t) && observed != c10::DeviceType::CPU && f.keep_inputs) {
+          bool host_pinned = is_pinned(t);
+          if ((flags & kCopy) || host_pinned) special = true;  // .cpu() returns host memory; pin_memory= pinned
+          if (host_pinned) f.relevant = true;
+        }
+      };
+      if (outputs.size() == 1) {
+        each_tensor(outputs[0], fresh);
+      } else {
+        for (const c10::IValue& out : outputs) {
+          if (out.isTensor()) fresh(out.toTensor());
+        }
+      }
+      if (special) {
+        values.inputs = std::move(f.inputs);
+        values.outputs.assign(outputs.begin(), outputs.end());
+      }
+    }
+  } catch (...) {
+    failed = true;
+  }
+  f.tensors.clear();
+  f.inputs.clear();
+  if (failed) {  // the operator's own error reaches the program; nothing is recorded
+    if (f.began) call_python(special_end, Py_False);
+    return;
+  }
+  // Nothing on the device (and, for a special operator, no pinned memory, no device named): not the recorder's.
+  if (mine.empty() && !(special && f.relevant)) {
+    if (f.began) call_python(special_end, Py_False);
+    return;
+  }
+  Record r{f.op->index, f.stack, 0, 0, 0, f.device, static_cast<uint64_t>(pthread_self()), f.stream, -1};
+  if (f.device != -2) {
+    if (!(flags & kNoAccess)) r.flags |= kStreamBefore | kHasStream;
+  } else if (!(flags & kNoAccess)) {  // a factory: its first fresh output says where it ran
+    r.device = -1;
+    for (const Access& a : mine) {
+      if (a.role == kFresh) {
+        r.device = a.device;
+        break;
+      }
+    }
+    try {
+      r.stream = current_stream(r.device);
+      r.flags |= kHasStream;
+    } catch (...) {
+    }
+  }
+  if (special) r.flags |= kSpecialRecord;
+  {
+    std::lock_guard<std::mutex> lock(records_mutex);
+    r.first = static_cast<uint32_t>(accesses.size());
+    r.count = static_cast<uint32_t>(mine.size());
+    accesses.insert(accesses.end(), mine.begin(), mine.end());
+    if (special) {
+      r.slot = next_slot++;
+      specials.emplace(r.slot, std::move(values));
+    }
+    records.push_back(r);
+  }
+  if (special) call_python(special_end, Py_True);  // drained now: the records stay in issue order
+}
+
+// The special operator's values, for Python (torch converts them): its inputs and its outputs.
+std::tuple<std::vector<c10::IValue>, std::vector<c10::IValue>> special_values(int64_t slot) {
+  std::lock_guard<std::mutex> lock(records_mutex);
+  auto found = specials.find(slot);
+  TORCH_CHECK(found != specials.end(), "streamcheck: no special operator ", slot, " is pending");
+  auto result = std::make_tuple(std::move(found->second.inputs), std::move(found->second.outputs));
+  specials.erase(found);
+  return result;
+}
+
+c10::List<c10::IValue> any_list(std::vector<c10::IValue>&& values) {
+  c10::List<c10::IValue> list(c10::AnyType::get());
+  for (auto& v : values) list.push_back(std::move(v));
+  return list;
+}
+
+std::tuple<c10::List<c10::IValue>, c10::List<c10::IValue>> special_values_op(int64_t slot) {
+  auto [inputs, outputs] = special_values(slot);
+  return std::make_tuple(any_list(std::move(inputs)), any_list(std::move(outputs)));
+}
+
+void set_callable(PyObject*& slot, PyObject* value) {
+  Py_XINCREF(value == Py_None ? nullptr : value);
+  PyObject* old = slot;
+  slot = value == Py_None ? nullptr : value;
+  Py_XDECREF(old);
+}
+
+}  // namespace
+
+TORCH_LIBRARY(streamcheck_native, m) {
+  m.def("special_values(int slot) -> (Any[], Any[])", &special_values_op);
+}
+
+// --- the C functions Python calls (ctypes.PyDLL: with the GIL held) ----------------------------------------------
+extern "C" {
+
+// Forget the code classifications and the stacks (the resolver's settings changed). The caller drained first.
+void streamcheck_native_reset_stacks() {
+  std::unordered_map<PyObject*, uint8_t> codes;
+  {
+    std::lock_guard<std::mutex> lock(stacks_mutex);
+    codes.swap(code_kinds);
+    stack_ids.clear();
+    stacks.clear();
+  }
+  for (auto& [code, kind] : codes) Py_DECREF(code);
+}
+
+// Start observing `device_type` (c10::DeviceType: 1 CUDA, 0 CPU for tests) with Python's functions; the threads
+// that observe are those that call streamcheck_native_observe_thread(1). Returns 0, or -1 with a Python error set.
+int streamcheck_native_enable(int device_type, PyObject* describe, PyObject* classify, PyObject* begin, PyObject* end,
+                              int depth) {
+  observed = static_cast<c10::DeviceType>(device_type);
+  autocast_key = observed == c10::DeviceType::CPU ? c10::DispatchKey::AutocastCPU : c10::DispatchKey::AutocastCUDA;
+  try {
+    auto* guard = c10::impl::getDeviceGuardImpl(observed);
+    c10::Stream stream = guard->getStream(guard->getDevice());
+    native_streams = false;
+    try {
+      guard->getStreamNativeHandle(stream);
+      native_streams = true;
+    } catch (...) {
+    }
+  } catch (const std::exception& e) {
+    PyErr_Format(PyExc_RuntimeError, "torch has no device guard for %s: %s", c10::DeviceTypeName(observed).c_str(),
+                 e.what());
+    return -1;
+  }
+  {  // each recording describes operators into its own table, and classifies code by its own resolver
+    std::lock_guard<std::mutex> lock(ops_mutex);
+    for (auto& [name, info] : ops) retired.push_back(info);
+    ops.clear();
+  }
+  streamcheck_native_reset_stacks();
+  set_callable(describe_op, describe);
+  set_callable(classify_code, classify);
+  set_callable(special_begin, begin);
+  set_callable(special_end, end);
+  user_depth = depth < 1 ? 1 : depth;
+  enabled.store(true);
+  return 0;
+}
+
+// Whether the records' streams are the device's native handles (cudaStream_t), as the recorder names streams
+// (set by enable; a device type without them, CPU, gives stream ids).
+int streamcheck_native_stream_handles() {
+  return native_streams;
+}
+
+// Stop recording: every thread's callback goes inert at once (each thread removes its own with observe_thread(0)).
+void streamcheck_native_disable() {
+  enabled.store(false);
+}
+
+// Add (1) or remove (0) this thread's RecordFunction callback. Returns whether this thread has one now.
+int streamcheck_native_observe_thread(int on) {
+  ThreadState& ts = thread_state;
+  if (on && ts.handle == 0) {
+    ts.handle = at::addThreadLocalCallback(at::RecordFunctionCallback(on_start, on_end)
+                                               .needsInputs(true)
+                                               .needsOutputs(true)
+                                               .scopes({at::RecordScope::FUNCTION}));
+    ts.depth = 0;
+  } else if (!on && ts.handle != 0) {
+    at::removeCallback(ts.handle);
+    ts.handle = 0;
+    ts.depth = 0;
+  }
+  return ts.handle != 0;
+}
+
+// Whether this thread has any RecordFunction callback of its own (streamcheck's, or another's).
+int streamcheck_native_thread_has_callbacks() {
+  return at::hasThreadLocalCallbacks();
+}
+
+// streamcheck's own work on this thread (+1 entering, -1 leaving): its operators are not the program's.
+void streamcheck_native_pause(int delta) {
+  thread_state.paused += delta;
+}
+
+// Append the pending records to `out` (a list) and forget them: tuples
+// (op index, thread ident, stream, device, stack id, flags, slot, accesses), accesses a tuple of
+// (lo, hi, storage base, storage bytes, device, role).
+int streamcheck_native_take(PyObject* out) {
+  std::vector<Record> taken;
+  std::vector<Access> taken_accesses;
+  {
+    std::lock_guard<std::mutex> lock(records_mutex);
+    taken.swap(records);
+    taken_accesses.swap(accesses);
+  }
+  for (const Record& r : taken) {
+    PyObject* items = PyTuple_New(r.count);
+    for (uint32_t i = 0; i < r.count; ++i) {
+      const Access& a = taken_accesses[r.first + i];
+      PyTuple_SET_ITEM(items, i,
+                       Py_BuildValue("(KKKKhB)", (unsigned long long)a.lo, (unsigned long long)a.hi,
+                                     (unsigned long long)a.base, (unsigned long long)a.nbytes, a.device, a.role));
+    }
+    PyObject* record = Py_BuildValue("(IkKhIILN)", r.op, (unsigned long)r.thread, (unsigned long long)r.stream,
+                                     r.device, r.stack, r.flags, (long long)r.slot, items);
+    if (record == nullptr || PyList_Append(out, record) != 0) {
+      Py_XDECREF(record);
+      return -1;
+    }
+    Py_DECREF(record);
+  }
+  return 0;
+}
+
+// Append the frames of stack `id` to `out`: ((code, offset), ...), then the user's frame's index.
+int streamcheck_native_stack(unsigned int id, PyObject* out) {
+  std::vector<uint64_t> key;
+  {
+    std::lock_guard<std::mutex> lock(stacks_mutex);
+    if (id == 0 || id > stacks.size()) return 0;
+    key = stacks[id - 1];
+  }
+  size_t n = (key.size() - 1) / 2;
+  PyObject* frames = PyTuple_New(static_cast<Py_ssize_t>(n));
+  for (size_t i = 0; i < n; ++i) {
+    PyObject* code = reinterpret_cast<PyObject*>(key[2 * i]);
+    Py_INCREF(code);  // held by code_kinds since it was classified
+    PyTuple_SET_ITEM(frames, static_cast<Py_ssize_t>(i),
+                     Py_BuildValue("(NL)", code, static_cast<long long>(static_cast<int64_t>(key[2 * i + 1]))));
+  }
+  PyObject* pair = Py_BuildValue("(NK)", frames, (unsigned long long)key.back());
+  int status = pair != nullptr ? PyList_Append(out, pair) : -1;
+  Py_XDECREF(pair);
+  return status;
+}
+
+// The stack id of this point of the calling Python code (the self-check at enable, and tests).
+unsigned int streamcheck_native_stack_here() {
+  return stack_id();
+}
+
+// Append this thread's frames as the observer reads them, innermost first: (code, offset) each (the self-check at
+// enable compares them with sys._getframe()).
+int streamcheck_native_frames_here(PyObject* out) {
+  PyThreadState* state = PyGILState_GetThisThreadState();
+  if (state == nullptr) return 0;
+  for (PyFrame* frame = first_frame(state); frame != nullptr; frame = back(frame)) {
+    PyObject* item = Py_BuildValue("(OL)", code_of(frame), static_cast<long long>(offset_of(frame)));
+    if (item == nullptr || PyList_Append(out, item) != 0) {
+      Py_XDECREF(item);
+      return -1;
+    }
+    Py_DECREF(item);
+  }
+  return 0;
+}
+
+}  // extern "C"

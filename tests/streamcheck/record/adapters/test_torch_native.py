@@ -1,0 +1,357 @@
+"""The native operator observer (streamcheck/record/native/observer.cpp) and its drain
+(record/adapters/torch_native.py) on the CPU, observing CPU tensors as the stand-ins of
+test_torch_ops.py: the records of a small program (bytes read and written, the user's lines), the
+same trace as the dispatch mode's for the same programs (composites with and without autograd,
+host-valued operators, custom operators, frees and events between operators, call stacks), nothing
+left behind once it stops, streamcheck's own operators never recorded, the threads that observe,
+and the Python path, said in one line, where the library cannot be built."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from streamcheck.core import trace as T  # noqa: E402
+from streamcheck.record import gpu, native, recorder as R  # noqa: E402
+from streamcheck.record.adapters import torch_native, torch_runtime  # noqa: E402
+
+from . import test_torch_custom_ops as custom  # noqa: E402  (registers its operators)
+from .test_torch_ops import A, B, harness, launches  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
+F = torch.nn.functional
+
+
+@pytest.fixture
+def observer():
+    found = native.load()
+    if found is None:
+        pytest.skip(f"no native observer here: {native.unavailable_reason()}")
+    return found
+
+
+def line_of(text: str) -> int:
+    """The line of this file that holds `text` (a marker comment)."""
+    with open(__file__, encoding="utf-8") as f:
+        return next(i for i, line in enumerate(f, 1) if text in line and "line_of(" not in line)
+
+
+def test_a_small_programs_records_read_and_write_its_bytes_at_the_users_lines(monkeypatch, observer):
+    rec, _, on = harness(monkeypatch, "native")
+    x, y, z = torch.zeros(8), torch.arange(8.0), torch.empty(8)
+    a, b = torch.randn(3, 4), torch.randn(4, 5)
+    with on(A):
+        m = a @ b  # matmul
+        x[2:4].add_(1)  # in place, on a slice
+        v = x.view(2, 4)  # only a view
+        v[1].fill_(3)  # written through the view
+        torch.mul(x, y, out=z)  # out=
+        c = torch.cat([x, y])  # a TensorList
+    mm, add, fill, mul, cat = launches(rec)
+
+    def place(op):
+        return op.site.file, op.site.line
+
+    def spans(ranges, *tensors):  # (buffer, start, stop) of each range, and of the tensors' bytes
+        return [(r.buffer, r.start, r.stop) for r in ranges], [(r.buffer, r.start, r.stop) for r in rec.ranges(tensors)]
+
+    assert (mm.name, place(mm)) == ("aten.mm.default", (__file__, line_of("# matmul")))
+    assert spans(mm.reads, a, b)[0] == spans(mm.reads, a, b)[1] and spans(mm.writes, m)[0] == spans(mm.writes, m)[1]
+    assert (add.name, place(add)) == ("aten.add_.Tensor", (__file__, line_of("# in place, on a slice")))
+    assert [(r.start, r.stop) for r in add.writes] == [(8, 16)] and add.reads == ()
+    assert (fill.name, place(fill)) == ("aten.fill_.Scalar", (__file__, line_of("# written through the view")))
+    assert [(r.start, r.stop) for r in fill.writes] == [(16, 32)]  # x[4:8], through v[1]
+    assert (mul.name, place(mul)) == ("aten.mul.out", (__file__, line_of("# out=")))
+    assert spans(mul.reads, x, y)[0] == spans(mul.reads, x, y)[1] and spans(mul.writes, z)[0] == spans(mul.writes, z)[1]
+    assert (cat.name, place(cat)) == ("aten.cat.default", (__file__, line_of("# a TensorList")))
+    assert spans(cat.reads, x, y)[0] == spans(cat.reads, x, y)[1] and spans(cat.writes, c)[0] == spans(cat.writes, c)[1]
+    assert all(op.stream == rec.sid(A) for op in (mm, add, fill, mul, cat))
+    assert v.data_ptr() == x.data_ptr() and rec.errors == []
+
+
+# --- the same trace as the dispatch mode's ---------------------------------------------------------------
+
+def _helper_that_adds(x):
+    x.add_(2)  # the innermost user frame; its caller is kept in the stack
+
+
+def _two_user_frames(x):
+    _helper_that_adds(x)
+
+
+def basic(on, keep):
+    x, y, z = torch.zeros(8), torch.arange(8.0), torch.empty(8)
+    a, b = torch.randn(3, 4), torch.randn(4, 5)
+    keep += [x, y, z, a, b]
+    with on(A):
+        keep.append(a @ b)
+        x[2:4].add_(1)
+        v = x.view(2, 4)
+        v[1].fill_(3)
+        torch.mul(x, y, out=z)
+        keep.append(torch.cat([x, y]))
+        keep.append(x * 2)
+        keep.append(torch.zeros(4))
+        keep.append(torch.full((3,), 7.0))
+        _two_user_frames(x)
+        F.relu(x, inplace=True)  # through a library's frame
+    with on(B):
+        x[4:].mul_(3)
+
+
+def composites(on, keep):
+    x, w, b = torch.randn(2, 3, 4), torch.randn(5, 4), torch.randn(5)
+    keep += [x, w, b]
+    with on(A):
+        keep.append(F.linear(x, w, b))
+        keep.append(torch.matmul(x, w.t()))
+        keep.append(x.transpose(0, 1).reshape(-1))  # a copy, though its schema says alias
+        keep.append(x.reshape(6, 4))  # a view
+        keep.append(x.to(torch.float64))  # a copy (to's schema says alias)
+        keep.append(x.transpose(1, 2).contiguous())
+
+
+def host_values(on, keep):
+    x, y = torch.arange(1.0, 5.0), torch.arange(4.0)
+    keep += [x, y]
+    with on(A):
+        s = x.sum()
+        keep.append(s)
+        s.item()
+        torch.equal(x, y)
+        keep.append(torch.nonzero(x))
+        mask = x > 2
+        keep += [mask, x[mask]]
+        keep.append(x[torch.tensor([0, 2])])
+    with on(B):
+        y.zero_()
+
+
+def python_records_between(on, keep, rec):
+    """Records the recorder makes in Python between operators: an event, a wait, frees."""
+    x, y, w = torch.zeros(1024), torch.ones(1024), torch.zeros(256)
+    keep += [x, y, w]
+    pending = torch_runtime.state(rec).pending
+    for t in (x, w):
+        pending[t.untyped_storage().data_ptr()] = rec.sid(A)  # the allocator reported their blocks on A
+    with on(A):
+        x.fill_(1)
+        torch_runtime._event_recorded(0xE1, A)  # side.wait_stream(A)
+        y.add_(x)
+    torch_runtime._event_waited(0xE1, B)
+    with on(B):
+        keep.append(x.sum())
+        w.fill_(2)  # first seen on B: its block is A's all the same
+        torch_runtime._deallocated(w.untyped_storage().data_ptr())  # dropped at once: freed on A
+        torch_runtime._deallocated(x.untyped_storage().data_ptr())
+        y.mul_(2)
+
+
+def custom_operators(on, keep):
+    x, y = torch.ones(4), torch.arange(4.0)
+    keep += [x, y]
+    with on(A):
+        custom.scale_(x, 2.0)
+        torch.ops.sctest.bump(x)
+        keep.append(custom.plus(x, y))
+        custom.accumulate(x, y)
+    with on(B):
+        y.add_(1)
+
+
+PROGRAMS = {
+    "basic": (basic, torch.enable_grad),
+    "composites-grad": (composites, torch.enable_grad),
+    "composites-no_grad": (composites, torch.no_grad),
+    "composites-inference_mode": (composites, torch.inference_mode),
+    "host-values": (host_values, torch.enable_grad),
+    "python-records-between": (python_records_between, torch.enable_grad),
+    "custom-operators": (custom_operators, torch.enable_grad),
+}
+
+
+def canonical(rec) -> list:
+    """The trace with its buffers numbered by first appearance (the CPU allocator places each run's
+    tensors elsewhere) and each site as its places (the user's frame, the innermost one, the stack)."""
+    buffers: dict = {}
+
+    def buffer(b):
+        return buffers.setdefault(b, len(buffers))
+
+    def value(name, v):
+        if isinstance(v, T.Range):
+            return buffer(v.buffer), v.start, v.stop
+        if isinstance(v, tuple):
+            return tuple(value(name, x) for x in v)
+        if isinstance(v, T.CallSite):
+            return v.place, tuple(f.place for f in v.stack)
+        if name == "buffer":
+            return buffer(v)
+        if name == "name" and isinstance(v, str):
+            return re.sub(r"#\d+", "#", v)
+        return v
+    return [(type(op).__name__,) + tuple((f.name, value(f.name, getattr(op, f.name))) for f in dataclasses.fields(op))
+            for op in rec.trace.ops]
+
+
+@pytest.mark.parametrize("program", list(PROGRAMS))
+def test_the_drains_trace_is_the_dispatch_modes(monkeypatch, observer, program):
+    make, mode = PROGRAMS[program]
+    traces, reports = [], []
+    for path in ("python", "native"):
+        with monkeypatch.context() as patches:
+            rec, _, on = harness(patches, path)
+            keep: list = []  # every tensor lives on: the CPU allocator gives no address twice
+            with mode():
+                if make is python_records_between:
+                    make(on, keep, rec)
+                else:
+                    make(on, keep)
+            traces.append(canonical(rec))
+            reports.append((sorted((r.kind, r.first.name, r.second.name) for r in rec.races), rec.notices, rec.errors))
+    python, native_ = traces
+    assert len(python) > 5
+    assert native_ == python
+    assert reports[1] == reports[0]
+
+
+def test_both_paths_see_the_operators_a_composite_calls_without_autograd(monkeypatch, observer):
+    """Under inference_mode a dispatch mode sees `to` and `reshape` whole, and their schemas say
+    "alias": the copy they make would go unrecorded. Both paths record the copy."""
+    for path in ("python", "native"):
+        with monkeypatch.context() as patches:
+            rec, _, on = harness(patches, path)
+            x = torch.randn(2, 3)
+            with torch.inference_mode(), on(A):
+                y = x.to(torch.float64)
+                z = x.t().reshape(-1)
+            assert [op.name for op in launches(rec)] == ["aten._to_copy.default", "aten.clone.default",
+                                                         "aten._unsafe_view.default"], path
+            assert y.dtype == torch.float64 and z.shape == (6,)
+
+
+# --- starting and stopping ---------------------------------------------------------------------------------
+
+def test_stopping_leaves_no_callback_behind(monkeypatch, observer):
+    assert not observer.thread_has_callbacks()
+    rec, _, on = harness(monkeypatch, "native")
+    x = torch.zeros(4)
+    with on(A):
+        assert observer.thread_has_callbacks()
+        x.add_(1)
+    assert not observer.thread_has_callbacks()
+    assert rec.pending is None and gpu.native_pause is None
+    before = len(rec.trace)
+    x.add_(1)
+    x.mul_(2)
+    assert len(rec.trace) == before and observer.take() == []  # nothing observed any more
+
+
+def test_streamchecks_own_work_is_never_recorded(monkeypatch, observer):
+    rec, _, on = harness(monkeypatch, "native")
+    x = torch.zeros(4)
+    with on(A):
+        R.inside(x.add_, 1)  # inside a recorded library call: part of it
+        with gpu.suppressed():
+            x.mul_(2)  # streamcheck's own work
+        x.sub_(1)
+    assert [op.name for op in launches(rec)] == ["aten.sub_.Tensor"]
+
+
+def test_a_thread_is_observed_inside_its_context_only(monkeypatch, observer):
+    rec, _, on = harness(monkeypatch, "native")
+    x, y = torch.zeros(4), torch.zeros(4)
+
+    def work(tensor, observed):
+        if observed:
+            with torch_native.ObservedThread(observer):
+                tensor.add_(1)
+        else:
+            tensor.add_(1)
+    with on(A):
+        for tensor, observed in ((x, True), (y, False)):
+            thread = threading.Thread(target=work, args=(tensor, observed))
+            thread.start()
+            thread.join()
+    (op,) = launches(rec)
+    assert op.writes == rec.ranges([x]) and op.thread != 0  # the thread's own id, not the main thread's
+    assert [type(o).__name__ for o in rec.trace.ops if o.thread == op.thread][:1] == ["ThreadStart"]
+
+
+def test_without_a_compiler_the_python_path_records_and_says_so_once(tmp_path):
+    """No C++ compiler: the dispatch mode records the operators, and one notice says why."""
+    script = tmp_path / "program.py"
+    script.write_text(textwrap.dedent("""
+        import json, torch
+        from streamcheck.record import recorder as R
+        from streamcheck.record.adapters import install, torch_runtime
+        from tests.streamcheck.record.adapters.stand_in import stand_in_gpu
+        from streamcheck.core import trace as T
+
+        rec = R.Recorder(stand_in_gpu())
+        rec.state["torch"] = torch_runtime.TorchState()  # as torch_runtime.install does where CUDA is
+        patcher = install(rec, {"torch"})
+        modes = torch.utils._python_dispatch._get_current_dispatch_mode_stack()
+        patcher.restore()
+        print(json.dumps({"notices": rec.notices, "modes": [type(m).__name__ for m in modes]}))
+    """))
+    env = dict(os.environ, PYTHONPATH=ROOT, CXX=str(tmp_path / "no-such-compiler"),
+               STREAMCHECK_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop(native.SWITCH, None)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, cwd=ROOT,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    # (torch_runtime's own notice says this CPU build has no CUDA device)
+    (notice,) = [n for n in result["notices"] if "native observer" in n]
+    assert notice.startswith("torch operators are recorded through Python") and "\n" not in notice
+    assert "no-such-compiler could not run" in notice
+    assert result["modes"] == ["RecordingMode"]
+
+
+def test_the_fake_tensors_of_compile_tracing_are_not_recorded(monkeypatch, observer):
+    """torch.compile traces with fake tensors (a device, no bytes: meta storage) under a FakeTensorMode,
+    while the dispatch mode of the Python path is off (ignore_compile_internals): their operators are
+    nobody's accesses."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    rec, _, on = harness(monkeypatch, "native")
+    with on(A):
+        with FakeTensorMode():
+            x = torch.zeros(8)
+            x.mul_(2)
+        real = torch.ones(4)
+        real.add_(1)
+    assert [op.name for op in launches(rec)] == ["aten.ones.default", "aten.add_.Tensor"]
+
+
+def test_what_torch_runs_with_the_dispatch_modes_off_is_not_recorded(monkeypatch, observer):
+    """Dynamo compiles under torch's _disable_current_modes (Inductor's autotuning clones inputs and
+    runs kernels there): the dispatch mode sees none of it, nor does the observer."""
+    from torch.utils import _python_dispatch
+
+    from streamcheck.record.adapters.patching import Patcher
+
+    rec, _, on = harness(monkeypatch, "native")
+    original = _python_dispatch._disable_current_modes
+    patcher = Patcher(rec.unpatched)
+    torch_native._pause_while_modes_are_off(observer, patcher)
+    x = torch.zeros(4)
+    try:
+        with on(A):
+            with _python_dispatch._disable_current_modes():
+                x.mul_(2)  # torch's own work
+            x.add_(1)
+    finally:
+        patcher.restore()
+    assert [op.name for op in launches(rec)] == ["aten.add_.Tensor"]
+    assert _python_dispatch._disable_current_modes is original and rec.unpatched == []
