@@ -245,9 +245,12 @@ def stop(recording: NativeRecording) -> None:
 def install(rec, patcher) -> None:
     """Record `rec`'s torch operators through the native observer where it can be had and nothing
     must run before each operator is issued (a delay, a race-confirmation probe: the dispatch mode
-    runs those); else the dispatch mode records them (torch_ops.install), and a notice says why,
-    unless STREAMCHECK_NATIVE_RECORD=0 chose it."""
+    runs those); else the dispatch mode records them (torch_ops.install), and a notice says why.
+    Opt-in (STREAMCHECK_NATIVE_RECORD=1) until the observer has run on a GPU: never yet (the device
+    machines were not lent while it was built), so a GPU user's default stays the tested path."""
     if "torch" not in rec.state or rec.intercepts:  # torch_runtime refused this torch (notice given)
+        return
+    if os.environ.get(native.SWITCH) != "1":
         return
     observer = native.load()
     if observer is None:
@@ -255,7 +258,12 @@ def install(rec, patcher) -> None:
             rec.notice(f"torch operators are recorded through Python, about 7 µs each (the native observer is "
                        f"unavailable: {native.unavailable_reason()})")
         return
-    recording = start(rec, rec.gpu.torch, observer)
+    try:
+        recording = start(rec, rec.gpu.torch, observer)
+    except RuntimeError as exc:  # c10's error: this torch has no CUDA device guard at all (a CPU build)
+        rec.notice("torch operators are recorded through Python, about 7 µs each (the native observer is "
+                   f"unavailable: {str(exc).splitlines()[0]})")
+        return
     if not observer.stream_handles():  # streams would be c10's ids, not the cudaStream_t the recorder names
         stop(recording)
         rec.notice("torch operators are recorded through Python, about 7 µs each (the native observer is "

@@ -5,8 +5,9 @@ by torch_ops' rules). What it records and why is in observer.cpp's header; the d
 docs/architecture.md ("Recording torch operators in C++").
 
 The library is built against the user's own torch and Python (streamcheck/native_build.py: g++,
-a few seconds, cached) and loaded with ctypes; no CUDA toolkit is needed. `STREAMCHECK_NATIVE_RECORD=0`
-turns it off (the recorder then uses its Python path, a TorchDispatchMode); where it cannot be had
+a few seconds, cached) and loaded with ctypes; no CUDA toolkit is needed. It is opt-in until it has
+run on a GPU (docs/gpu-results.md): `STREAMCHECK_NATIVE_RECORD=1` turns it on, otherwise the recorder
+uses its Python path, a TorchDispatchMode; `=0` refuses to load it at all. Where it cannot be had
 (no compiler, no Python headers, a Python whose frames it cannot read), the Python path runs and the
 recording says why in one line (`unavailable_reason`).
 """
@@ -21,7 +22,7 @@ from typing import Optional
 from ... import native_build
 from ...native_build import NativeUnavailable
 
-SWITCH = "STREAMCHECK_NATIVE_RECORD"  # "0": the Python path; "1" or unset: this observer where it builds
+SWITCH = "STREAMCHECK_NATIVE_RECORD"  # "1": the recorder uses this observer where it builds; "0" or unset: Python
 LIBRARY = native_build.NativeLibrary("libstreamcheck_record.so", Path(__file__).with_name("observer.cpp"),
                                      python=True)
 

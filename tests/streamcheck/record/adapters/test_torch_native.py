@@ -287,8 +287,8 @@ def test_a_thread_is_observed_inside_its_context_only(monkeypatch, observer):
     assert [type(o).__name__ for o in rec.trace.ops if o.thread == op.thread][:1] == ["ThreadStart"]
 
 
-def test_without_a_compiler_the_python_path_records_and_says_so_once(tmp_path):
-    """No C++ compiler: the dispatch mode records the operators, and one notice says why."""
+def _install_in_a_fresh_process(tmp_path, **env_changes) -> dict:
+    """What installing the torch adapters chose in a fresh process: its notices and the dispatch modes."""
     script = tmp_path / "program.py"
     script.write_text(textwrap.dedent("""
         import json, torch
@@ -304,18 +304,33 @@ def test_without_a_compiler_the_python_path_records_and_says_so_once(tmp_path):
         patcher.restore()
         print(json.dumps({"notices": rec.notices, "modes": [type(m).__name__ for m in modes]}))
     """))
-    env = dict(os.environ, PYTHONPATH=ROOT, CXX=str(tmp_path / "no-such-compiler"),
-               STREAMCHECK_CACHE_DIR=str(tmp_path / "cache"))
+    env = dict(os.environ, PYTHONPATH=ROOT, STREAMCHECK_CACHE_DIR=str(tmp_path / "cache"))
     env.pop(native.SWITCH, None)
+    env.update(env_changes)
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, cwd=ROOT,
                           timeout=300)
     assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_without_a_compiler_the_python_path_records_and_says_so_once(tmp_path):
+    """Asked for the observer, no C++ compiler: the dispatch mode records the operators, and one notice says why."""
+    result = _install_in_a_fresh_process(tmp_path, CXX=str(tmp_path / "no-such-compiler"), **{native.SWITCH: "1"})
     # (torch_runtime's own notice says this CPU build has no CUDA device)
     (notice,) = [n for n in result["notices"] if "native observer" in n]
     assert notice.startswith("torch operators are recorded through Python") and "\n" not in notice
     assert "no-such-compiler could not run" in notice
     assert result["modes"] == ["RecordingMode"]
+
+
+def test_the_observer_is_opt_in_until_it_has_run_on_a_gpu(tmp_path, observer):
+    """Not asked for (the switch unset), the dispatch mode records, with no notice, though the observer builds."""
+    result = _install_in_a_fresh_process(tmp_path)
+    assert result["modes"] == ["RecordingMode"]
+    assert not [n for n in result["notices"] if "native observer" in n]
+    # Asked for, it is tried: it records (no mode), or says in one line why it could not here.
+    asked = _install_in_a_fresh_process(tmp_path, **{native.SWITCH: "1"})
+    assert asked["modes"] == [] or [n for n in asked["notices"] if "native observer" in n]
 
 
 def test_the_fake_tensors_of_compile_tracing_are_not_recorded(monkeypatch, observer):
