@@ -37,10 +37,10 @@ class FactoryMode(TorchFunctionMode):
             # backward() is refused in one line (autograd.py).
             self.emulation.notice(self.emulation.autograd.no_grad_notice())
             with torch.no_grad():
-                return self._call(func, args, kwargs)
-        return self._call(func, args, kwargs)
+                return self._call(func, types, args, kwargs)
+        return self._call(func, types, args, kwargs)
 
-    def _call(self, func, args, kwargs):
+    def _call(self, func, types, args, kwargs):
         generator = kwargs.get("generator")
         if type(generator) is EmulatedGenerator:
             # Taken here, at the call: past torch's binding the generator is a plain torch.Generator
@@ -63,6 +63,11 @@ class FactoryMode(TorchFunctionMode):
         if kwargs.get("pin_memory"):
             return self.emulation.pinned_factory(func, args, kwargs)
         try:
+            if types and all(kind is CudaTensor or kind is PinnedTensor for kind in types):
+                # What the emulated tensors' own __torch_function__ does next (tensors.py), here rather
+                # than in a second Python layer: every operator passes this way.
+                with torch._C.DisableTorchFunctionSubclass():
+                    return func(*args, **kwargs)
             return func(*args, **kwargs)
         except NotImplementedError as exc:
             # A composite function whose C++ makes a tensor "like" a CUDA input (F.scaled_dot_product_attention's
