@@ -82,15 +82,17 @@ class FactoryMode(TorchFunctionMode):
 
 def _needs_grad(args, kwargs) -> bool:
     """Whether an emulated tensor that requires grad is among the arguments (one level into lists)."""
-    for values in (args, kwargs.values()):
-        for value in values:
-            kind = type(value)
-            if kind is CudaTensor or kind is PinnedTensor:
-                if value.requires_grad:
-                    return True
-            elif kind is list or kind is tuple:
-                if any(is_emulated(v) and v.requires_grad for v in value):
-                    return True
+    # Read with the tensors' own __torch_function__ off: it would run (and do just this) per tensor.
+    with torch._C.DisableTorchFunctionSubclass():
+        for values in (args, kwargs.values()):
+            for value in values:
+                kind = type(value)
+                if kind is CudaTensor or kind is PinnedTensor:
+                    if value.requires_grad:
+                        return True
+                elif kind is list or kind is tuple:
+                    if any(is_emulated(v) and v.requires_grad for v in value):
+                        return True
     return False
 
 
