@@ -171,13 +171,8 @@ class CachingAllocator:
         else:
             buffer = self.device.alloc((size,), _BYTES, name=name, device=index, fill=0)
         block = Block(buffer, stream.id, pool, index, reused.views if reused is not None else None)
-        small = segment.small
-        stats = self.stats(index)
-        stats.increase("allocation", small, 1)
-        stats.increase("allocated_bytes", small, size)
-        stats.increase("active", small, 1)
-        stats.increase("active_bytes", small, size)
-        stats.increase("requested_bytes", small, nbytes)
+        self.stats(index).changed(segment.small, (("allocation", 1), ("allocated_bytes", size), ("active", 1),
+                                                  ("active_bytes", size), ("requested_bytes", nbytes)))
         block.entry = (buffer, stream, pool, block.used_on, index, block.views, segment, nbytes)
         block.allocator = self
         return block
@@ -283,10 +278,8 @@ class CachingAllocator:
 
     def _inactive(self, block) -> None:
         """A freed block no work may still use: no longer active, its segment's block not busy."""
-        small = block.segment.small
-        stats = self.stats(block.device_index)
-        stats.decrease("active", small, 1)
-        stats.decrease("active_bytes", small, block.buffer.nbytes)
+        self.stats(block.device_index).changed(block.segment.small,
+                                               (("active", -1), ("active_bytes", -block.buffer.nbytes)))
         block.segment.busy -= 1
 
     def _file(self, block) -> None:
@@ -312,10 +305,8 @@ class CachingAllocator:
     def _collect(self) -> None:
         while self._dead:
             buffer, stream, pool, used_on, index, views, segment, requested = self._dead.pop(0)
-            stats = self.stats(index)
-            stats.decrease("allocation", segment.small, 1)
-            stats.decrease("allocated_bytes", segment.small, buffer.nbytes)
-            stats.decrease("requested_bytes", segment.small, requested)
+            self.stats(index).changed(segment.small, (("allocation", -1), ("allocated_bytes", -buffer.nbytes),
+                                                      ("requested_bytes", -requested)))
             block = _Returned(buffer, stream.id, pool, index, views, segment)
             if pool is not None:
                 # A graph's block stays the graph's: its replays write it, so it is never freed; only

@@ -67,6 +67,20 @@ class DeviceStats:
         stats[0].decrease(amount)
         stats[1 if small else 2].decrease(amount)
 
+    def changed(self, small: bool, changes) -> None:
+        """Several statistics at once ((name, amount) pairs; a negative amount decreases): a block
+        handed out or given back moves five of them."""
+        pool = 1 if small else 2
+        arrays = self.arrays
+        for name, amount in changes:
+            stats = arrays[name]
+            if amount >= 0:
+                stats[0].increase(amount)
+                stats[pool].increase(amount)
+            else:
+                stats[0].decrease(-amount)
+                stats[pool].decrease(-amount)
+
     def current(self, name: str) -> int:
         return self.arrays[name][0].current
 
