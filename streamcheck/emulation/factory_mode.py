@@ -63,7 +63,7 @@ class FactoryMode(TorchFunctionMode):
         if kwargs.get("pin_memory"):
             return self.emulation.pinned_factory(func, args, kwargs)
         try:
-            if types and all(kind is CudaTensor or kind is PinnedTensor for kind in types):
+            if types and _only_emulated(types):
                 # What the emulated tensors' own __torch_function__ does next (tensors.py), here rather
                 # than in a second Python layer: every operator passes this way.
                 with torch._C.DisableTorchFunctionSubclass():
@@ -78,6 +78,13 @@ class FactoryMode(TorchFunctionMode):
             if not any(type(v) is CudaTensor for v in flat):
                 raise
             return self.emulation.whole_function(func, flat, spec, exc)
+
+
+def _only_emulated(types) -> bool:
+    for kind in types:
+        if kind is not CudaTensor and kind is not PinnedTensor:
+            return False
+    return True
 
 
 def _needs_grad(args, kwargs) -> bool:

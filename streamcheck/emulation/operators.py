@@ -178,7 +178,8 @@ class OperatorDispatch:
         non_blocking = bool(kwargs.get("non_blocking", False)) or (
             name == "aten.copy_.default" and len(args) > 2 and bool(args[2]))
         reads, writes, host_sides, written_host = [], [], [], set()
-        accesses = list(operator_accesses(func, args, kwargs))
+        call = self._call(func, flat, spec, args, kwargs)
+        accesses = [(flat[i], written) for i, written in call.accesses]
         for t, written in accesses:
             kind = type(t)
             if kind is CudaTensor or kind is PinnedTensor:
@@ -198,10 +199,17 @@ class OperatorDispatch:
             host_sides.append("pinned" if non_blocking else "pageable")
         # The torch adapter's rule says which operators hand the host a value (as on a GPU); an
         # operator whose meta kernel cannot say what it returns is computed for the host too.
-        host_value = hands_host_a_value(func, args, kwargs)
-        layout = None if host_value else self._layout(func, flat, spec)
+        if call.host_value is None:
+            call.host_value = hands_host_a_value(func, args, kwargs)
+        if call.host_value:
+            layout = None
+        else:
+            if call.layout is _MISSING:
+                call.layout = self._meta_layout(func, flat, spec)
+            layout = call.layout
         # What the kernel gets: the CPU views; a pageable source staged now, a pageable destination itself.
-        inner_flat = [v if written_host and id(v) in written_host else self._staged(v) for v in flat]
+        inner_flat = [v._inner if type(v) is CudaTensor else v if written_host and id(v) in written_host
+                      else self._staged(v) for v in flat]
         inner_args, inner_kwargs = unflatten_call(inner_flat, spec)
         if target is not None:
             inner_kwargs = dict(inner_kwargs, device=torch.device("cpu"))
@@ -318,20 +326,22 @@ class OperatorDispatch:
                 out.append(v)
         return rebuild_result(out, kind)
 
-    def _layout(self, func, flat, spec):
-        """What the operator returns, from its meta kernel: (shape, stride, dtype) per fresh tensor,
-        "written" for an argument it returns, a plain value otherwise. None: the host needs the
-        result (a scalar, a data-dependent shape). Cached per signature (meta is slow)."""
+    def _call(self, func, flat, spec, args, kwargs) -> "_Call":
+        """What an operator call's signature decides (_signature), kept per signature: the same for
+        every call of one operator on tensors of one layout and the same other arguments."""
         key = _signature(func, flat, spec)
-        found = self._meta.get(key, _MISSING) if key is not None else _MISSING
-        if found is not _MISSING:
-            return found
-        layout = self._meta_layout(func, flat, spec)
-        if key is not None:
-            self._meta[key] = layout
-        return layout
+        found = self._calls.get(key) if key is not None else None
+        if found is None:
+            position = {id(v): i for i, v in enumerate(flat)}
+            found = _Call(tuple((position[id(t)], written) for t, written in operator_accesses(func, args, kwargs)))
+            if key is not None:
+                self._calls[key] = found
+        return found
 
     def _meta_layout(self, func, flat, spec):
+        """What the operator returns, from its meta kernel: (shape, stride, dtype) per fresh tensor,
+        "written" for an argument it returns, a plain value otherwise. None: the host needs the
+        result (a scalar, a data-dependent shape)."""
         meta_flat = []
         for v in flat:
             if is_emulated(v):
@@ -510,8 +520,11 @@ def _signature(func, flat, spec) -> Optional[tuple]:
     """A hashable key of an operator call for the meta cache: tensors by layout, the rest by value."""
     key = [func, spec]
     for v in flat:
-        if isinstance(v, torch.Tensor):
-            key.append((type(v), tuple(v.shape), v.stride(), v.dtype, v.device.type))
+        kind = type(v)
+        if kind is CudaTensor or kind is PinnedTensor:  # their kind says their device's type
+            key.append((kind, v.shape, v.stride(), v.dtype))
+        elif isinstance(v, torch.Tensor):
+            key.append((kind, v.shape, v.stride(), v.dtype, v.device.type))
         elif isinstance(v, EmulatedGenerator):
             key.append("generator")
         else:
@@ -522,6 +535,20 @@ def _signature(func, flat, spec) -> Optional[tuple]:
     except TypeError:
         return None
     return key
+
+
+class _Call:
+    """One signature's facts: its accesses by the schema as (position among the call's leaves,
+    written); whether it hands the host a value, and its layout (_meta_layout), found when the
+    first such call needs them (None and _MISSING until then), in the order the call asks (a call
+    torch refuses raises where it did)."""
+
+    __slots__ = ("accesses", "host_value", "layout")
+
+    def __init__(self, accesses):
+        self.accesses = accesses
+        self.host_value = None
+        self.layout = _MISSING
 
 
 class _Layout:
