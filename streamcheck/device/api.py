@@ -415,8 +415,11 @@ class Device:
                                   f"{_type_name(objs)}; wrap a single buffer in a list")
         out = []
         for obj in objs:
-            # Fast path for a live buffer of this device; _region does the checks and errors.
-            if type(obj) is Buffer and obj.device is self and not obj.freed:
+            # Fast paths for a live buffer of this device and its regions; _region does the checks and errors.
+            kind = type(obj)
+            if kind is Region and obj.buffer.device is self and not obj.buffer.freed:
+                out.append(obj)
+            elif kind is Buffer and obj.device is self and not obj.freed:
                 out.append(obj.region())
             else:
                 out.append(self._region(obj, what, site, name))

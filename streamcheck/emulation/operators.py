@@ -241,7 +241,7 @@ class OperatorDispatch:
             reads = [r for r in reads if (r.buffer.id, r.start, r.stop) not in written]
         if name in EMPTY_OPERATORS:  # no kernel: the bytes are whatever the block held, as CUDA's empty
             return rebuild_result(out_leaves, layout.spec)
-        generator = self._generator_for(func, inner_kwargs, index, s)
+        generator = self._generator_for(call.seeded, inner_kwargs, index, s)
         targets = [cpu_view(t) for t in fresh]
         self.device.launch(Kernel(func, inner_args, inner_kwargs, targets, generator), stream=s.device_stream,
                            reads=reads, writes=writes, name=name)
@@ -289,14 +289,15 @@ class OperatorDispatch:
             return value.clone()
         return value
 
-    def _generator_for(self, func, inner_kwargs, index, s):
-        """The CPU generator a random operator on stream `s` runs with, taken now (issue order)."""
+    def _generator_for(self, seeded: bool, inner_kwargs, index, s):
+        """The CPU generator a random operator (`seeded`: is_seeded) on stream `s` runs with, taken now
+        (issue order)."""
         given = inner_kwargs.get("generator")
         if isinstance(given, EmulatedGenerator):
             return self.draw(given, s)
         if given is not None:  # a CUDA generator's fork, taken when the call was made (_FactoryMode)
             return given
-        if is_seeded(func):
+        if seeded:
             return self.draw(self.generators[index], s)
         return None
 
@@ -333,7 +334,8 @@ class OperatorDispatch:
         found = self._calls.get(key) if key is not None else None
         if found is None:
             position = {id(v): i for i, v in enumerate(flat)}
-            found = _Call(tuple((position[id(t)], written) for t, written in operator_accesses(func, args, kwargs)))
+            found = _Call(tuple((position[id(t)], written) for t, written in operator_accesses(func, args, kwargs)),
+                          is_seeded(func))
             if key is not None:
                 self._calls[key] = found
         return found
@@ -539,14 +541,15 @@ def _signature(func, flat, spec) -> Optional[tuple]:
 
 class _Call:
     """One signature's facts: its accesses by the schema as (position among the call's leaves,
-    written); whether it hands the host a value, and its layout (_meta_layout), found when the
-    first such call needs them (None and _MISSING until then), in the order the call asks (a call
-    torch refuses raises where it did)."""
+    written); whether it draws random numbers (is_seeded); whether it hands the host a value, and
+    its layout (_meta_layout), found when the first such call needs them (None and _MISSING until
+    then), in the order the call asks (a call torch refuses raises where it did)."""
 
-    __slots__ = ("accesses", "host_value", "layout")
+    __slots__ = ("accesses", "seeded", "host_value", "layout")
 
-    def __init__(self, accesses):
+    def __init__(self, accesses, seeded: bool):
         self.accesses = accesses
+        self.seeded = seeded
         self.host_value = None
         self.layout = _MISSING
 
@@ -566,10 +569,12 @@ class Kernel:
     """One operator's execution, run by the scheduler: on the CPU views of its blocks, writing its
     fresh results into the blocks allocated for them."""
 
-    __slots__ = ("func", "args", "kwargs", "targets", "generator", "__name__")
+    __slots__ = ("func", "call", "args", "kwargs", "targets", "generator", "__name__")
 
     def __init__(self, func, args, kwargs, targets, generator):
         self.func, self.args, self.kwargs = func, args, kwargs
+        # An ATen operator overload is called through its C++ function (OpOverload.__call__ only forwards).
+        self.call = func._op if type(func) is torch._ops.OpOverload else func
         self.targets, self.generator = targets, generator
         self.__name__ = getattr(func, "__name__", "kernel")
 
@@ -581,17 +586,17 @@ class Kernel:
         if generator is not None:
             if "generator" in kwargs or takes_generator(self.func):
                 kwargs = dict(kwargs, generator=generator)
-                out = self.func(*self.args, **kwargs)
+                out = self.call(*self.args, **kwargs)
             else:
                 # An operator with no generator argument (dropout) draws from the global CPU generator.
                 state = torch.default_generator.get_state()
                 torch.default_generator.set_state(generator.get_state())
                 try:
-                    out = self.func(*self.args, **kwargs)
+                    out = self.call(*self.args, **kwargs)
                 finally:
                     torch.default_generator.set_state(state)
         else:
-            out = self.func(*self.args, **kwargs)
+            out = self.call(*self.args, **kwargs)
         if self.targets:
             if type(out) is torch.Tensor and len(self.targets) == 1:
                 self.targets[0].copy_(out)
