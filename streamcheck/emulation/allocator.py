@@ -68,17 +68,14 @@ class Segment:
     carved yet; `busy` counts its blocks in use (allocated, or freed while record_stream's events
     are pending). Only a segment none of whose blocks is busy goes back at empty_cache."""
 
-    __slots__ = ("key", "size", "room", "busy")
+    __slots__ = ("key", "small", "size", "room", "busy")
 
     def __init__(self, key, size: int):
         self.key = key  # (device index, stream id, pool, small)
+        self.small = key[3]
         self.size = size
         self.room = size
         self.busy = 0
-
-    @property
-    def small(self) -> bool:
-        return self.key[3]
 
 
 class Block:

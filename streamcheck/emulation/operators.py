@@ -293,7 +293,7 @@ class OperatorDispatch:
         """The CPU generator a random operator (`seeded`: is_seeded) on stream `s` runs with, taken now
         (issue order)."""
         given = inner_kwargs.get("generator")
-        if isinstance(given, EmulatedGenerator):
+        if type(given) is EmulatedGenerator:  # not isinstance: torch.Generator's metaclass checks in Python
             return self.draw(given, s)
         if given is not None:  # a CUDA generator's fork, taken when the call was made (_FactoryMode)
             return given
@@ -352,7 +352,7 @@ class OperatorDispatch:
                 meta_flat.append(torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta"))
             elif isinstance(v, torch.device) and v.type in ("cuda", "cpu"):
                 meta_flat.append(torch.device("meta"))
-            elif isinstance(v, EmulatedGenerator):
+            elif type(v) is EmulatedGenerator:
                 meta_flat.append(None)
             else:
                 meta_flat.append(v)
@@ -527,7 +527,7 @@ def _signature(func, flat, spec) -> Optional[tuple]:
             key.append((kind, v.shape, v.stride(), v.dtype))
         elif isinstance(v, torch.Tensor):
             key.append((kind, v.shape, v.stride(), v.dtype, v.device.type))
-        elif isinstance(v, EmulatedGenerator):
+        elif type(v) is EmulatedGenerator:
             key.append("generator")
         else:
             key.append((type(v), v))
