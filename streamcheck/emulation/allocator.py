@@ -205,8 +205,7 @@ class CachingAllocator:
                 raise torch.OutOfMemoryError(self._out_of_memory(index, wanted))
         segment = Segment(key, wanted)
         self._segments.append(segment)
-        stats.increase("segment", segment.small, 1)
-        stats.increase("reserved_bytes", segment.small, wanted)
+        stats.changed(segment.small, (("segment", 1), ("reserved_bytes", wanted)))
         stats.count("num_device_alloc")
         return segment
 
@@ -354,8 +353,7 @@ class CachingAllocator:
                 del self._free[key]
         for segment in released:
             stats = self.stats(segment.key[0])
-            stats.decrease("segment", segment.small, 1)
-            stats.decrease("reserved_bytes", segment.small, segment.size)
+            stats.changed(segment.small, (("segment", -1), ("reserved_bytes", -segment.size)))
             stats.count("num_device_free")
             open_segments = self._open.get(segment.key)
             if open_segments and segment in open_segments:
