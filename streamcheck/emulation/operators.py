@@ -6,8 +6,6 @@ through staging memory after the host's wait.
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from ..device.objects import caller_site
@@ -331,7 +329,10 @@ class OperatorDispatch:
         """What an operator call's signature decides (_signature), kept per signature: the same for
         every call of one operator on tensors of one layout and the same other arguments."""
         key = _signature(func, flat, spec)
-        found = self._calls.get(key) if key is not None else None
+        try:
+            found = self._calls.get(key)
+        except TypeError:  # an argument of no hashable value (a list of lists): not kept
+            key = found = None
         if found is None:
             position = {id(v): i for i, v in enumerate(flat)}
             found = _Call(tuple((position[id(t)], written) for t, written in operator_accesses(func, args, kwargs)),
@@ -518,8 +519,9 @@ def _target_device(kwargs):
     return value if isinstance(value, torch.device) else torch.device(value)
 
 
-def _signature(func, flat, spec) -> Optional[tuple]:
-    """A hashable key of an operator call for the meta cache: tensors by layout, the rest by value."""
+def _signature(func, flat, spec) -> tuple:
+    """The key of an operator call's facts (_Call): tensors by layout, the rest by value (unhashable
+    if a value is)."""
     key = [func, spec]
     for v in flat:
         kind = type(v)
@@ -531,12 +533,7 @@ def _signature(func, flat, spec) -> Optional[tuple]:
             key.append("generator")
         else:
             key.append((type(v), v))
-    key = tuple(key)
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
+    return tuple(key)
 
 
 class _Call:
