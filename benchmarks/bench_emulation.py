@@ -1,6 +1,6 @@
 """CUDA emulated on the sim (streamcheck/emulation): how fast unmodified torch code runs there.
 
-    python benchmarks/bench_emulation.py [--ops N] [--repeats R] [--programs] [--profile]
+    python benchmarks/bench_emulation.py [--ops N] [--repeats R] [--checker-share] [--programs] [--profile]
 
 1. Emulated operators per second on small tensors: loops of elementwise torch operators on
    16-element float32 CUDA tensors, on the default stream, and over two streams with an event and
@@ -8,8 +8,10 @@
    the caching allocator, the checker, the scheduler, the CPU kernel), with the happens-before
    checker on, under the eager policy. Median
    of the repeats, wall clock and per second of this process's CPU time (what to compare on a
-   shared machine). Plain CPU torch on the same loop beside it, for the ratio. Target: >= 10,000
-   operators per second on a 2-core machine.
+   shared machine). Plain CPU torch on the same loop beside it, for the ratio. Targets on a 2-core
+   machine: >= 10,000 operators per CPU second (issue 30), >= 20,000 on the two-stream loop (issue 38).
+   With --checker-share: each loop again with the checker off, taking turns with it on, and the
+   share of the time the happens-before checker takes (what a faster checker can give at most).
 2. With --programs: the torch bug programs of tests/gpu_programs/torch/ that the sim emulates,
    each run as its test runs them (the sequential reference, then the header's delay and four
    seeded schedules): seconds per program and in all.
@@ -63,8 +65,8 @@ def loop(n_ops: int) -> int:
     return issued
 
 
-def emulated_rate(n_ops: int, program=None) -> tuple:
-    device = Device("sim", policy="eager")
+def emulated_rate(n_ops: int, program=None, check: bool = True) -> tuple:
+    device = Device("sim", policy="eager", check=check)
     with Emulation(device):
         wall, cpu = time.perf_counter(), time.process_time()
         issued = (program or loop)(n_ops)
@@ -82,6 +84,20 @@ def plain_rate(n_ops: int) -> float:
         a = torch.relu(c - 3.0)
         issued += 4
     return issued / (time.perf_counter() - wall)
+
+
+def checker_share(n_ops: int, repeats: int) -> None:
+    """Each loop with the checker on and off in turn: the checker's share of the CPU time."""
+    for label, program in (("one stream", one_stream), ("two streams", loop)):
+        on, off = [], []
+        for _ in range(repeats):
+            on.append(emulated_rate(n_ops, program)[1])
+            off.append(emulated_rate(n_ops, program, check=False)[1])
+        with_checker, without = statistics.median(on), statistics.median(off)
+        share = 1 - with_checker / without
+        print(f"{label}: checker on {with_checker:,.0f}, off {without:,.0f} operators per CPU second: the checker "
+              f"takes {share:.0%} of the time ({1e6 / with_checker - 1e6 / without:.0f} of "
+              f"{1e6 / with_checker:.0f} µs an operator)")
 
 
 def programs() -> None:
@@ -107,6 +123,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", type=int, default=4000)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--checker-share", action="store_true")
     parser.add_argument("--programs", action="store_true")
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
@@ -131,6 +148,8 @@ def main() -> None:
               f"wall, {statistics.median(cpus):,.0f} per CPU second ({args.repeats} repeats of {args.ops} operators)")
     print(f"plain CPU torch, the one-stream loop: median {statistics.median(plains):,.0f} operators/s "
           f"(the emulation costs {statistics.median(plains) / statistics.median(rates['one stream'][0]):.0f}x)")
+    if args.checker_share:
+        checker_share(args.ops, args.repeats)
     if args.programs:
         programs()
 

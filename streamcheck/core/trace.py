@@ -166,13 +166,14 @@ class CallSite:
     (code object, instruction offset) pairs and finds files and lines only when first read, so
     recording pays for a walk of the frames, and only a report for their lines."""
 
-    __slots__ = ("_file", "_line", "_function", "_innermost", "_stack", "_frames", "_hash", "_place")
+    __slots__ = ("_file", "_line", "_function", "_innermost", "_stack", "_frames", "_codes", "_hash", "_place")
 
     def __init__(self, file: str, line: int, function: str = "", innermost: Optional["CallSite"] = None,
                  stack: tuple = ()):
         self._file, self._line, self._function = file, line, function
         self._innermost, self._stack = innermost, tuple(stack)
         self._frames = None
+        self._codes = ()
         self._hash = None
         self._place = None
 
@@ -181,6 +182,9 @@ class CallSite:
         """A site of (code, offset) pairs, innermost first; `user` indexes the user's frame."""
         site = cls.__new__(cls)
         site._frames = (frames, user)
+        # A resolver's table is keyed by these codes' ids: held as long as the site is, so no later
+        # code object (another program's, run in this process after this one's died) takes an id.
+        site._codes = frames
         site._hash = None
         site._place = None
         return site

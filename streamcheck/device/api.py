@@ -72,6 +72,36 @@ COLLECTIVES = ("all_reduce", "reduce_scatter", "all_to_all")
 _joined = threading.local()
 
 
+class _WeakTable:
+    """id -> object, held weakly: plain weak references, the dead ones dropped each time the table
+    doubles (a WeakValueDictionary's keyed reference costs a Python call per entry, and a buffer is
+    made for every emulated operator's result)."""
+
+    __slots__ = ("_refs", "_prune_at")
+
+    def __init__(self):
+        self._refs: dict = {}
+        self._prune_at = 1024
+
+    def __setitem__(self, key, value) -> None:
+        refs = self._refs
+        refs[key] = weakref.ref(value)
+        if len(refs) >= self._prune_at:
+            self._refs = refs = {k: ref for k, ref in refs.items() if ref() is not None}
+            self._prune_at = max(1024, 2 * len(refs))
+
+    def get(self, key, default=None):
+        ref = self._refs.get(key)
+        value = ref() if ref is not None else None
+        return default if value is None else value
+
+    def __getitem__(self, key):
+        value = self.get(key)
+        if value is None:
+            raise KeyError(key)
+        return value
+
+
 def _type_name(obj) -> str:
     return type(obj).__name__
 
@@ -273,10 +303,10 @@ class Device:
         self.capture_tracker = CaptureTracker()
         self._stream_names: dict = {}  # stream id -> name, for Graph's repr
         self._stream_objects: dict = {}  # stream id -> Stream, for the sync audit's replacement waits
-        self._event_objects = weakref.WeakValueDictionary()  # event id -> Event, likewise
+        self._event_objects = _WeakTable()  # event id -> Event, likewise
         self._edits = None  # the sync audit's proof rerun: syncs skipped or replaced (edit_syncs)
         self._fresh: dict = {}  # stream id -> the replacement event recorded on it
-        self._buffers = weakref.WeakValueDictionary()  # buffer id -> Buffer, for what a graph touches
+        self._buffers = _WeakTable()  # buffer id -> Buffer, for what a graph touches
         self._downloaded: dict = {}  # id(array download returned) -> (a weak ref to it, the host bytes the copy writes)
         self.backend = make_backend(backend, device=self, policy=policy, seed=int(seed), **policy_params)
         # A free is a race only once an allocation gets its bytes too early (core.trace.Free), unless
@@ -386,8 +416,11 @@ class Device:
                                   f"{_type_name(objs)}; wrap a single buffer in a list")
         out = []
         for obj in objs:
-            # Fast path for a live buffer of this device; _region does the checks and errors.
-            if type(obj) is Buffer and obj.device is self and not obj.freed:
+            # Fast paths for a live buffer of this device and its regions; _region does the checks and errors.
+            kind = type(obj)
+            if kind is Region and obj.buffer.device is self and not obj.buffer.freed:
+                out.append(obj)
+            elif kind is Buffer and obj.device is self and not obj.freed:
                 out.append(obj.region())
             else:
                 out.append(self._region(obj, what, site, name))
@@ -566,9 +599,11 @@ class Device:
             raise DeviceError(f"free at {site}: expected a Buffer, got {_type_name(buffer)}")
         region = self._region(buffer, "free", site)
         if stream is not None:
-            self._stream_or_default(stream, f"free `{buffer.name}`", site)
-            self._refuse_if_capturing(stream, f"free `{buffer.name}`", site,
-                                      "free it on a stream that is not capturing, or after end_capture")
+            what = f"free `{buffer.name}`"
+            self._stream_or_default(stream, what, site)
+            if self.capture_tracker.active:  # no stream captures otherwise: one test on the caching allocator's path
+                self._refuse_if_capturing(stream, what, site,
+                                          "free it on a stream that is not capturing, or after end_capture")
         with self._lock:
             self._record(T.Free(self._thread_id(), site, buffer=region.buffer.id,
                                 stream=stream.id if stream is not None else None, strict=self.strict_free))

@@ -75,6 +75,8 @@ class Buffer:
 class Region:
     """Rows [start, stop) of a buffer's first axis: a contiguous byte range."""
 
+    __slots__ = ("buffer", "start", "stop", "_range")  # one per tensor argument of every emulated operator
+
     def __init__(self, buffer: Buffer, start: int, stop: int):
         self.buffer = buffer
         self.start = start

@@ -68,17 +68,14 @@ class Segment:
     carved yet; `busy` counts its blocks in use (allocated, or freed while record_stream's events
     are pending). Only a segment none of whose blocks is busy goes back at empty_cache."""
 
-    __slots__ = ("key", "size", "room", "busy")
+    __slots__ = ("key", "small", "size", "room", "busy")
 
     def __init__(self, key, size: int):
         self.key = key  # (device index, stream id, pool, small)
+        self.small = key[3]
         self.size = size
         self.room = size
         self.busy = 0
-
-    @property
-    def small(self) -> bool:
-        return self.key[3]
 
 
 class Block:
@@ -171,13 +168,8 @@ class CachingAllocator:
         else:
             buffer = self.device.alloc((size,), _BYTES, name=name, device=index, fill=0)
         block = Block(buffer, stream.id, pool, index, reused.views if reused is not None else None)
-        small = segment.small
-        stats = self.stats(index)
-        stats.increase("allocation", small, 1)
-        stats.increase("allocated_bytes", small, size)
-        stats.increase("active", small, 1)
-        stats.increase("active_bytes", small, size)
-        stats.increase("requested_bytes", small, nbytes)
+        self.stats(index).changed(segment.small, (("allocation", 1), ("allocated_bytes", size), ("active", 1),
+                                                  ("active_bytes", size), ("requested_bytes", nbytes)))
         block.entry = (buffer, stream, pool, block.used_on, index, block.views, segment, nbytes)
         block.allocator = self
         return block
@@ -213,8 +205,7 @@ class CachingAllocator:
                 raise torch.OutOfMemoryError(self._out_of_memory(index, wanted))
         segment = Segment(key, wanted)
         self._segments.append(segment)
-        stats.increase("segment", segment.small, 1)
-        stats.increase("reserved_bytes", segment.small, wanted)
+        stats.changed(segment.small, (("segment", 1), ("reserved_bytes", wanted)))
         stats.count("num_device_alloc")
         return segment
 
@@ -283,10 +274,8 @@ class CachingAllocator:
 
     def _inactive(self, block) -> None:
         """A freed block no work may still use: no longer active, its segment's block not busy."""
-        small = block.segment.small
-        stats = self.stats(block.device_index)
-        stats.decrease("active", small, 1)
-        stats.decrease("active_bytes", small, block.buffer.nbytes)
+        self.stats(block.device_index).changed(block.segment.small,
+                                               (("active", -1), ("active_bytes", -block.buffer.nbytes)))
         block.segment.busy -= 1
 
     def _file(self, block) -> None:
@@ -312,10 +301,8 @@ class CachingAllocator:
     def _collect(self) -> None:
         while self._dead:
             buffer, stream, pool, used_on, index, views, segment, requested = self._dead.pop(0)
-            stats = self.stats(index)
-            stats.decrease("allocation", segment.small, 1)
-            stats.decrease("allocated_bytes", segment.small, buffer.nbytes)
-            stats.decrease("requested_bytes", segment.small, requested)
+            self.stats(index).changed(segment.small, (("allocation", -1), ("allocated_bytes", -buffer.nbytes),
+                                                      ("requested_bytes", -requested)))
             block = _Returned(buffer, stream.id, pool, index, views, segment)
             if pool is not None:
                 # A graph's block stays the graph's: its replays write it, so it is never freed; only
@@ -366,8 +353,7 @@ class CachingAllocator:
                 del self._free[key]
         for segment in released:
             stats = self.stats(segment.key[0])
-            stats.decrease("segment", segment.small, 1)
-            stats.decrease("reserved_bytes", segment.small, segment.size)
+            stats.changed(segment.small, (("segment", -1), ("reserved_bytes", -segment.size)))
             stats.count("num_device_free")
             open_segments = self._open.get(segment.key)
             if open_segments and segment in open_segments:

@@ -37,10 +37,10 @@ class FactoryMode(TorchFunctionMode):
             # backward() is refused in one line (autograd.py).
             self.emulation.notice(self.emulation.autograd.no_grad_notice())
             with torch.no_grad():
-                return self._call(func, args, kwargs)
-        return self._call(func, args, kwargs)
+                return self._call(func, types, args, kwargs)
+        return self._call(func, types, args, kwargs)
 
-    def _call(self, func, args, kwargs):
+    def _call(self, func, types, args, kwargs):
         generator = kwargs.get("generator")
         if type(generator) is EmulatedGenerator:
             # Taken here, at the call: past torch's binding the generator is a plain torch.Generator
@@ -63,6 +63,11 @@ class FactoryMode(TorchFunctionMode):
         if kwargs.get("pin_memory"):
             return self.emulation.pinned_factory(func, args, kwargs)
         try:
+            if types and _only_emulated(types):
+                # What the emulated tensors' own __torch_function__ does next (tensors.py), here rather
+                # than in a second Python layer: every operator passes this way.
+                with torch._C.DisableTorchFunctionSubclass():
+                    return func(*args, **kwargs)
             return func(*args, **kwargs)
         except NotImplementedError as exc:
             # A composite function whose C++ makes a tensor "like" a CUDA input (F.scaled_dot_product_attention's
@@ -75,17 +80,26 @@ class FactoryMode(TorchFunctionMode):
             return self.emulation.whole_function(func, flat, spec, exc)
 
 
+def _only_emulated(types) -> bool:
+    for kind in types:
+        if kind is not CudaTensor and kind is not PinnedTensor:
+            return False
+    return True
+
+
 def _needs_grad(args, kwargs) -> bool:
     """Whether an emulated tensor that requires grad is among the arguments (one level into lists)."""
-    for values in (args, kwargs.values()):
-        for value in values:
-            kind = type(value)
-            if kind is CudaTensor or kind is PinnedTensor:
-                if value.requires_grad:
-                    return True
-            elif kind is list or kind is tuple:
-                if any(is_emulated(v) and v.requires_grad for v in value):
-                    return True
+    # Read with the tensors' own __torch_function__ off: it would run (and do just this) per tensor.
+    with torch._C.DisableTorchFunctionSubclass():
+        for values in (args, kwargs.values()):
+            for value in values:
+                kind = type(value)
+                if kind is CudaTensor or kind is PinnedTensor:
+                    if value.requires_grad:
+                        return True
+                elif kind is list or kind is tuple:
+                    if any(is_emulated(v) and v.requires_grad for v in value):
+                        return True
     return False
 
 

@@ -27,22 +27,13 @@ UNLIMITED_SPLIT = -1  # torch reports max_split_size's default (SIZE_MAX) cast t
 
 class Stat:
     """One statistic as torch keeps it: its current value, its peak since the last reset, and the
-    totals it increased and decreased by since the last reset of the accumulated stats."""
+    totals it increased and decreased by since the last reset of the accumulated stats
+    (DeviceStats.changed moves them)."""
 
     __slots__ = ("current", "peak", "allocated", "freed")
 
     def __init__(self):
         self.current = self.peak = self.allocated = self.freed = 0
-
-    def increase(self, amount: int) -> None:
-        self.current += amount
-        self.allocated += amount
-        if self.current > self.peak:
-            self.peak = self.current
-
-    def decrease(self, amount: int) -> None:
-        self.current -= amount
-        self.freed += amount
 
     def as_dict(self) -> dict:
         return {"current": self.current, "peak": self.peak, "allocated": self.allocated, "freed": self.freed}
@@ -57,15 +48,21 @@ class DeviceStats:
         self.oversize_segments = Stat()
         self.counters = dict.fromkeys(_COUNTERS, 0)
 
-    def increase(self, name: str, small: bool, amount: int) -> None:
-        stats = self.arrays[name]
-        stats[0].increase(amount)
-        stats[1 if small else 2].increase(amount)
-
-    def decrease(self, name: str, small: bool, amount: int) -> None:
-        stats = self.arrays[name]
-        stats[0].decrease(amount)
-        stats[1 if small else 2].decrease(amount)
+    def changed(self, small: bool, changes) -> None:
+        """Statistics of the small or the large pool, and of all, by (name, amount) pairs: a positive
+        amount increases, a negative one decreases (a block handed out or given back moves five)."""
+        pool = 1 if small else 2
+        arrays = self.arrays
+        for name, amount in changes:
+            stats = arrays[name]
+            for stat in (stats[0], stats[pool]):
+                stat.current += amount
+                if amount >= 0:
+                    stat.allocated += amount
+                    if stat.current > stat.peak:
+                        stat.peak = stat.current
+                else:
+                    stat.freed -= amount
 
     def current(self, name: str) -> int:
         return self.arrays[name][0].current

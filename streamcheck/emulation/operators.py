@@ -6,8 +6,6 @@ through staging memory after the host's wait.
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from ..device.objects import caller_site
@@ -178,7 +176,8 @@ class OperatorDispatch:
         non_blocking = bool(kwargs.get("non_blocking", False)) or (
             name == "aten.copy_.default" and len(args) > 2 and bool(args[2]))
         reads, writes, host_sides, written_host = [], [], [], set()
-        accesses = list(operator_accesses(func, args, kwargs))
+        call = self._call(func, flat, spec, args, kwargs)
+        accesses = [(flat[i], written) for i, written in call.accesses]
         for t, written in accesses:
             kind = type(t)
             if kind is CudaTensor or kind is PinnedTensor:
@@ -198,10 +197,17 @@ class OperatorDispatch:
             host_sides.append("pinned" if non_blocking else "pageable")
         # The torch adapter's rule says which operators hand the host a value (as on a GPU); an
         # operator whose meta kernel cannot say what it returns is computed for the host too.
-        host_value = hands_host_a_value(func, args, kwargs)
-        layout = None if host_value else self._layout(func, flat, spec)
+        if call.host_value is None:
+            call.host_value = hands_host_a_value(func, args, kwargs)
+        if call.host_value:
+            layout = None
+        else:
+            if call.layout is _MISSING:
+                call.layout = self._meta_layout(func, flat, spec)
+            layout = call.layout
         # What the kernel gets: the CPU views; a pageable source staged now, a pageable destination itself.
-        inner_flat = [v if written_host and id(v) in written_host else self._staged(v) for v in flat]
+        inner_flat = [v._inner if type(v) is CudaTensor else v if written_host and id(v) in written_host
+                      else self._staged(v) for v in flat]
         inner_args, inner_kwargs = unflatten_call(inner_flat, spec)
         if target is not None:
             inner_kwargs = dict(inner_kwargs, device=torch.device("cpu"))
@@ -233,7 +239,7 @@ class OperatorDispatch:
             reads = [r for r in reads if (r.buffer.id, r.start, r.stop) not in written]
         if name in EMPTY_OPERATORS:  # no kernel: the bytes are whatever the block held, as CUDA's empty
             return rebuild_result(out_leaves, layout.spec)
-        generator = self._generator_for(func, inner_kwargs, index, s)
+        generator = self._generator_for(call.seeded, inner_kwargs, index, s)
         targets = [cpu_view(t) for t in fresh]
         self.device.launch(Kernel(func, inner_args, inner_kwargs, targets, generator), stream=s.device_stream,
                            reads=reads, writes=writes, name=name)
@@ -281,14 +287,15 @@ class OperatorDispatch:
             return value.clone()
         return value
 
-    def _generator_for(self, func, inner_kwargs, index, s):
-        """The CPU generator a random operator on stream `s` runs with, taken now (issue order)."""
+    def _generator_for(self, seeded: bool, inner_kwargs, index, s):
+        """The CPU generator a random operator (`seeded`: is_seeded) on stream `s` runs with, taken now
+        (issue order)."""
         given = inner_kwargs.get("generator")
-        if isinstance(given, EmulatedGenerator):
+        if type(given) is EmulatedGenerator:  # not isinstance: torch.Generator's metaclass checks in Python
             return self.draw(given, s)
         if given is not None:  # a CUDA generator's fork, taken when the call was made (_FactoryMode)
             return given
-        if is_seeded(func):
+        if seeded:
             return self.draw(self.generators[index], s)
         return None
 
@@ -318,20 +325,26 @@ class OperatorDispatch:
                 out.append(v)
         return rebuild_result(out, kind)
 
-    def _layout(self, func, flat, spec):
-        """What the operator returns, from its meta kernel: (shape, stride, dtype) per fresh tensor,
-        "written" for an argument it returns, a plain value otherwise. None: the host needs the
-        result (a scalar, a data-dependent shape). Cached per signature (meta is slow)."""
+    def _call(self, func, flat, spec, args, kwargs) -> "_Call":
+        """What an operator call's signature decides (_signature), kept per signature: the same for
+        every call of one operator on tensors of one layout and the same other arguments."""
         key = _signature(func, flat, spec)
-        found = self._meta.get(key, _MISSING) if key is not None else _MISSING
-        if found is not _MISSING:
-            return found
-        layout = self._meta_layout(func, flat, spec)
-        if key is not None:
-            self._meta[key] = layout
-        return layout
+        try:
+            found = self._calls.get(key)
+        except TypeError:  # an argument of no hashable value (a list of lists): not kept
+            key = found = None
+        if found is None:
+            position = {id(v): i for i, v in enumerate(flat)}
+            found = _Call(tuple((position[id(t)], written) for t, written in operator_accesses(func, args, kwargs)),
+                          is_seeded(func))
+            if key is not None:
+                self._calls[key] = found
+        return found
 
     def _meta_layout(self, func, flat, spec):
+        """What the operator returns, from its meta kernel: (shape, stride, dtype) per fresh tensor,
+        "written" for an argument it returns, a plain value otherwise. None: the host needs the
+        result (a scalar, a data-dependent shape)."""
         meta_flat = []
         for v in flat:
             if is_emulated(v):
@@ -340,7 +353,7 @@ class OperatorDispatch:
                 meta_flat.append(torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta"))
             elif isinstance(v, torch.device) and v.type in ("cuda", "cpu"):
                 meta_flat.append(torch.device("meta"))
-            elif isinstance(v, EmulatedGenerator):
+            elif type(v) is EmulatedGenerator:
                 meta_flat.append(None)
             else:
                 meta_flat.append(v)
@@ -506,22 +519,36 @@ def _target_device(kwargs):
     return value if isinstance(value, torch.device) else torch.device(value)
 
 
-def _signature(func, flat, spec) -> Optional[tuple]:
-    """A hashable key of an operator call for the meta cache: tensors by layout, the rest by value."""
+def _signature(func, flat, spec) -> tuple:
+    """The key of an operator call's facts (_Call): tensors by layout, the rest by value (unhashable
+    if a value is)."""
     key = [func, spec]
     for v in flat:
-        if isinstance(v, torch.Tensor):
-            key.append((type(v), tuple(v.shape), v.stride(), v.dtype, v.device.type))
-        elif isinstance(v, EmulatedGenerator):
+        kind = type(v)
+        if kind is CudaTensor or kind is PinnedTensor:  # their kind says their device's type
+            key.append((kind, v.shape, v.stride(), v.dtype))
+        elif isinstance(v, torch.Tensor):
+            key.append((kind, v.shape, v.stride(), v.dtype, v.device.type))
+        elif type(v) is EmulatedGenerator:
             key.append("generator")
         else:
             key.append((type(v), v))
-    key = tuple(key)
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
+    return tuple(key)
+
+
+class _Call:
+    """One signature's facts: its accesses by the schema as (position among the call's leaves,
+    written); whether it draws random numbers (is_seeded); whether it hands the host a value, and
+    its layout (_meta_layout), found when the first such call needs them (None and _MISSING until
+    then), in the order the call asks (a call torch refuses raises where it did)."""
+
+    __slots__ = ("accesses", "seeded", "host_value", "layout")
+
+    def __init__(self, accesses, seeded: bool):
+        self.accesses = accesses
+        self.seeded = seeded
+        self.host_value = None
+        self.layout = _MISSING
 
 
 class _Layout:
@@ -539,10 +566,12 @@ class Kernel:
     """One operator's execution, run by the scheduler: on the CPU views of its blocks, writing its
     fresh results into the blocks allocated for them."""
 
-    __slots__ = ("func", "args", "kwargs", "targets", "generator", "__name__")
+    __slots__ = ("func", "call", "args", "kwargs", "targets", "generator", "__name__")
 
     def __init__(self, func, args, kwargs, targets, generator):
         self.func, self.args, self.kwargs = func, args, kwargs
+        # An ATen operator overload is called through its C++ function (OpOverload.__call__ only forwards).
+        self.call = func._op if type(func) is torch._ops.OpOverload else func
         self.targets, self.generator = targets, generator
         self.__name__ = getattr(func, "__name__", "kernel")
 
@@ -554,17 +583,17 @@ class Kernel:
         if generator is not None:
             if "generator" in kwargs or takes_generator(self.func):
                 kwargs = dict(kwargs, generator=generator)
-                out = self.func(*self.args, **kwargs)
+                out = self.call(*self.args, **kwargs)
             else:
                 # An operator with no generator argument (dropout) draws from the global CPU generator.
                 state = torch.default_generator.get_state()
                 torch.default_generator.set_state(generator.get_state())
                 try:
-                    out = self.func(*self.args, **kwargs)
+                    out = self.call(*self.args, **kwargs)
                 finally:
                     torch.default_generator.set_state(state)
         else:
-            out = self.func(*self.args, **kwargs)
+            out = self.call(*self.args, **kwargs)
         if self.targets:
             if type(out) is torch.Tensor and len(self.targets) == 1:
                 self.targets[0].copy_(out)

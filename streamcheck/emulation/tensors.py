@@ -146,9 +146,13 @@ def byte_region(t) -> Optional[Region]:
 
 def storage_elements(shape, stride) -> int:
     """How many elements a strided tensor's storage must hold from its offset."""
-    if any(n == 0 for n in shape):
-        return 0
-    return 1 + sum((n - 1) * st for n, st in zip(shape, stride) if n > 1)
+    count = 1
+    for n, st in zip(shape, stride):
+        if n == 0:
+            return 0
+        if n > 1:
+            count += (n - 1) * st
+    return count
 
 
 def typed_view(block, dtype, shape, stride, offset: int = 0):

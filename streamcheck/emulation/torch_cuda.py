@@ -102,6 +102,7 @@ class Emulation(OperatorDispatch, HostTransfers):
         capacity = self._memory_capacity if self._memory_capacity is not None else capacity_from_environment()
         self.allocator = CachingAllocator(device, capacity)
         self.properties = [DeviceProperties(k, capacity) for k in range(device.devices)]
+        self._cuda_devices = [torch.device("cuda", k) for k in range(device.devices)]
         self.notices: list = []
         self.capture_errors: list = []  # core.capture.CaptureError the program got from a capture
         self.capture_pools: dict = {}  # capturing device stream id -> graph pool
@@ -114,7 +115,7 @@ class Emulation(OperatorDispatch, HostTransfers):
         self._current_device: dict = {}  # thread ident -> device index
         self.threads.refusals = []
         self.generators = [EmulatedGenerator(k) for k in range(device.devices)]
-        self._meta: dict = {}  # operator signature -> output layout, or None if it has none
+        self._calls: dict = {}  # operator call signature -> what it decides (operators._Call): meta is slow
         self.sync_debug_mode = 0  # torch.cuda.set_sync_debug_mode: 0 quiet, 1 warn, 2 error on implicit syncs
         self._adopted: dict = {}  # id(a block of an earlier run) -> (that block, its copy in this run)
         graph.default_capture_stream = None
@@ -337,7 +338,7 @@ class Emulation(OperatorDispatch, HostTransfers):
         nbytes = storage_elements(shape, stride) * dtype.itemsize
         pool = self.capture_pools.get(self._capturing_root(s.device_stream)) if self.capture_pools else None
         block = self.allocator.allocate(nbytes, s.device_stream, pool=pool)
-        return CudaTensor(typed_view(block, dtype, shape, stride), block, torch.device("cuda", index))
+        return CudaTensor(typed_view(block, dtype, shape, stride), block, self._cuda_devices[index])
 
     def is_capturing(self, s: EmulatedStream) -> bool:
         """Whether `s` takes part in a CUDA graph capture begun through torch.cuda."""

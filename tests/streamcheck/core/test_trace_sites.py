@@ -3,6 +3,7 @@ frame, the stack, paths relative to the root, and what counts as a library. Driv
 device API's resolver (device_objects.caller_site), as programs reach it."""
 from __future__ import annotations
 
+import gc
 import importlib.util
 import pickle
 import sys
@@ -223,3 +224,19 @@ def test_a_site_keeps_its_place_once_built_and_it_names_both_frames():
     assert site.place == ("/proj/prog.py", 9, "program", "/lib/ops.py", 3, "write")
     assert site.place is site.place
     assert CallSite("/proj/prog.py", 9, "program").place == ("/proj/prog.py", 9, "program")
+
+
+def test_a_site_read_in_a_report_still_names_its_own_program_after_that_program_is_gone():
+    # One process runs programs one after another (a test session's emulated scripts): a program's code
+    # objects die with it, and Python hands their memory to the next program's. The resolver's table is
+    # keyed by code ids, so a site whose lines were read must keep its codes, or a later program's call
+    # would come back as the earlier program's line.
+    for run in range(40):
+        program = compile("def issue():\n    return caller_site()\n", f"program{run}.py", "exec")
+        scope = {"caller_site": caller_site}
+        exec(program, scope)
+        site = scope["issue"]()
+        assert (site.file, site.line) == (f"program{run}.py", 2)
+        str(site)  # a report reads its line
+        del program, scope, site
+        gc.collect()  # the function and its globals hold each other
