@@ -323,7 +323,7 @@ def test_without_a_compiler_the_python_path_records_and_says_so_once(tmp_path):
     assert result["modes"] == ["RecordingMode"]
 
 
-def test_the_observer_is_opt_in_until_it_has_run_on_a_gpu(tmp_path, observer):
+def test_the_observer_is_opt_in_until_the_gpu_suite_has_run_through_it(tmp_path, observer):
     """Not asked for (the switch unset), the dispatch mode records, with no notice, though the observer builds."""
     result = _install_in_a_fresh_process(tmp_path)
     assert result["modes"] == ["RecordingMode"]
