@@ -417,16 +417,21 @@ def test_the_switch_turns_the_native_checker_off_and_says_so(monkeypatch):
                              "using the Python checker")
 
 
+def _fresh_process(program: str) -> list:
+    """The lines `program` prints in a fresh interpreter, the native checker's switch unset."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop(fast.SWITCH, None)
+    return subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=env, cwd=ROOT,
+                          check=True).stdout.splitlines()
+
+
 def test_without_the_compiled_module_the_python_checker_runs_and_one_line_says_why():
     program = ("import sys\n"
                "sys.modules['streamcheck.core._checker_native'] = None  # as if it were never built\n"
                "from streamcheck.core import fast, hb\n"
                "print(type(fast.new_checker()) is hb.Checker)\n"
                "print(fast.notice())\n")
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    env.pop(fast.SWITCH, None)
-    out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=env, cwd=ROOT,
-                         check=True).stdout.splitlines()
+    out = _fresh_process(program)
     assert out[0] == "True"
     assert out[1].startswith("streamcheck: native checker unavailable (streamcheck.core._checker_native ")
     assert out[1].endswith("): using the Python checker") and "pip install -e ." in out[1]
@@ -441,10 +446,7 @@ def test_a_build_of_another_checker_cpp_is_refused_for_the_python_checker():
                "from streamcheck.core import fast, hb\n"
                "print(type(fast.new_checker()) is hb.Checker)\n"
                "print(fast.notice())\n")
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    env.pop(fast.SWITCH, None)
-    out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=env, cwd=ROOT,
-                         check=True).stdout.splitlines()
+    out = _fresh_process(program)
     assert out == ["True", "streamcheck: native checker unavailable (streamcheck.core._checker_native was built from "
                    "another version of checker.cpp; reinstall streamcheck (pip install -e .)): using the Python checker"]
 
