@@ -632,8 +632,9 @@ def print_report(args, session, probe, sim: bool = False) -> None:
     rerun's verdict, or how to make the races strike."""
     print(session.summary(), file=sys.stderr)
     from ..core.fast import notice
-    if notice():  # the Python checker stands in for the native one
-        print(notice(), file=sys.stderr)
+    checker = notice()  # one line, only where the Python checker stands in for the native one
+    if checker:
+        print(checker, file=sys.stderr)
     for problem in session.unpatched:
         print(f"streamcheck: not intercepted: {problem}", file=sys.stderr)
     print(session.report(width=report_width(sys.stderr)), file=sys.stderr)

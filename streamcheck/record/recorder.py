@@ -669,17 +669,6 @@ class Recorder:
                 out.append(rng)
         return tuple(out)
 
-    def span_ranges(self, spans) -> tuple:
-        """ranges() of (start, stop) address spans (start == stop: an empty array, no range)."""
-        out = []
-        for start, stop in spans:
-            if start == stop:
-                continue
-            rng = self.span_range(start, stop)
-            if all(rng is not seen for seen in out):
-                out.append(rng)
-        return tuple(out)
-
     def arrays(self, values) -> list:
         """Arrays among values (one level into lists/tuples, for concatenate & co.)."""
         is_array = self.gpu.is_array

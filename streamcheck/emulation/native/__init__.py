@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Optional
 
 from ... import native_build
-from ...native_build import NativeUnavailable, cache_root  # noqa: F401 (the emulation's names for them)
+from ...native_build import NativeUnavailable
 
 SOURCE = Path(__file__).with_name("cuda_guard.cpp")
 LIBRARY_NAME = "libstreamcheck_cuda_guard.so"

@@ -360,7 +360,7 @@ class Ops:
         """Host <-> device, already issued: async on the current stream from/to pinned memory
         with non_blocking, else followed by a host wait for the stream (pageable memory goes
         through a staging buffer the host waits for; non_blocking=False waits anyway)."""
-        rec, torch = self.rec, self.torch
+        rec = self.rec
         non_blocking = bool(kwargs.get("non_blocking", args[2] if name == "aten.copy_.default" and len(args) > 2
                                        else False))
         src = [t for t, _ in reads]
