@@ -15,9 +15,11 @@ observation is host work, the same for CUDA tensors), side by side in one proces
   records (torch_ops.make_mode; CPU tensors standing in for CUDA ones, into a recorder on a
   stand-in GPU, with no checker: the checker's cost is the same for both paths);
 - native-path: the native observer (streamcheck/record/native/observer.cpp) and its drain
-  (record/adapters/torch_native.py) into the same kind of recorder, drained after each step (at a
-  synchronization, as in a program); observer-only: the C++ side alone (the records drained after
-  the timing).
+  (observer.cpp's streamcheck_native_drain, and record/adapters/torch_native.py for what it hands
+  to Python) into the same kind of recorder, drained after each step (at a synchronization, as in a
+  program); observer-only: the C++ side alone (the records drained after the timing);
+  native+checker: the native path feeding the recorder's checker (the native one where it is built),
+  as `streamcheck run` does.
 
 The step is a small decode-like mix of operators on small tensors (in place, out=, fresh outputs, a
 view written through, a TensorList, a reduction); each mode runs it `--steps` times per repeat, the
@@ -112,8 +114,8 @@ class Recording:
 
     STREAM = 0x10
 
-    def __init__(self, torch, path: str, drain: bool = True):
-        self.torch, self.path, self.drain = torch, path, drain
+    def __init__(self, torch, path: str, drain: bool = True, check: bool = False):
+        self.torch, self.path, self.drain, self.check = torch, path, drain, check
         self.after_step = None
 
     def __enter__(self):
@@ -128,7 +130,7 @@ class Recording:
         torch_ops.current_stream_ptr = lambda torch, device=None: self.STREAM  # one stand-in stream
         gpu = CudaGpu(torch=self.torch)
         gpu.driver.lib = None
-        rec = self.rec = R.Recorder(gpu, check=False)
+        rec = self.rec = R.Recorder(gpu, check=self.check)
         R.current = rec
         rec.state["torch"] = torch_runtime.TorchState()
         rec.register_stream(self.STREAM, rec.site(), fresh=True, short="stand-in")
@@ -194,9 +196,11 @@ def main(argv=None) -> int:
     from streamcheck.record import native
 
     modes["python-path"] = lambda: Recording(torch, "python")
+    modes["python+checker"] = lambda: Recording(torch, "python", check=True)
     if native.load() is not None:
         modes["native-path"] = lambda: Recording(torch, "native")
         modes["observer-only"] = lambda: Recording(torch, "native", drain=False)
+        modes["native+checker"] = lambda: Recording(torch, "native", check=True)
     else:
         print(f"(no native observer here: {native.unavailable_reason()})")
     for make in modes.values():  # warm-up: builds, caches, first calls

@@ -344,12 +344,25 @@ class Recorder:
                 try:
                     self._feed(op)
                 except TraceError as exc:  # a trace we built wrong: keep the program running
-                    self.errors.append(str(exc))
-                    self.refused.append((len(self._trace.ops) - 1, op, exc))
+                    self.refuse(op, exc)
             if self.probe is not None:
                 self.probe.issued(self, op)
         if self._deferred and not self._lock._is_owned():
             self._drain_frees()
+
+    def refuse(self, op, exc: TraceError) -> None:
+        """The checker refused `op`, the last record: kept in the trace, the error said."""
+        self.errors.append(str(exc))
+        self.refused.append((len(self._trace.ops) - 1, op, exc))
+
+    def native_lane(self) -> Optional[tuple]:
+        """What record() does for an operator, as tables a native drain can read under the lock
+        (torch_native's): (live allocations by start, stream ids by pointer, thread ids by ident,
+        the trace's records, the checker's feed or None, range_in), or None where each record
+        must go through record() itself (an edit plan or a probe watches the records)."""
+        if self.edits is not None or self.probe is not None:
+            return None
+        return self._pool_at, self._streams, self._threads, self._trace.ops, self._feed, self.range_in
 
     def _drain_frees(self) -> None:
         while self._deferred:

@@ -25,6 +25,7 @@ import threading
 from .. import gpu as _gpu
 from .. import native
 from ...core import trace as T
+from ...core.hb import TraceError
 from . import torch_ops
 from .patching import forwarding
 from .threads import add_context
@@ -44,7 +45,7 @@ class NativeRecording:
         self.ops = ops or Ops(rec, torch)
         self.device = device
         self.backend = device.upper()
-        self.stream_pointer = stream_pointer or (lambda handle: handle)
+        self.stream_pointer = stream_pointer or _handle_is_pointer
         self.names: list = []  # op index -> "aten.add_.Tensor"
         self.funcs: list = []  # op index -> the OpOverload
         self.flags: list = []
@@ -105,9 +106,13 @@ class NativeRecording:
         observer = self.observer
         observer.pause(1)  # what the drain runs is streamcheck's (is_pinned, the special values)
         try:
-            taken = observer.take()
-            if taken:
-                self._record(taken)
+            lane = self._lane()
+            if lane is not None:
+                observer.drain(lane)
+            else:
+                taken = observer.take()
+                if taken:
+                    self._record(taken)
             if self.rec.site is not self.resolver or T.site_settings() is not self.settings:
                 self._reset_sites()
         except Exception as exc:
@@ -126,6 +131,28 @@ class NativeRecording:
         site = self.resolver.site_of(*found) if found is not None else T.UNKNOWN_SITE
         self.sites[stack_id] = site
         return site
+
+    def _lane(self):
+        """What the observer's C++ drain needs to turn an ordinary operator into its Launch as _launch
+        would when the recorder already knows its thread, stream and storages (the recorder's
+        native_lane), and the Python functions for the rest; None: every record through _record."""
+        tables = self.rec.native_lane()
+        if tables is None:
+            return None
+        pool_at, streams, threads, ops, feed, range_in = tables
+        pointer = None if self.stream_pointer is _handle_is_pointer else self.stream_pointer
+        return (pool_at, streams, threads, self.sites, self.names, self.flags, T.Launch, ops, feed,
+                self._record_one, self._site, range_in, self._fed_badly, pointer, native.NO_ACCESS)
+
+    def _record_one(self, record) -> None:
+        self._record((record,))
+
+    def _fed_badly(self, op, exc) -> None:
+        """Recorder.record's handling of a record the checker raised on (the C++ drain fed it)."""
+        if isinstance(exc, TraceError):
+            self.rec.refuse(op, exc)
+        else:
+            self.rec.errors.append(f"{op.name}: {type(exc).__name__}: {exc} (not recorded)")
 
     def _record(self, taken) -> None:
         """Each record as its own thread at its own site: what rec.tid() and rec.site() answer meanwhile."""
@@ -197,6 +224,10 @@ class NativeRecording:
                 args.append(value)
         result = outputs[0] if len(outputs) == 1 else tuple(outputs) if outputs else None
         self.ops.replay(func, tuple(args), kwargs, result, None if stream is None else self.stream_pointer(stream))
+
+
+def _handle_is_pointer(handle: int) -> int:
+    return handle
 
 
 class ObservedThread:

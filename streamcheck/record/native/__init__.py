@@ -56,6 +56,7 @@ class Observer:
         self.thread_has_callbacks = f("thread_has_callbacks", ctypes.c_int)
         self.pause = f("pause", None, ctypes.c_int)
         self._take = f("take", ctypes.c_int, obj)
+        self.drain = f("drain", ctypes.c_int, obj)
         self._stack = f("stack", ctypes.c_int, ctypes.c_uint, obj)
         self.reset_stacks = f("reset_stacks", None)
         self.stack_here = f("stack_here", ctypes.c_uint)
@@ -75,6 +76,9 @@ class Observer:
         out: list = []
         self._take(out)
         return out
+
+    # drain(lane): the records made since the last take turned into trace records, the ordinary operators that
+    # the recorder's tables answer for in C++, the others by lane's Python (torch_native.NativeRecording._lane).
 
     def stack(self, stack_id: int) -> Optional[tuple]:
         """((code, offset), ...) innermost first, and the user's frame's index; None for no stack."""

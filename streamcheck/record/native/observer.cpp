@@ -660,6 +660,184 @@ std::tuple<std::vector<c10::IValue>, std::vector<c10::IValue>> special_values(in
   return result;
 }
 
+// --- the drain ------------------------------------------------------------------------------------------------
+void take_pending(std::vector<Record>& taken, std::vector<Access>& taken_accesses) {
+  std::lock_guard<std::mutex> lock(records_mutex);
+  taken.swap(records);
+  taken_accesses.swap(accesses);
+}
+
+// A record as the tuple streamcheck_native_take documents.
+PyObject* record_tuple(const Record& r, const Access* accesses_of) {
+  PyObject* items = PyTuple_New(r.count);
+  if (items == nullptr) return nullptr;
+  for (uint32_t i = 0; i < r.count; ++i) {
+    const Access& a = accesses_of[i];
+    PyObject* item = Py_BuildValue("(KKKKhB)", (unsigned long long)a.lo, (unsigned long long)a.hi,
+                                   (unsigned long long)a.base, (unsigned long long)a.nbytes, a.device, a.role);
+    if (item == nullptr) {
+      Py_DECREF(items);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(items, i, item);
+  }
+  return Py_BuildValue("(IkKhIILN)", r.op, (unsigned long)r.thread, (unsigned long long)r.stream, r.device, r.stack,
+                       r.flags, (long long)r.slot, items);
+}
+
+// What the recorder lends the drain (torch_native.NativeRecording._lane), borrowed for one drain: its tables as
+// they are (the recorder's lock is held), and the Python functions for what they do not answer.
+struct Lane {
+  PyObject *pool_at, *streams, *threads, *sites, *names, *op_flags, *launch_type, *ops, *feed, *slow, *site_of,
+      *range_in, *fed_badly, *stream_pointer;
+  uint32_t no_access;
+
+  bool unpack(PyObject* lane) {
+    unsigned long flag = 0;
+    if (!PyArg_ParseTuple(lane, "O!O!O!O!O!O!OO!OOOOOOk", &PyDict_Type, &pool_at, &PyDict_Type, &streams,
+                          &PyDict_Type, &threads, &PyDict_Type, &sites, &PyList_Type, &names, &PyList_Type, &op_flags,
+                          &launch_type, &PyList_Type, &ops, &feed, &slow, &site_of, &range_in, &fed_badly,
+                          &stream_pointer, &flag))
+      return false;
+    no_access = static_cast<uint32_t>(flag);
+    return true;
+  }
+};
+
+// Owned references released at scope exit.
+struct Owned {
+  std::vector<PyObject*> held;
+  PyObject* keep(PyObject* o) {
+    if (o != nullptr) held.push_back(o);
+    return o;
+  }
+  ~Owned() {
+    for (PyObject* o : held) Py_DECREF(o);
+  }
+};
+
+bool contains_identical(const std::vector<PyObject*>& seen, PyObject* o) {
+  for (PyObject* s : seen)
+    if (s == o) return true;
+  return false;
+}
+
+PyObject* tuple_of(const std::vector<PyObject*>& items) {
+  PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(items.size()));
+  if (t == nullptr) return nullptr;
+  for (size_t i = 0; i < items.size(); ++i) {
+    Py_INCREF(items[i]);
+    PyTuple_SET_ITEM(t, static_cast<Py_ssize_t>(i), items[i]);
+  }
+  return t;
+}
+
+PyObject* interned(const char* text) {  // kept for the process, as Python keeps interned strings
+  PyObject* name = PyUnicode_InternFromString(text);
+  return name;
+}
+
+// Recorder.range_in: the Range of bytes [lo, hi) of allocation `alloc` (the one object its `ranges` keeps per
+// bytes; a new one made by Python). A new reference kept by `owned`, or nullptr with a Python error set.
+PyObject* range_in(const Lane& lane, PyObject* alloc, const Access& a, Owned& owned) {
+  static PyObject* ranges_name = interned("ranges");
+  PyObject* ranges = owned.keep(PyObject_GetAttr(alloc, ranges_name));
+  PyObject* key = owned.keep(Py_BuildValue("(KK)", (unsigned long long)a.lo, (unsigned long long)a.hi));
+  if (ranges == nullptr || key == nullptr) return nullptr;
+  PyObject* range = PyDict_Check(ranges) ? PyDict_GetItemWithError(ranges, key) : nullptr;
+  if (range != nullptr) {
+    Py_INCREF(range);
+    return owned.keep(range);
+  }
+  if (PyErr_Occurred()) return nullptr;
+  return owned.keep(PyObject_CallFunction(lane.range_in, "OKK", alloc, (unsigned long long)a.lo,
+                                          (unsigned long long)a.hi));
+}
+
+// torch_native.NativeRecording._launch for an ordinary operator, when the recorder's tables already answer every
+// question it asks (its thread's id, its stream's id, each storage's allocation: no record to add but the Launch).
+// Returns 1 when recorded (or when it records nothing: an allocating operator whose storages are all known), 0 when
+// the record needs Python (nothing done yet), -1 on a Python error.
+int fast_launch(const Lane& lane, const Record& r, const Access* accesses_of) {
+  if (r.flags & kSpecialRecord) return 0;
+  Owned owned;
+  PyObject* ident = owned.keep(PyLong_FromUnsignedLongLong(r.thread));
+  if (ident == nullptr) return -1;
+  PyObject* tid = PyDict_GetItemWithError(lane.threads, ident);  // rec.tid(), the thread acting as `ident`
+  if (tid == nullptr) return PyErr_Occurred() ? -1 : 0;
+  PyObject* pointer = owned.keep(PyLong_FromUnsignedLongLong(r.stream));
+  if (pointer == nullptr) return -1;
+  if (lane.stream_pointer != Py_None) {
+    pointer = owned.keep(PyObject_CallOneArg(lane.stream_pointer, pointer));
+    if (pointer == nullptr) return -1;
+  }
+  unsigned long long raw = PyLong_AsUnsignedLongLong(pointer);
+  if (raw == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+  if (raw <= 2) return 0;  // the legacy and per-thread default streams: Recorder.stream_key's rule
+  PyObject* sid = PyDict_GetItemWithError(lane.streams, pointer);  // Recorder.sid's hot path
+  if (sid == nullptr) return PyErr_Occurred() ? -1 : 0;
+  // Every storage known (register_storage finds it), every span in one: the ranges, by role.
+  std::vector<PyObject*> spans[3];
+  for (uint32_t i = 0; i < r.count; ++i) {
+    const Access& a = accesses_of[i];
+    if (a.base == 0) {
+      if (a.lo != a.hi) return 0;  // bytes outside any storage: Recorder.span_range's search
+      continue;
+    }
+    PyObject* base = owned.keep(PyLong_FromUnsignedLongLong(a.base));
+    if (base == nullptr) return -1;
+    PyObject* alloc = PyDict_GetItemWithError(lane.pool_at, base);
+    if (alloc == nullptr) return PyErr_Occurred() ? -1 : 0;
+    if (a.lo == a.hi) continue;  // an empty tensor spans no bytes
+    PyObject* range = range_in(lane, alloc, a, owned);
+    if (range == nullptr) return -1;
+    spans[a.role].push_back(range);
+  }
+  uint32_t op_flags = static_cast<uint32_t>(PyLong_AsUnsignedLong(PyList_GET_ITEM(lane.op_flags, r.op)));
+  if (op_flags & lane.no_access) return 1;  // its tensors registered (all known), nothing touched
+  PyObject* site = PyDict_GetItemWithError(lane.sites, owned.keep(PyLong_FromUnsignedLong(r.stack)));
+  if (site == nullptr) {
+    if (PyErr_Occurred()) return -1;
+    site = owned.keep(PyObject_CallFunction(lane.site_of, "I", r.stack));
+    if (site == nullptr) return -1;
+  }
+  std::vector<PyObject*> written, read;
+  for (int role : {kWritten, kFresh})
+    for (PyObject* range : spans[role])
+      if (!contains_identical(written, range)) written.push_back(range);
+  for (PyObject* range : spans[kRead])  // what it writes is not also read (torch_ops' rule)
+    if (!contains_identical(read, range) && !contains_identical(written, range)) read.push_back(range);
+  // The frozen dataclass's fields set as its own __init__ sets them (object.__setattr__).
+  PyObject* launch = owned.keep(PyBaseObject_Type.tp_new(reinterpret_cast<PyTypeObject*>(lane.launch_type),
+                                                         owned.keep(PyTuple_New(0)), nullptr));
+  PyObject* reads = owned.keep(tuple_of(read));
+  PyObject* writes = owned.keep(tuple_of(written));
+  if (launch == nullptr || reads == nullptr || writes == nullptr) return -1;
+  static PyObject* names[] = {interned("thread"), interned("site"), interned("stream"), interned("name"),
+                               interned("reads"), interned("writes")};
+  PyObject* values[] = {tid, site, sid, PyList_GET_ITEM(lane.names, r.op), reads, writes};
+  for (int i = 0; i < 6; ++i)
+    if (names[i] == nullptr || PyObject_GenericSetAttr(launch, names[i], values[i]) != 0) return -1;
+  if (PyList_Append(lane.ops, launch) != 0) return -1;
+  if (lane.feed != Py_None) {  // Recorder.record: a record the checker refuses is kept, and the error said
+    PyObject* fed = PyObject_CallOneArg(lane.feed, launch);
+    if (fed == nullptr) {
+      PyObject *type, *value, *traceback;
+      PyErr_Fetch(&type, &value, &traceback);
+      PyErr_NormalizeException(&type, &value, &traceback);
+      PyObject* handled = PyObject_CallFunctionObjArgs(lane.fed_badly, launch, value, nullptr);
+      Py_XDECREF(type);
+      Py_XDECREF(value);
+      Py_XDECREF(traceback);
+      if (handled == nullptr) return -1;
+      Py_DECREF(handled);
+    } else {
+      Py_DECREF(fed);
+    }
+  }
+  return 1;
+}
+
 c10::List<c10::IValue> any_list(std::vector<c10::IValue>&& values) {
   c10::List<c10::IValue> list(c10::AnyType::get());
   for (auto& v : values) list.push_back(std::move(v));
@@ -778,26 +956,38 @@ void streamcheck_native_pause(int delta) {
 int streamcheck_native_take(PyObject* out) {
   std::vector<Record> taken;
   std::vector<Access> taken_accesses;
-  {
-    std::lock_guard<std::mutex> lock(records_mutex);
-    taken.swap(records);
-    taken_accesses.swap(accesses);
-  }
+  take_pending(taken, taken_accesses);
   for (const Record& r : taken) {
-    PyObject* items = PyTuple_New(r.count);
-    for (uint32_t i = 0; i < r.count; ++i) {
-      const Access& a = taken_accesses[r.first + i];
-      PyTuple_SET_ITEM(items, i,
-                       Py_BuildValue("(KKKKhB)", (unsigned long long)a.lo, (unsigned long long)a.hi,
-                                     (unsigned long long)a.base, (unsigned long long)a.nbytes, a.device, a.role));
-    }
-    PyObject* record = Py_BuildValue("(IkKhIILN)", r.op, (unsigned long)r.thread, (unsigned long long)r.stream,
-                                     r.device, r.stack, r.flags, (long long)r.slot, items);
+    PyObject* record = record_tuple(r, taken_accesses.data() + r.first);
     if (record == nullptr || PyList_Append(out, record) != 0) {
       Py_XDECREF(record);
       return -1;
     }
     Py_DECREF(record);
+  }
+  return 0;
+}
+
+// Turn the pending records into trace records, in issue order: each ordinary operator whose thread, stream,
+// storages and call site the recorder already knows becomes its Launch here (fast_launch); any other record goes
+// to `lane`'s Python function for one record (torch_native.NativeRecording._record_one). Returns 0, or -1 with a
+// Python error set (the records not turned yet are lost; the caller says so).
+int streamcheck_native_drain(PyObject* lane_tuple) {
+  Lane lane;
+  if (!lane.unpack(lane_tuple)) return -1;
+  std::vector<Record> taken;
+  std::vector<Access> taken_accesses;
+  take_pending(taken, taken_accesses);
+  for (const Record& r : taken) {
+    const Access* accesses_of = taken_accesses.data() + r.first;
+    int done = fast_launch(lane, r, accesses_of);
+    if (done < 0) return -1;
+    if (done > 0) continue;
+    PyObject* record = record_tuple(r, accesses_of);
+    PyObject* result = record != nullptr ? PyObject_CallOneArg(lane.slow, record) : nullptr;
+    Py_XDECREF(record);
+    if (result == nullptr) return -1;
+    Py_DECREF(result);
   }
   return 0;
 }

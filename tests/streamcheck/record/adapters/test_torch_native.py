@@ -239,6 +239,62 @@ def test_both_paths_see_the_operators_a_composite_calls_without_autograd(monkeyp
             assert y.dtype == torch.float64 and z.shape == (6,)
 
 
+@pytest.mark.parametrize("path", ["python", "native"])
+def test_a_launch_the_checker_refuses_is_kept_and_said_on_both_paths(monkeypatch, observer, path):
+    """Recorder.record's rule, which the C++ drain follows for the operators it turns itself: the
+    record stays in the trace, the checker's error is said, and the refusal is listed with its index."""
+    rec, _, on = harness(monkeypatch, path)
+    x = torch.zeros(8)
+    with on(A):
+        x.add_(1)  # x registered: its next operators are the C++ drain's own (all known)
+    rec.flush()
+    feed = rec._feed
+
+    def refuse_multiplications(op):
+        if isinstance(op, T.Launch) and op.name.startswith("aten.mul_"):
+            raise R.TraceError(f"refused {op.name}")
+        feed(op)
+    monkeypatch.setattr(rec, "_feed", refuse_multiplications)
+    with on(B):
+        x.mul_(2)
+        x.sub_(1)
+    ops = rec.trace.ops
+    mul = next(i for i, op in enumerate(ops) if isinstance(op, T.Launch) and op.name.startswith("aten.mul_"))
+    assert ops[mul + 1].name.startswith("aten.sub_")
+    assert rec.errors == [f"refused {ops[mul].name}"]
+    assert [(index, op) for index, op, _ in rec.refused] == [(mul, ops[mul])]
+
+
+def test_the_native_drain_turns_known_operators_in_cpp_and_the_rest_in_python(monkeypatch, observer):
+    """The C++ drain asks Python only for what the recorder's tables do not answer (a storage first
+    seen, a special operator), and hands every record to Python while a probe or an edit plan
+    watches the records."""
+    rec, _, on = harness(monkeypatch, "native")
+    x, y = torch.zeros(8), torch.ones(8)
+    slow: list = []
+    original = torch_native.NativeRecording._record_one
+    monkeypatch.setattr(torch_native.NativeRecording, "_record_one",
+                        lambda self, record: (slow.append(self.names[record[0]]), original(self, record)))
+    with on(A):
+        x.add_(y)  # both storages first seen: Python registers them
+        x.mul_(y)  # all known
+        x.sum().item()  # the sum: a fresh output first seen; item: special
+    names = [op.name for op in rec.trace.ops if isinstance(op, T.Launch)]
+    assert names[:2] == ["aten.add_.Tensor", "aten.mul_.Tensor"]
+    assert slow[0] == "aten.add_.Tensor" and "aten.mul_.Tensor" not in slow
+    assert "aten._local_scalar_dense.default" in slow
+
+    class Probe:  # sees each record as Recorder.record issues it
+        def issued(self, rec, op):
+            probed.append(op.name)
+    probed: list = []
+    monkeypatch.setattr(rec, "probe", Probe())
+    slow.clear()
+    with on(A):
+        x.mul_(y)
+    assert probed == ["aten.mul_.Tensor"]  # through Recorder.record, which tells the probe
+
+
 # --- starting and stopping ---------------------------------------------------------------------------------
 
 def test_stopping_leaves_no_callback_behind(monkeypatch, observer):
