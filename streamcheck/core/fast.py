@@ -12,14 +12,18 @@ hb.py stays the reference, and every report is its own:
   does not answer itself (sync_clocks, thread_owner, owner_label, setting on_race, ...) make
   hb.Checker take over: every operation fed so far is replayed into a fresh one, which answers
   everything from then on (the refused operation is fed last, so it raises hb.py's own error).
-- the native side keeps each race occurrence as operation indices and a kind. Reading `races`,
-  `hazards` or `witness` of a run that found one hands over the same way, so report texts are
-  hb.py's by construction: a racy run pays the Python replay once (and goes on in Python), a
-  clean run never does. The replay asserts the native occurrences equal hb.Checker's (on_race:
-  every occurrence, first and second operation and Race.key), in order.
+- the native side keeps each race occurrence as operation indices, a kind, its two actors and its
+  buffer's allocation. Reading `races` or `witness` of a run that found one replays the trace
+  into hb.Checker only up to the operation where the last new Race.key was first found (a race in
+  a loop: its first steps), which builds each report, and folds the later occurrences in (counts,
+  stream pairs, buffers) as hb.Checker folds a repeat; so report texts are hb.py's by
+  construction, and a clean run never replays. `hazards`, and anything hand-overs need, feed that
+  checker the rest and hand over. Every replay asserts the native occurrences equal hb.Checker's
+  (on_race: every occurrence, first and second operation and Race.key), in order.
 """
 from __future__ import annotations
 
+import bisect
 import hashlib
 import importlib
 import os
@@ -106,41 +110,101 @@ if _checker_native is not None:
         knows it answers, anything else hands over to hb.Checker (see the module's docstring)."""
 
         def __init__(self) -> None:
-            self._keys: dict = {}  # Race.key of every occurrence seen so far (distinct_races)
+            self._keys: dict = {}  # Race.key of every occurrence seen so far -> the index of its first
+            self._seconds: list = []  # per occurrence seen so far: the operation being fed when it was found
+            self._folds: list = []  # per occurrence seen so far: (Race.key, its two owners, its buffer's name)
+            self._names: dict = {}  # allocating operation's index -> the buffer's name in reports
+            self._last_new = -1  # the operation at which the latest new Race.key was first found
             self._keyed = 0  # how many occurrences _keys has seen
+            self._prefix: Optional[hb.Checker] = None  # hb.Checker fed the first _prefix_fed operations
+            self._prefix_fed = 0
+
+        def _key_all(self) -> None:
+            """Race.key of the occurrences found since the last call (a stop test reads
+            distinct_races per operation, so this is incremental)."""
+            count = self._occurrence_count
+            if count == self._keyed:
+                return
+            ops, keys, seconds, folds, names = self._ops, self._keys, self._seconds, self._folds, self._names
+            places: dict = {}  # id(site) -> site.place: a recording has one CallSite per call path
+
+            def place(site):
+                found = places.get(id(site))
+                if found is None:
+                    found = places[id(site)] = site.place
+                return found
+            for index, (first, second, key_second, kind, first_owner, second_owner, alloc) in enumerate(
+                    self._occurrences(self._keyed), self._keyed):
+                key = (kind, place(ops[first].site), place(ops[key_second].site))
+                if key not in keys:
+                    keys[key] = index
+                    self._last_new = second
+                seconds.append(second)
+                name = names.get(alloc)
+                if name is None:
+                    name = names[alloc] = hb.buffer_name(ops[alloc].buffer, ops[alloc].name)
+                folds.append((key, first_owner, second_owner, name))
+            self._keyed = count
+
+        def _feed_prefix(self, stop: int) -> hb.Checker:
+            """hb.Checker fed the operations before `stop`, kept and fed further by later calls: the
+            reports of the races first found there are its own, as is everything it is asked after
+            the whole trace (_switch)."""
+            prefix = self._prefix
+            if prefix is None:
+                prefix = self._prefix = hb.Checker()
+            start, ops = self._prefix_fed, self._ops
+            if stop <= start:
+                return prefix
+            if __debug__:  # the native occurrences must be hb.Checker's, in order (python -O skips this)
+                self._key_all()
+                lo, hi = bisect.bisect_left(self._seconds, start), bisect.bisect_left(self._seconds, stop)
+                native, found = self.occurrences(lo, hi), []
+                prefix.on_race = lambda first, second, key: found.append((first, second, key))
+            try:
+                for index in range(start, stop):
+                    prefix.feed(ops[index])
+            finally:
+                prefix.on_race = None
+                self._prefix_fed = stop
+            assert same_occurrences(native, found), _difference(native, found, ops)
+            return prefix
 
         def _switch(self, pending: bool = False) -> hb.Checker:
-            """Hand everything over to a fresh hb.Checker fed the same operations (called by feed, with
-            `pending`, for an operation the native side does not check: it is fed last, and raises what
-            hb.Checker raises for it)."""
+            """Hand everything over to hb.Checker fed the same operations (the prefix checker, fed the
+            rest; called by feed, with `pending`, for an operation the native side does not check:
+            it is fed last, and raises what hb.Checker raises for it)."""
             reference = self._reference
             if reference is not None:
                 return reference
             ops = self._ops
-            reference = hb.Checker()
-            if __debug__:  # the native occurrences must be hb.Checker's, in order (python -O skips this)
-                native, found = self.occurrences(), []
-                reference.on_race = lambda first, second, key: found.append((first, second, key))
             try:
-                for index in range(len(ops) - 1 if pending else len(ops)):
-                    reference.feed(ops[index])
+                self._feed_prefix(len(ops) - 1 if pending else len(ops))
             finally:
-                reference.on_race = None
+                reference, self._prefix = self._prefix, None
                 self._take_ops()
                 self._hand_over(reference)
-            assert same_occurrences(native, found), _difference(native, found, ops)
             if pending:
                 reference.feed(ops[-1])
             return reference
 
-        def occurrences(self) -> Optional[list]:
-            """Every race occurrence so far as hb.Checker's on_race would have been told it, in order:
+        def _reports(self) -> tuple:
+            """(hb.Checker fed through the first occurrence of every Race.key so far, the later
+            occurrences as its `folded` takes them): a racy run's reports without replaying the whole
+            trace in Python (a race in a loop is found first in its first steps)."""
+            self._key_all()
+            prefix = self._feed_prefix(max(self._prefix_fed, self._last_new + 1))
+            return prefix, self._folds[bisect.bisect_left(self._seconds, self._prefix_fed):]
+
+        def occurrences(self, start: int = 0, stop: Optional[int] = None) -> Optional[list]:
+            """Race occurrences [start:stop] as hb.Checker's on_race would have been told them, in order:
             (first operation, second operation, Race.key). None once hb.Checker took over."""
             ops = self._ops
             if ops is None:
                 return None
+            found = self._occurrences(start) if stop is None else self._occurrences(start, stop)
             return [(ops[first], ops[second], (kind, ops[first].site.place, ops[key_second].site.place))
-                    for first, second, key_second, kind in self._occurrences(0)]
+                    for first, second, key_second, kind, *_ in found]
 
         def __getattr__(self, name: str):
             # Only what the class does not define gets here: hb.Checker's other attributes.
@@ -151,11 +215,15 @@ if _checker_native is not None:
         @property
         def races(self) -> list:
             reference = self._reference
-            if reference is None:
-                if not self._occurrence_count:
-                    return []
-                reference = self._switch()
-            return reference.races
+            if reference is not None:
+                return reference.races
+            if not self._occurrence_count:
+                return []
+            prefix, later = self._reports()
+            try:
+                return prefix.folded(later)
+            except IndexError:  # an actor created after the prefix (owner_label): the whole replay names it
+                return self._switch().races
 
         @property
         def hazards(self) -> list:
@@ -168,23 +236,27 @@ if _checker_native is not None:
 
         def witness(self, race, latest: bool = False) -> Optional[tuple]:
             reference = self._reference
-            if reference is None:
-                if not self._occurrence_count:
-                    return None
-                reference = self._switch()
-            return reference.witness(race, latest)
+            if reference is not None:
+                return reference.witness(race, latest)
+            if not self._occurrence_count:
+                return None
+            prefix, _ = self._reports()
+            first = prefix.witness(race)
+            if first is None or not latest:
+                return first
+            key, folds = race.key, self._folds
+            for index in range(len(folds) - 1, self._keys[key], -1):
+                if folds[index][0] == key:  # its latest occurrence, as _Seen.latest
+                    first_op, _, key_second, *_ = self._occurrences(index, index + 1)[0]
+                    return self._ops[first_op], self._ops[key_second]
+            return first  # seen once
 
         @property
         def distinct_races(self) -> int:
             reference = self._reference
             if reference is not None:
                 return reference.distinct_races
-            count = self._occurrence_count
-            if count != self._keyed:  # Race.key of the new occurrences (a stop test reads this per operation)
-                ops = self._ops
-                for first, _, second, kind in self._occurrences(self._keyed):
-                    self._keys[(kind, ops[first].site.place, ops[second].site.place)] = None
-                self._keyed = count
+            self._key_all()
             return len(self._keys)
 
         @property
@@ -221,6 +293,11 @@ if _checker_native is not None:
         def captured_graph(self, graph_id: int):
             reference = self._reference
             return reference.captured_graph(graph_id) if reference is not None else None
+
+        @property
+        def replayed(self) -> int:
+            """How many operations were replayed into hb.Checker (for reports, or at a hand-over; 0: none)."""
+            return self._prefix_fed
 
         @property
         def native(self) -> bool:

@@ -361,6 +361,11 @@ class _Seen:
         self.buffers = {buffer: None}
 
 
+def buffer_name(buffer: int, name: str) -> str:
+    """How reports name buffer `buffer` allocated as `name` (Alloc.name; "" for none)."""
+    return name or f"buffer{buffer}"
+
+
 class _Buffer:
     __slots__ = ("id", "nbytes", "name", "site", "records", "freed_at", "device")
 
@@ -368,7 +373,7 @@ class _Buffer:
         self.id = id
         self.device = device
         self.nbytes = nbytes
-        self.name = name or f"buffer{id}"
+        self.name = buffer_name(id, name)
         self.site = site
         self.records: list = []  # access tuples (see _START...) not yet subsumed by a later one
         self.freed_at: Optional[CallSite] = None
@@ -445,10 +450,30 @@ class Checker:
     # --- public -------------------------------------------------------------------------
     @property
     def races(self) -> list[Race]:
+        return self.folded(())
+
+    def folded(self, later) -> list[Race]:
+        """The races, with `later` occurrences folded in as _report folds a repeat: (Race.key, first
+        owner, second owner, buffer name) each, of races this checker has reported (the occurrences
+        another checker found in operations fed after the ones this one was fed: core.fast's)."""
+        more: dict = {}  # key -> [count, pairs, buffers]
+        for key, first_owner, owner, buffer in later:
+            found = more.get(key)
+            if found is None:
+                found = more[key] = [0, {}, {}]
+            found[0] += 1
+            found[1][(first_owner, owner)] = None
+            found[2][buffer] = None
         out = []
-        for seen in self._seen.values():
-            streams = tuple((self.owner_label(a), self.owner_label(b)) for a, b in seen.pairs)
-            out.append(replace(seen.race, count=seen.count, streams=streams, buffers=tuple(seen.buffers)))
+        for key, seen in self._seen.items():
+            count, pairs, buffers = seen.count, seen.pairs, seen.buffers
+            found = more.pop(key, None)
+            if found is not None:  # first seen first: the new pairs and buffers after the known ones
+                count, pairs, buffers = count + found[0], {**pairs, **found[1]}, {**buffers, **found[2]}
+            streams = tuple((self.owner_label(a), self.owner_label(b)) for a, b in pairs)
+            out.append(replace(seen.race, count=count, streams=streams, buffers=tuple(buffers)))
+        if more:
+            raise ValueError(f"folded: {len(more)} race key(s) this checker never reported, e.g. {next(iter(more))}")
         return out
 
     def has_graph(self, graph_id: int) -> bool:

@@ -81,6 +81,14 @@ private:
 enum Kind : uint8_t { RAW = 0, WAR = 1, WAW = 2, FREE = 3 };
 const char* const kKindNames[] = {"RAW", "WAR", "WAW", "FREE"};
 
+// A new reference to the kind's name (interned once per process).
+PyObject* kind_name(Kind kind) {
+    static PyObject* names[4] = {nullptr, nullptr, nullptr, nullptr};
+    if (names[kind] == nullptr) names[kind] = PyUnicode_InternFromString(kKindNames[kind]);
+    Py_XINCREF(names[kind]);
+    return names[kind];
+}
+
 // One access as a buffer keeps it (hb.py's access tuple, less what only reports read).
 struct Record {
     int64_t start, stop;
@@ -95,6 +103,8 @@ struct Occurrence {
     uint64_t second;      // the later one's, as on_race names it (a reuse's race: the allocation)
     uint64_t key_second;  // the operation whose site is in Race.key (a reuse's race: the free)
     Kind kind;
+    uint32_t first_owner, second_owner;  // the two actors (hb.py's _Seen.pairs)
+    uint64_t alloc;  // the operation that allocated the buffer (its name is the report's buffer)
 };
 
 struct Thread {
@@ -128,6 +138,7 @@ struct Event {
 };
 
 struct Buffer {
+    uint64_t alloc = 0;  // the operation that allocated it
     int64_t nbytes = 0;
     int64_t device = 0;
     bool freed = false;
@@ -138,6 +149,7 @@ struct Buffer {
 struct Freed {
     uint64_t op;
     uint32_t owner;
+    uint64_t alloc;  // the freed buffer's allocation (hb.py's _Freed.buffer)
     bool reused = false;
     std::vector<Record> pending, unordered;
 };
@@ -626,6 +638,7 @@ private:
             buffer_ids_.set(id, known);
         }
         Buffer& buf = buffers_[size_t(known)];
+        buf.alloc = index_;
         buf.nbytes = nbytes;
         buf.device = device_index;
         buf.freed = false;
@@ -670,7 +683,8 @@ private:
                 const Record rec = freed.pending[i];
                 if (rec.start < r.stop && r.start < rec.stop) {
                     if (clock_get(*clock, rec.owner) < rec.tick) {
-                        occurrences.push_back(Occurrence{rec.op, index_, freed.op, FREE});
+                        occurrences.push_back(
+                            Occurrence{rec.op, index_, freed.op, FREE, rec.owner, freed.owner, freed.alloc});
                     }
                     if (r.start <= rec.start && rec.stop <= r.stop) continue;  // its bytes have a new owner: checked once
                 }
@@ -745,6 +759,7 @@ private:
                 Freed freed;
                 freed.op = index_;
                 freed.owner = owner;
+                freed.alloc = buf.alloc;
                 for (const Record& rec : pending) {
                     if (clock_get(*clock, rec.owner) < rec.tick) freed.unordered.push_back(rec);
                 }
@@ -847,7 +862,7 @@ private:
                     if ((write || !rec.write) && start <= rec.start && rec.stop <= stop) continue;
                 } else if (write || rec.write) {
                     Kind kind = free ? FREE : (rec.write ? (write ? WAW : RAW) : WAR);
-                    occurrences.push_back(Occurrence{rec.op, index_, index_, kind});
+                    occurrences.push_back(Occurrence{rec.op, index_, index_, kind, rec.owner, owner, buf.alloc});
                 }
             }
             records[keep++] = rec;
@@ -960,19 +975,34 @@ PyObject* checker_hand_over(CheckerObject* self, PyObject* reference) {
     Py_RETURN_NONE;
 }
 
-PyObject* checker_occurrences(CheckerObject* self, PyObject* arg) {
-    Py_ssize_t start = PyLong_AsSsize_t(arg);
-    if (start == -1 && PyErr_Occurred()) return nullptr;
+PyObject* checker_occurrences(CheckerObject* self, PyObject* args) {
+    Py_ssize_t start, stop = PY_SSIZE_T_MAX;
+    if (!PyArg_ParseTuple(args, "n|n", &start, &stop)) return nullptr;
     if (self->core == nullptr) return PyList_New(0);
     const std::vector<Occurrence>& all = self->core->occurrences;
-    size_t from = std::min<size_t>(size_t(std::max<Py_ssize_t>(start, 0)), all.size());
-    PyObject* out = PyList_New(Py_ssize_t(all.size() - from));
+    size_t to = std::min<size_t>(size_t(std::max<Py_ssize_t>(stop, 0)), all.size());
+    size_t from = std::min<size_t>(size_t(std::max<Py_ssize_t>(start, 0)), to);
+    PyObject* out = PyList_New(Py_ssize_t(to - from));
     if (out == nullptr) return nullptr;
-    for (size_t i = from; i < all.size(); ++i) {
+    for (size_t i = from; i < to; ++i) {
         const Occurrence& o = all[i];
-        PyObject* item = Py_BuildValue("(KKKs)", (unsigned long long)o.first, (unsigned long long)o.second,
-                                       (unsigned long long)o.key_second, kKindNames[o.kind]);
-        if (item == nullptr) {
+        // Built field by field: a racy loop reads thousands (Py_BuildValue parses its format each time).
+        PyObject* fields[] = {PyLong_FromUnsignedLongLong(o.first),       PyLong_FromUnsignedLongLong(o.second),
+                              PyLong_FromUnsignedLongLong(o.key_second),  kind_name(o.kind),
+                              PyLong_FromUnsignedLong(o.first_owner),     PyLong_FromUnsignedLong(o.second_owner),
+                              PyLong_FromUnsignedLongLong(o.alloc)};
+        PyObject* item = PyTuple_New(7);
+        bool ok = item != nullptr;
+        for (int f = 0; f < 7; ++f) {
+            ok = ok && fields[f] != nullptr;
+            if (item != nullptr) {
+                PyTuple_SET_ITEM(item, f, fields[f]);  // steals (a null one is cleared with the tuple)
+            } else {
+                Py_XDECREF(fields[f]);
+            }
+        }
+        if (!ok) {
+            Py_XDECREF(item);
             Py_DECREF(out);
             return nullptr;
         }
@@ -1008,9 +1038,9 @@ PyMethodDef checker_methods[] = {
      "The operations fed so far (the replay list); the native side keeps no list after this."},
     {"_hand_over", reinterpret_cast<PyCFunction>(checker_hand_over), METH_O,
      "From now on every call goes to this hb.Checker (fed the same operations); the native state is dropped."},
-    {"_occurrences", reinterpret_cast<PyCFunction>(checker_occurrences), METH_O,
-     "Race occurrences from index `start` on: (first op, second op, op of the key's second site, kind), "
-     "operations as indices of the fed list."},
+    {"_occurrences", reinterpret_cast<PyCFunction>(checker_occurrences), METH_VARARGS,
+     "Race occurrences [start:stop] (stop: the end by default): (first op, second op, op of the key's second site, kind, first "
+     "owner, second owner, the buffer's allocating op), operations as indices of the fed list."},
     {"_has_hazards", reinterpret_cast<PyCFunction>(checker_has_hazards), METH_NOARGS,
      "Whether a pending free's bytes went to no allocation (hb.Checker.hazards is not empty)."},
     {nullptr, nullptr, 0, nullptr},
