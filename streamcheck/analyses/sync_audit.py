@@ -45,6 +45,7 @@ from dataclasses import dataclass, replace
 from typing import Optional
 
 from ..core import trace as T
+from ..core.fast import new_checker
 from ..core.hb import Checker, Race, site_path, wrap_lines
 from ..core.trace import CallSite, StreamKind, stream_label
 
@@ -756,12 +757,17 @@ def _findings(ops) -> set:
     return {race.key for race in checker.races} | {str(error) for error in checker.capture_errors}
 
 
-def _feed(ops, stop=None, on_race=None) -> Checker:
-    """A checker fed `ops`; with `stop`, feeding ends as soon as stop(checker) is true. In an edited
-    trace whose capture CUDA refuses (a join dropped), the program would have got the error at
-    end_capture and had no graph: that graph's launches are left out, not fed."""
-    checker = Checker()
-    checker.on_race = on_race
+def _feed(ops, stop=None, on_race=None, checker=None) -> Checker:
+    """A checker fed `ops` (the native one where it is built); with `stop`, feeding ends as soon as
+    stop(checker) is true; `on_race` told every race occurrence in order (the native checker's, read
+    once fed; where hb.Checker checked, set before). In an edited trace whose capture CUDA refuses
+    (a join dropped), the program would have got the error at end_capture and had no graph: that
+    graph's launches are left out, not fed."""
+    if checker is None:
+        checker = new_checker()
+    native = on_race is not None and getattr(checker, "native", False)
+    if on_race is not None and not native:
+        checker.on_race = on_race
     feed = checker.feed
     for op in ops:
         if type(op) is T.GraphLaunch and checker.capture_errors and not checker.has_graph(op.graph):
@@ -769,6 +775,12 @@ def _feed(ops, stop=None, on_race=None) -> Checker:
         feed(op)
         if stop is not None and stop(checker):
             break
+    if native:
+        found = checker.occurrences()
+        if found is None:  # hb.Checker took over midway (a capture, a graph): it tells them as it checks
+            return _feed(ops, stop, on_race, Checker())
+        for first, second, key in found:
+            on_race(first, second, key)
     return checker
 
 
