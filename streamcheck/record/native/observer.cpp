@@ -763,8 +763,10 @@ int fast_launch(const Lane& lane, const Record& r, const Access* accesses_of) {
   Owned owned;
   PyObject* ident = owned.keep(PyLong_FromUnsignedLongLong(r.thread));
   if (ident == nullptr) return -1;
+  // Strong references to what the tables give: the Python called below (range_in, site_of) must not drop them.
   PyObject* tid = PyDict_GetItemWithError(lane.threads, ident);  // rec.tid(), the thread acting as `ident`
   if (tid == nullptr) return PyErr_Occurred() ? -1 : 0;
+  owned.keep(Py_NewRef(tid));
   PyObject* pointer = owned.keep(PyLong_FromUnsignedLongLong(r.stream));
   if (pointer == nullptr) return -1;
   if (lane.stream_pointer != Py_None) {
@@ -776,6 +778,7 @@ int fast_launch(const Lane& lane, const Record& r, const Access* accesses_of) {
   if (raw <= 2) return 0;  // the legacy and per-thread default streams: Recorder.stream_key's rule
   PyObject* sid = PyDict_GetItemWithError(lane.streams, pointer);  // Recorder.sid's hot path
   if (sid == nullptr) return PyErr_Occurred() ? -1 : 0;
+  owned.keep(Py_NewRef(sid));
   // Every storage known (register_storage finds it), every span in one: the ranges, by role.
   std::vector<PyObject*> spans[3];
   for (uint32_t i = 0; i < r.count; ++i) {
@@ -788,6 +791,7 @@ int fast_launch(const Lane& lane, const Record& r, const Access* accesses_of) {
     if (base == nullptr) return -1;
     PyObject* alloc = PyDict_GetItemWithError(lane.pool_at, base);
     if (alloc == nullptr) return PyErr_Occurred() ? -1 : 0;
+    owned.keep(Py_NewRef(alloc));
     if (a.lo == a.hi) continue;  // an empty tensor spans no bytes
     PyObject* range = range_in(lane, alloc, a, owned);
     if (range == nullptr) return -1;
@@ -795,11 +799,15 @@ int fast_launch(const Lane& lane, const Record& r, const Access* accesses_of) {
   }
   uint32_t op_flags = static_cast<uint32_t>(PyLong_AsUnsignedLong(PyList_GET_ITEM(lane.op_flags, r.op)));
   if (op_flags & lane.no_access) return 1;  // its tensors registered (all known), nothing touched
-  PyObject* site = PyDict_GetItemWithError(lane.sites, owned.keep(PyLong_FromUnsignedLong(r.stack)));
+  PyObject* stack = owned.keep(PyLong_FromUnsignedLong(r.stack));
+  if (stack == nullptr) return -1;
+  PyObject* site = PyDict_GetItemWithError(lane.sites, stack);
   if (site == nullptr) {
     if (PyErr_Occurred()) return -1;
     site = owned.keep(PyObject_CallFunction(lane.site_of, "I", r.stack));
     if (site == nullptr) return -1;
+  } else {
+    owned.keep(Py_NewRef(site));
   }
   std::vector<PyObject*> written, read;
   for (int role : {kWritten, kFresh})
