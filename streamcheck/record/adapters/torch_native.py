@@ -142,10 +142,21 @@ class NativeRecording:
         pool_at, streams, threads, ops, feed, range_in = tables
         pointer = None if self.stream_pointer is _handle_is_pointer else self.stream_pointer
         return (pool_at, streams, threads, self.sites, self.names, self.flags, T.Launch, ops, feed,
-                self._record_one, self._site, range_in, self._fed_badly, pointer, native.NO_ACCESS)
+                self._record_one, self._site, range_in, self._register, self._fed_badly, pointer, native.NO_ACCESS)
 
     def _record_one(self, record) -> None:
         self._record((record,))
+
+    def _register(self, base: int, nbytes: int, fresh: bool, pointer: int, ident: int, site):
+        """register_storage for the C++ drain: a storage first seen, of an operator that `ident` issued at
+        `site` on stream `pointer` (its Alloc record is that thread's, at that site)."""
+        previous = self.resolver.hold(site)
+        _gpu.thread_state.acting = ident
+        try:
+            return register_storage(self.rec, base, nbytes, "cuda", fresh, lambda: pointer)
+        finally:
+            _gpu.thread_state.acting = 0
+            self.resolver.release(previous)
 
     def _fed_badly(self, op, exc) -> None:
         """Recorder.record's handling of a record the checker raised on (the C++ drain fed it)."""

@@ -689,15 +689,15 @@ PyObject* record_tuple(const Record& r, const Access* accesses_of) {
 // they are (the recorder's lock is held), and the Python functions for what they do not answer.
 struct Lane {
   PyObject *pool_at, *streams, *threads, *sites, *names, *op_flags, *launch_type, *ops, *feed, *slow, *site_of,
-      *range_in, *fed_badly, *stream_pointer;
+      *range_in, *register_storage, *fed_badly, *stream_pointer;
   uint32_t no_access;
 
   bool unpack(PyObject* lane) {
     unsigned long flag = 0;
-    if (!PyArg_ParseTuple(lane, "O!O!O!O!O!O!OO!OOOOOOk", &PyDict_Type, &pool_at, &PyDict_Type, &streams,
+    if (!PyArg_ParseTuple(lane, "O!O!O!O!O!O!OO!OOOOOOOk", &PyDict_Type, &pool_at, &PyDict_Type, &streams,
                           &PyDict_Type, &threads, &PyDict_Type, &sites, &PyList_Type, &names, &PyList_Type, &op_flags,
-                          &launch_type, &PyList_Type, &ops, &feed, &slow, &site_of, &range_in, &fed_badly,
-                          &stream_pointer, &flag))
+                          &launch_type, &PyList_Type, &ops, &feed, &slow, &site_of, &range_in, &register_storage,
+                          &fed_badly, &stream_pointer, &flag))
       return false;
     no_access = static_cast<uint32_t>(flag);
     return true;
@@ -754,10 +754,10 @@ PyObject* range_in(const Lane& lane, PyObject* alloc, const Access& a, Owned& ow
                                           (unsigned long long)a.hi));
 }
 
-// torch_native.NativeRecording._launch for an ordinary operator, when the recorder's tables already answer every
-// question it asks (its thread's id, its stream's id, each storage's allocation: no record to add but the Launch).
-// Returns 1 when recorded (or when it records nothing: an allocating operator whose storages are all known), 0 when
-// the record needs Python (nothing done yet), -1 on a Python error.
+// torch_native.NativeRecording._launch for an ordinary operator whose thread and stream the recorder's tables know:
+// its storages found in the allocation table (a block first seen registered by Python), then its Launch.
+// Returns 1 when recorded (or when it records nothing: an allocating operator), 0 when the record needs Python
+// (at most its storages registered yet, which Python then finds known), -1 on a Python error.
 int fast_launch(const Lane& lane, const Record& r, const Access* accesses_of) {
   if (r.flags & kSpecialRecord) return 0;
   Owned owned;
@@ -780,25 +780,6 @@ int fast_launch(const Lane& lane, const Record& r, const Access* accesses_of) {
   if (sid == nullptr) return PyErr_Occurred() ? -1 : 0;
   owned.keep(Py_NewRef(sid));
   // Every storage known (register_storage finds it), every span in one: the ranges, by role.
-  std::vector<PyObject*> spans[3];
-  for (uint32_t i = 0; i < r.count; ++i) {
-    const Access& a = accesses_of[i];
-    if (a.base == 0) {
-      if (a.lo != a.hi) return 0;  // bytes outside any storage: Recorder.span_range's search
-      continue;
-    }
-    PyObject* base = owned.keep(PyLong_FromUnsignedLongLong(a.base));
-    if (base == nullptr) return -1;
-    PyObject* alloc = PyDict_GetItemWithError(lane.pool_at, base);
-    if (alloc == nullptr) return PyErr_Occurred() ? -1 : 0;
-    owned.keep(Py_NewRef(alloc));
-    if (a.lo == a.hi) continue;  // an empty tensor spans no bytes
-    PyObject* range = range_in(lane, alloc, a, owned);
-    if (range == nullptr) return -1;
-    spans[a.role].push_back(range);
-  }
-  uint32_t op_flags = static_cast<uint32_t>(PyLong_AsUnsignedLong(PyList_GET_ITEM(lane.op_flags, r.op)));
-  if (op_flags & lane.no_access) return 1;  // its tensors registered (all known), nothing touched
   PyObject* stack = owned.keep(PyLong_FromUnsignedLong(r.stack));
   if (stack == nullptr) return -1;
   PyObject* site = PyDict_GetItemWithError(lane.sites, stack);
@@ -808,6 +789,41 @@ int fast_launch(const Lane& lane, const Record& r, const Access* accesses_of) {
     if (site == nullptr) return -1;
   } else {
     owned.keep(Py_NewRef(site));
+  }
+  for (uint32_t i = 0; i < r.count; ++i)  // bytes outside any storage: Recorder.span_range's search, in Python
+    if (accesses_of[i].base == 0 && accesses_of[i].lo != accesses_of[i].hi) return 0;
+  // Each storage the recorder's allocation: known, or registered now by Python (a block first seen: its Alloc
+  // record, at this operator's site and thread), in _launch's order (the reads', the writes', the fresh outputs').
+  // A record handed to Python after this finds them known.
+  std::vector<PyObject*> allocs(r.count, nullptr);
+  for (uint8_t role : {kRead, kWritten, kFresh}) {
+    for (uint32_t i = 0; i < r.count; ++i) {
+      const Access& a = accesses_of[i];
+      if (a.role != role || a.base == 0) continue;
+      PyObject* base = owned.keep(PyLong_FromUnsignedLongLong(a.base));
+      if (base == nullptr) return -1;
+      PyObject* alloc = PyDict_GetItemWithError(lane.pool_at, base);
+      if (alloc != nullptr) {
+        alloc = owned.keep(Py_NewRef(alloc));
+      } else if (PyErr_Occurred()) {
+        return -1;
+      } else {
+        alloc = owned.keep(PyObject_CallFunction(lane.register_storage, "OKOOOO", base, (unsigned long long)a.nbytes,
+                                                 role == kFresh ? Py_True : Py_False, pointer, ident, site));
+        if (alloc == nullptr) return -1;
+      }
+      allocs[i] = alloc;
+    }
+  }
+  uint32_t op_flags = static_cast<uint32_t>(PyLong_AsUnsignedLong(PyList_GET_ITEM(lane.op_flags, r.op)));
+  if (op_flags & lane.no_access) return 1;  // its tensors registered, nothing touched
+  std::vector<PyObject*> spans[3];
+  for (uint32_t i = 0; i < r.count; ++i) {
+    const Access& a = accesses_of[i];
+    if (a.lo == a.hi || allocs[i] == nullptr || allocs[i] == Py_None) continue;  // an empty tensor spans no bytes
+    PyObject* range = range_in(lane, allocs[i], a, owned);
+    if (range == nullptr) return -1;
+    spans[a.role].push_back(range);
   }
   std::vector<PyObject*> written, read;
   for (int role : {kWritten, kFresh})

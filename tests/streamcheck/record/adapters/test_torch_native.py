@@ -265,10 +265,10 @@ def test_a_launch_the_checker_refuses_is_kept_and_said_on_both_paths(monkeypatch
     assert [(index, op) for index, op, _ in rec.refused] == [(mul, ops[mul])]
 
 
-def test_the_native_drain_turns_known_operators_in_cpp_and_the_rest_in_python(monkeypatch, observer):
-    """The C++ drain asks Python only for what the recorder's tables do not answer (a storage first
-    seen, a special operator), and hands every record to Python while a probe or an edit plan
-    watches the records."""
+def test_the_native_drain_turns_ordinary_operators_in_cpp_and_the_rest_in_python(monkeypatch, observer):
+    """The C++ drain hands Python a special operator whole, and a storage first seen to register (its
+    Alloc record at the operator's site, before the operator's Launch, as on the Python path); and
+    every record while a probe or an edit plan watches the records."""
     rec, _, on = harness(monkeypatch, "native")
     x, y = torch.zeros(8), torch.ones(8)
     slow: list = []
@@ -276,13 +276,17 @@ def test_the_native_drain_turns_known_operators_in_cpp_and_the_rest_in_python(mo
     monkeypatch.setattr(torch_native.NativeRecording, "_record_one",
                         lambda self, record: (slow.append(self.names[record[0]]), original(self, record)))
     with on(A):
-        x.add_(y)  # both storages first seen: Python registers them
+        x.add_(y)  # both storages first seen  # native-drain-add
         x.mul_(y)  # all known
         x.sum().item()  # the sum: a fresh output first seen; item: special
-    names = [op.name for op in rec.trace.ops if isinstance(op, T.Launch)]
-    assert names[:2] == ["aten.add_.Tensor", "aten.mul_.Tensor"]
-    assert slow[0] == "aten.add_.Tensor" and "aten.mul_.Tensor" not in slow
-    assert "aten._local_scalar_dense.default" in slow
+    ops = rec.trace.ops
+    add = next(i for i, op in enumerate(ops) if isinstance(op, T.Launch))
+    allocs = [op for op in ops[:add] if isinstance(op, T.Alloc)]
+    assert [op.nbytes for op in allocs[-2:]] == [32, 32]  # y (read), then x (written): _launch's order
+    assert {op.site.line for op in allocs[-2:] + [ops[add]]} == {line_of("# native-drain-add")}
+    assert [op.name for op in ops if isinstance(op, T.Launch)][:3] == ["aten.add_.Tensor", "aten.mul_.Tensor",
+                                                                      "aten.sum.default"]
+    assert slow == ["aten._local_scalar_dense.default"]
 
     class Probe:  # sees each record as Recorder.record issues it
         def issued(self, rec, op):
