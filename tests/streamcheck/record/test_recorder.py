@@ -160,6 +160,41 @@ def test_an_unordered_write_on_a_per_thread_stream_races_with_the_other_threads_
     assert (race.kind, race.first.name, race.second.name) == ("RAW", "write", "read")
 
 
+@pytest.mark.parametrize("synchronized", [False, True])
+def test_a_pool_block_freed_on_a_workers_per_thread_stream_goes_to_the_main_threads_one(rec, synchronized):
+    """CuPy's pool files a free block under its stream handle, and every thread's per-thread default
+    stream has the same one (cudaStreamPerThread): the main thread's next allocation gets the block a
+    worker freed with its kernel's read pending. Joining the worker orders the host, not the
+    worker's stream: a FREE race, unless the worker synchronized its stream before the free
+    (tests/gpu_programs/torch/race_cupy_pool_ptds_other_thread.py and its fixed twin)."""
+    ptds = FakeStream(2)
+    child = rec.thread_starting()
+
+    def worker():
+        rec.thread_running(child)
+        rec.gpu.current = ptds
+        scratch = rec.alloc(0x1000, 64)
+        launch(rec, "multiply", ptds, reads=(FakeArray(0x1000, 64),))
+        if synchronized:
+            rec.stream_sync(ptds, lambda: None)
+        rec.free(scratch)
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    rec.thread_joined(child)
+    rec.gpu.current = ptds
+    padding = rec.alloc(0x1000, 64)  # the same block, on the main thread's per-thread stream
+    (alloc,) = [op for op in ops(rec, T.Alloc) if op.buffer == padding.id]
+    assert alloc.reuses and alloc.stream != ops(rec, T.Alloc)[0].stream
+    if synchronized:
+        assert rec.races == []
+    else:
+        (race,) = rec.races
+        assert (race.kind, race.first.name) == ("FREE", "multiply")
+        assert race.second.actor == f"per-thread default stream of thread {child}"  # the free, on the worker's
+        assert "per-thread default stream of thread 0" in race.missing_edge  # the allocation that got the bytes
+
+
 def test_seed_chosen_delays_follow_the_one_rule(monkeypatch):
     rec = R.Recorder(FakeGpu(), delay_us=100.0, seed=5)
     monkeypatch.setattr(R, "current", rec)
