@@ -5,6 +5,12 @@
 #   bash benchmarks/gpu_session.sh tests [K/N]    the `gpu` tests (part K of N: tests/device_session.py's
 #                                                --shard); each failure goes to $OUT/failures.txt as it happens
 #   bash benchmarks/gpu_session.sh benchmarks     the GPU benchmarks (WITH_NORM_PROJ=1 adds bench_norm_proj)
+#   bash benchmarks/gpu_session.sh overhead       what checking costs (torch decode loop eager and compiled, native
+#                                                 and Python paths, the sanitizer beside; the CuPy loop), and Ctrl-C
+#                                                 during `streamcheck run` (benchmarks/probe_interrupts.py)
+#
+# STREAMCHECK_NATIVE_RECORD=1 in the environment runs the tests through the native torch observer (opt-in until
+# the whole suite has passed through it: `STREAMCHECK_NATIVE_RECORD=1 bash benchmarks/gpu_session.sh tests 1/2`).
 #
 # The whole `gpu` suite took about 10 minutes on the H200 with 8-14 xdist workers (2026-12-02), so it runs as
 # `tests 1/2` and `tests 2/2`.
@@ -12,8 +18,8 @@ set -uo pipefail
 what=${1:-}
 shard=${2:-}
 case $what in
-  tests|benchmarks) ;;
-  *) echo "usage: bash benchmarks/gpu_session.sh tests [K/N] | benchmarks" >&2; exit 2 ;;
+  tests|benchmarks|overhead) ;;
+  *) echo "usage: bash benchmarks/gpu_session.sh tests [K/N] | benchmarks | overhead" >&2; exit 2 ;;
 esac
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
@@ -30,6 +36,13 @@ step() {  # step NAME LIMIT_S COMMAND...: run with a time limit, log to $OUT/NAM
 if [ "$what" = tests ]; then
   step "pytest_gpu${shard:+_${shard%/*}}" 540 python3 -m pytest -m gpu -n 8 -v -p no:cacheprovider -o addopts="" \
     -p tests.device_session ${shard:+--shard "$shard"} --failures-log "$OUT/failures.txt" tests/
+  exit 0
+fi
+if [ "$what" = overhead ]; then
+  step bench_torch_overhead 300 python3 benchmarks/bench_torch_overhead.py \
+    --modes plain,streamcheck,streamcheck-python,sanitizer,compiled,compiled-streamcheck --steps 200 --repeats 5
+  step bench_instrument 120 python3 benchmarks/bench_instrument_overhead.py --repeats 7
+  step probe_interrupts 150 python3 benchmarks/probe_interrupts.py --runs 10
   exit 0
 fi
 if [ "${WITH_NORM_PROJ:-0}" = 1 ]; then
