@@ -225,6 +225,27 @@ def assert_agree(ops) -> None:
     assert native.native == stays_native
 
 
+@requires_native
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(traces(), st.lists(st.integers(0, 60), max_size=3))
+def test_reports_read_midway_then_fed_on_agree_at_every_read(ops, reads):
+    """A run reads its reports while it is checked (the plugin after each test, a stop test): each
+    read replays further, and every read, midway and at the end, gives the reference's reports."""
+    reference, native = hb.Checker(), fast.NativeChecker()
+    for index, op in enumerate(ops):
+        errors = []
+        for checker in (reference, native):
+            try:
+                checker.feed(op)
+                errors.append(None)
+            except TraceError as exc:
+                errors.append(str(exc))
+        assert errors[0] == errors[1]
+        if index in reads:
+            assert_same_results(reference, native)
+    assert_same_results(reference, native)
+
+
 def racy_loop(steps: int, late_stream: bool) -> Prog:
     """A race in a loop: each step allocates a new buffer, writes it on A and reads it on another
     stream with no wait (the same sites every step); from the middle on the reader is D, created at
