@@ -104,6 +104,8 @@ class NativeRecording:
     # --- the drain (Recorder.pending) ------------------------------------------------------------
     def drain(self) -> None:
         observer = self.observer
+        if not observer.waiting.value and self.rec.site is self.resolver and T.site_settings() is self.settings:
+            return  # nothing recorded since the last drain (the recorder flushes before each record it makes)
         observer.pause(1)  # what the drain runs is streamcheck's (is_pinned, the special values)
         try:
             lane = self._lane()

@@ -57,6 +57,7 @@ class Observer:
         self.pause = f("pause", None, ctypes.c_int)
         self._take = f("take", ctypes.c_int, obj)
         self.drain = f("drain", ctypes.c_int, obj)
+        self.waiting = ctypes.c_uint64.in_dll(lib, "streamcheck_native_waiting")  # .value: records not yet taken
         self._stack = f("stack", ctypes.c_int, ctypes.c_uint, obj)
         self.reset_stacks = f("reset_stacks", None)
         self.stack_here = f("stack_here", ctypes.c_uint)

@@ -58,6 +58,12 @@
 #include <unordered_map>
 #include <vector>
 
+// How many records wait in the buffer (set under records_mutex), read by Python without a call (ctypes' in_dll):
+// the recorder flushes before everything it records, and a flush with nothing to take costs no more than the read.
+extern "C" {
+std::atomic<uint64_t> streamcheck_native_waiting{0};
+}
+
 namespace {
 
 // --- what Python says of an operator (torch_ops.native_description), once per operator -------------------
@@ -646,6 +652,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
       specials.emplace(r.slot, std::move(values));
     }
     records.push_back(r);
+    streamcheck_native_waiting.store(records.size(), std::memory_order_relaxed);
   }
   if (special) call_python(special_end, Py_True);  // drained now: the records stay in issue order
 }
@@ -665,6 +672,7 @@ void take_pending(std::vector<Record>& taken, std::vector<Access>& taken_accesse
   std::lock_guard<std::mutex> lock(records_mutex);
   taken.swap(records);
   taken_accesses.swap(accesses);
+  streamcheck_native_waiting.store(0, std::memory_order_relaxed);
 }
 
 // A record as the tuple streamcheck_native_take documents.

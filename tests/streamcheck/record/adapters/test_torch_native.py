@@ -299,6 +299,26 @@ def test_the_native_drain_turns_ordinary_operators_in_cpp_and_the_rest_in_python
     assert probed == ["aten.mul_.Tensor"]  # through Recorder.record, which tells the probe
 
 
+def test_a_new_resolver_applies_to_the_next_operator_after_a_drain_with_nothing_to_take(monkeypatch, observer):
+    """A drain with no record waiting returns at once, unless the recorder's resolver or the site
+    settings changed (a library imported, Recorder.refresh_library_dirs): then the observer's stacks
+    are forgotten, so the next operator's frames are classified by the new resolver."""
+    rec, _, on = harness(monkeypatch, "native")
+    x = torch.zeros(4)
+    with on(A):
+        _helper_that_adds(x)
+        rec.flush()
+        # this test file now a library's: its frames are no longer the user's
+        rec.site = T.SiteResolver(rec.site.internal, libraries=(os.path.dirname(os.path.abspath(__file__)) + os.sep,))
+        rec.flush()  # nothing waiting
+        _helper_that_adds(x)
+    first, second = [op.site for op in rec.trace.ops if isinstance(op, T.Launch)][-2:]
+    assert first.line == line_of("# the innermost user frame")
+    assert [f.function for f in first.stack] == ["_helper_that_adds", sys._getframe().f_code.co_name]
+    # the frames of this file are a library's now: the walk goes on past them, into pytest's
+    assert len(second.stack) > 2 and "pytest" in second.stack[2].file
+
+
 # --- starting and stopping ---------------------------------------------------------------------------------
 
 def test_stopping_leaves_no_callback_behind(monkeypatch, observer):
