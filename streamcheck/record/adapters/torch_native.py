@@ -1,6 +1,7 @@
 """torch's operators through the native observer (streamcheck/record/native/observer.cpp): the C++
-callbacks write each operator as a compact record, and this module turns them into the trace records
-torch_ops' Python path would make (the reference), by its rules:
+callbacks write each operator as a compact record, and the drain turns them into the trace records
+torch_ops' Python path would make (the reference), by its rules (the observer's C++ drain makes an
+ordinary operator's Launch itself where the recorder's tables answer; this module does the rest):
 
 - an ordinary operator: one Launch on the stream that was current on its device, reading its
   arguments' bytes and writing the written ones and its fresh outputs; its storages registered as
@@ -136,8 +137,9 @@ class NativeRecording:
 
     def _lane(self):
         """What the observer's C++ drain needs to turn an ordinary operator into its Launch as _launch
-        would when the recorder already knows its thread, stream and storages (the recorder's
-        native_lane), and the Python functions for the rest; None: every record through _record."""
+        would when the recorder already knows its thread and stream (the recorder's native_lane), and
+        the Python functions for the rest (_register: a storage first seen; _record_one: a whole
+        record); None: every record through _record."""
         tables = self.rec.native_lane()
         if tables is None:
             return None

@@ -741,8 +741,7 @@ PyObject* tuple_of(const std::vector<PyObject*>& items) {
 }
 
 PyObject* interned(const char* text) {  // kept for the process, as Python keeps interned strings
-  PyObject* name = PyUnicode_InternFromString(text);
-  return name;
+  return PyUnicode_InternFromString(text);
 }
 
 // Recorder.range_in: the Range of bytes [lo, hi) of allocation `alloc` (the one object its `ranges` keeps per
@@ -765,7 +764,7 @@ PyObject* range_in(const Lane& lane, PyObject* alloc, const Access& a, Owned& ow
 // torch_native.NativeRecording._launch for an ordinary operator whose thread and stream the recorder's tables know:
 // its storages found in the allocation table (a block first seen registered by Python), then its Launch.
 // Returns 1 when recorded (or when it records nothing: an allocating operator), 0 when the record needs Python
-// (at most its storages registered yet, which Python then finds known), -1 on a Python error.
+// (nothing done yet), -1 on a Python error.
 int fast_launch(const Lane& lane, const Record& r, const Access* accesses_of) {
   if (r.flags & kSpecialRecord) return 0;
   Owned owned;
@@ -787,7 +786,6 @@ int fast_launch(const Lane& lane, const Record& r, const Access* accesses_of) {
   PyObject* sid = PyDict_GetItemWithError(lane.streams, pointer);  // Recorder.sid's hot path
   if (sid == nullptr) return PyErr_Occurred() ? -1 : 0;
   owned.keep(Py_NewRef(sid));
-  // Every storage known (register_storage finds it), every span in one: the ranges, by role.
   PyObject* stack = owned.keep(PyLong_FromUnsignedLong(r.stack));
   if (stack == nullptr) return -1;
   PyObject* site = PyDict_GetItemWithError(lane.sites, stack);
@@ -1000,9 +998,9 @@ int streamcheck_native_take(PyObject* out) {
   return 0;
 }
 
-// Turn the pending records into trace records, in issue order: each ordinary operator whose thread, stream,
-// storages and call site the recorder already knows becomes its Launch here (fast_launch); any other record goes
-// to `lane`'s Python function for one record (torch_native.NativeRecording._record_one). Returns 0, or -1 with a
+// Turn the pending records into trace records, in issue order: each ordinary operator whose thread and stream the
+// recorder already knows becomes its Launch here (fast_launch; a storage first seen is registered by Python); any
+// other record goes to `lane`'s Python function for one record (torch_native.NativeRecording._record_one). Returns 0, or -1 with a
 // Python error set (the records not turned yet are lost; the caller says so).
 int streamcheck_native_drain(PyObject* lane_tuple) {
   Lane lane;
