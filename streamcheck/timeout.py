@@ -115,14 +115,36 @@ def run_with_timeout(call: Callable[[], Any], seconds: Optional[float], name: st
         # Again and again until the thread leaves `call`: an interrupt that lands in a weakref
         # callback or a __del__ is swallowed there (Python reports it as unraisable) and the loop goes on.
         unwound_by = time.monotonic() + UNWIND_SECONDS
-        while thread.is_alive() and not outcome and time.monotonic() < unwound_by:
-            _interrupt(thread.ident)
-            thread.join(0.05)
-        thread.join(max(unwound_by - time.monotonic(), 0))
+        with _QuietSwallowedInterrupts():
+            while thread.is_alive() and not outcome and time.monotonic() < unwound_by:
+                _interrupt(thread.ident)
+                thread.join(0.05)
+            thread.join(max(unwound_by - time.monotonic(), 0))
         raise RunTimedOut(seconds, interrupted=not thread.is_alive(), stack=stack)
     if "error" in outcome:
         raise outcome.pop("error")
     return outcome["result"]
+
+
+class _QuietSwallowedInterrupts:
+    """While a time limit may interrupt: an Interrupted that lands in a __del__, a weakref or a
+    garbage-collector callback is swallowed there, and Python reports it as unraisable ("Exception
+    ignored in ..." on stderr, a warning under pytest). The limit raises it again until the block
+    is left, so that report is noise: it is dropped; any other goes to the hook installed before."""
+
+    def __enter__(self):
+        self._previous = sys.unraisablehook
+        sys.unraisablehook = self._hook
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if sys.unraisablehook == self._hook:  # another tool may have put its own since: left alone
+            sys.unraisablehook = self._previous
+
+    def _hook(self, unraisable) -> None:
+        if unraisable.exc_type is Interrupted:
+            return
+        self._previous(unraisable)
 
 
 def _interrupt(thread_id: int, exception=Interrupted) -> None:
@@ -156,6 +178,7 @@ class TimeLimit:
         self._by_signal = WAKE_SIGNAL is not None and threading.current_thread() is threading.main_thread()
         if self._by_signal:
             self._previous = signal.signal(WAKE_SIGNAL, self._on_signal)
+        self._quiet = _QuietSwallowedInterrupts().__enter__()
         self._watchdog = threading.Thread(target=self._watch, name=f"{OWN_THREADS} time limit", daemon=True)
         self._watchdog.start()
         return self
@@ -174,6 +197,8 @@ class TimeLimit:
                 signal.signal(WAKE_SIGNAL, self._previous if self._previous is not None else signal.SIG_DFL)
         except Interrupted:  # the last one landed here, as the block ended
             fired = True
+        finally:
+            self._quiet.__exit__()
         if fired and not (kind is not None and issubclass(kind, (KeyboardInterrupt, SystemExit))):
             raise RunTimedOut(self.seconds, interrupted=True, stack=self.stack) from None
         return False

@@ -99,3 +99,30 @@ def test_a_deadline_is_shared_by_the_runs_under_it():
     time.sleep(0.25)
     assert deadline.expired and deadline.remaining() > 0  # a late run still starts, and times out at once
     assert Deadline(0).remaining() is None and not Deadline(None).expired
+
+
+class _RaisesInDel:
+    def __init__(self, exception):
+        self.exception = exception
+
+    def __del__(self):
+        raise self.exception
+
+
+def test_an_interrupt_swallowed_in_a_finalizer_is_not_reported_and_the_limit_still_stops_the_block(monkeypatch):
+    """An interrupt that lands in a __del__ (or a gc callback) is swallowed there, and Python would
+    say "Exception ignored in ..."; the limit interrupts again, so only that report is dropped: any
+    other unraisable exception still reaches the hook, and the block still stops."""
+    from streamcheck.timeout import Interrupted
+
+    reported = []
+    monkeypatch.setattr("sys.unraisablehook", lambda unraisable: reported.append(unraisable.exc_type))
+    with pytest.raises(RunTimedOut):
+        with TimeLimit(0.2):
+            _RaisesInDel(Interrupted())  # dropped at once: its __del__ raises what a limit raises
+            _RaisesInDel(ValueError("a program's own"))
+            while True:
+                pass
+    assert reported == [ValueError]
+    _RaisesInDel(Interrupted())  # once the limit is left, the hook it found is back
+    assert reported == [ValueError, Interrupted]
