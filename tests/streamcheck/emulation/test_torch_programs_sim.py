@@ -109,3 +109,24 @@ def test_graph_trees_are_named_as_not_emulated_and_the_program_runs_eagerly(prog
 
 def test_every_torch_program_is_in_one_of_the_groups():
     assert len(EMULATED) >= 20 and set(EMULATED) | set(REFUSED) | set(GRAPH_TREE_PROGRAMS) == set(PROGRAMS)
+
+
+FIXED = [p for p in EMULATED if p.name.startswith("fixed_")]
+
+
+@pytest.mark.parametrize("program", FIXED, ids=lambda p: p.name)
+def test_the_sync_audit_runs_on_every_fixed_program_with_either_checker(program, monkeypatch):
+    """`--audit-syncs` on each fixed twin (CUDA graphs, captures, host threads, pinned memory among
+    them): it reports no race of the program's own, gives every synchronization a verdict, and says
+    the same with the native checker as with the Python one (hb.Checker, the reference)."""
+    from streamcheck.analyses import sync_audit
+    from streamcheck.core import hb
+
+    run = run_script(str(program))
+    assert run.status == 0 and not run.refused, run.error
+    ops = list(run.device.trace)
+    audited = sync_audit.audit(ops)
+    assert audited.races == ()
+    assert [f.number for f in audited.findings] == list(range(1, len(sync_audit.find_syncs(ops)) + 1))
+    monkeypatch.setattr(sync_audit, "new_checker", hb.Checker)
+    assert sync_audit.audit(ops).format() == audited.format()
