@@ -5,7 +5,8 @@ show.
 - A racy program reports a race of each expected kind between two of its own lines, and its
   RESULT line counts wrong values in at least one of a handful of seeded schedules (the header's
   delay, then random and PCT ones): the stale reads really happen.
-- Its twin reports no race and never computes a wrong value under the same schedules.
+- Its twin reports no race and never computes a wrong value under the same schedules, and the
+  sync audit runs on it (the same verdicts with the native checker as with hb.Checker).
 - A program CUDA refuses at capture gets CUDA's error name, as the GPU run prints it.
 - What the sim does not emulate is said in one line naming it (CuPy, make_graphed_callables),
   or, for CUDA graph trees, in a notice while the compiled code runs as eager operators.
