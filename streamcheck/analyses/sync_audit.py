@@ -1222,7 +1222,7 @@ def _provenance(ops, syncs):
     adds_order = {sync.key: ({1} if sync.kind == "legacy join" else set()) for sync in syncs}
     via: dict = {}  # key -> keys of the syncs that had ordered what it waits for, the latest first
     origin: dict = {}  # (ordered owner, source owner) -> (trace index, key) of the sync that ordered it last
-    checker = Checker()
+    checker = new_checker()
     for index, op in enumerate(ops):
         found_at = occurrence.get(index)
         if found_at is not None and found_at[0][0] != "legacy join":

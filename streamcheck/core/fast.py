@@ -9,7 +9,7 @@ hb.py stays the reference, and every report is its own:
   record_stream), launches, copies and host accesses, check for check as hb.Checker does. Any
   other operation (stream capture, graph launches, peer access, a kernel touching another
   device's memory), any operation hb.Checker refuses (TraceError) and any attribute NativeChecker
-  does not answer itself (sync_clocks, thread_owner, owner_label, setting on_race, ...) make
+  does not answer itself (owner_label, setting on_race, ...) make
   hb.Checker take over: every operation fed so far is replayed into a fresh one, which answers
   everything from then on (the refused operation is fed last, so it raises hb.py's own error).
 - the native side keeps each race occurrence as operation indices, a kind, its two actors and its
@@ -269,6 +269,15 @@ if _checker_native is not None:
             if callback is None and self._reference is None:
                 return  # nothing to call: stay native
             self._switch().on_race = callback
+
+        def sync_clocks(self, op):
+            """hb.Checker.sync_clocks, less the clocks' zero components (an owner at 0 orders nothing)."""
+            reference = self._reference
+            return reference.sync_clocks(op) if reference is not None else self._sync_clocks(op)
+
+        def thread_owner(self, thread: int) -> Optional[int]:
+            reference = self._reference
+            return reference.thread_owner(thread) if reference is not None else self._thread_owner(thread)
 
         # What the native side never has: capture and peer-access errors, captures and graphs (their
         # operations hand over first).

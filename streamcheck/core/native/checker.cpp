@@ -252,6 +252,15 @@ bool range_fields(PyObject* rng, int64_t* buffer, int64_t* start, int64_t* stop)
     return attr_int(rng, s_buffer, buffer) && attr_int(rng, s_start, start) && attr_int(rng, s_stop, stop);
 }
 
+// The OpType of an operation record (its class, by identity), or -1.
+int op_type(PyObject* op) {
+    PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(op));
+    for (int i = 0; i < N_OP_TYPES; ++i) {
+        if (g_types[i] == type) return i;
+    }
+    return -1;
+}
+
 class Core {
 public:
     std::vector<Occurrence> occurrences;
@@ -265,14 +274,7 @@ public:
     // Check one operation (index `index` of the fed list). SWITCH: hb.py must take over from here.
     Status feed(PyObject* op, uint64_t index) {
         index_ = index;
-        PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(op));
-        int kind = -1;
-        for (int i = 0; i < N_OP_TYPES; ++i) {
-            if (g_types[i] == type) {
-                kind = i;
-                break;
-            }
-        }
+        int kind = op_type(op);
         if (kind < 0) return SWITCH;  // capture, graphs, peer access, or not an operation at all
         int64_t thread_id;
         if (!attr_int(op, s_thread, &thread_id)) return SWITCH;
@@ -301,6 +303,70 @@ public:
             case T_IMPLICIT_SYNC: return OK;  // deliberately not an edge: CUDA promises nothing
         }
         return SWITCH;
+    }
+
+    // hb.py's Checker.sync_clocks for synchronization `op`, not fed yet: false where it returns None. `needed`: the
+    // clock it joins; `have`: the clock of what it orders; `ordered`: that actor's owner; `source`: the owner
+    // whose work it waits for (-1 for a device synchronize).
+    bool sync_clocks(PyObject* op, Clock& needed, Clock& have, uint32_t& ordered, int64_t& source) {
+        int kind = op_type(op);
+        int64_t thread_id;
+        if (kind < 0 || !attr_int(op, s_thread, &thread_id)) return false;
+        int32_t slot = threads_ids_.get(thread_id);
+        if (slot < 0) return false;
+        const Thread& thread = threads_[size_t(slot)];
+        int64_t id;
+        switch (kind) {
+            case T_STREAM_WAIT: {
+                int32_t event = attr_int(op, s_event, &id) ? event_ids_.get(id) : -1;
+                int32_t stream = stream_of(op);
+                if (event < 0 || stream < 0 || !events_[size_t(event)].recorded) return false;
+                const Event& ev = events_[size_t(event)];
+                needed = ev.state;
+                have = streams_[size_t(stream)].clock;
+                clock_join(have, thread.clock);  // what the host issued before the wait is ordered anyway
+                ordered = streams_[size_t(stream)].owner;
+                source = streams_[size_t(ev.stream)].owner;
+                return true;
+            }
+            case T_STREAM_SYNC:
+            case T_STREAM_QUERY: {
+                int32_t stream = stream_of(op);
+                if (stream < 0) return false;
+                needed = streams_[size_t(stream)].clock;
+                source = streams_[size_t(stream)].owner;
+                break;
+            }
+            case T_EVENT_SYNC:
+            case T_EVENT_QUERY: {
+                int32_t event = attr_int(op, s_event, &id) ? event_ids_.get(id) : -1;
+                if (event < 0 || !events_[size_t(event)].recorded) return false;
+                needed = events_[size_t(event)].state;
+                source = streams_[size_t(events_[size_t(event)].stream)].owner;
+                break;
+            }
+            case T_DEVICE_SYNC: {
+                if (!attr_int(op, s_device, &id)) return false;
+                int32_t dev = device_ids_.get(id);  // a device never used: no stream to wait for
+                needed.clear();
+                if (dev >= 0) {
+                    for (int32_t stream : devices_[size_t(dev)].streams) clock_join(needed, streams_[size_t(stream)].clock);
+                }
+                source = -1;
+                break;
+            }
+            default:
+                return false;
+        }
+        have = thread.clock;
+        ordered = thread.owner;
+        return true;
+    }
+
+    // hb.py's Checker.thread_owner: -1 for a thread not started.
+    int64_t thread_owner(int64_t thread_id) {
+        int32_t slot = threads_ids_.get(thread_id);
+        return slot >= 0 ? int64_t(threads_[size_t(slot)].owner) : -1;
     }
 
     // Frees with a use pending on another stream whose bytes no allocation got: hb.py's hazards.
@@ -1015,6 +1081,45 @@ PyObject* checker_occurrence_count(CheckerObject* self, void*) {
     return PyLong_FromSize_t(self->core != nullptr ? self->core->occurrences.size() : 0);
 }
 
+// A dense clock as hb.py's dict, less its zero components (an owner at 0 orders nothing).
+PyObject* clock_dict(const Clock& clock) {
+    PyObject* out = PyDict_New();
+    if (out == nullptr) return nullptr;
+    for (size_t owner = 0; owner < clock.size(); ++owner) {
+        if (clock[owner] == 0) continue;
+        PyObject* key = PyLong_FromSize_t(owner);
+        PyObject* value = PyLong_FromUnsignedLongLong(clock[owner]);
+        int status = key != nullptr && value != nullptr ? PyDict_SetItem(out, key, value) : -1;
+        Py_XDECREF(key);
+        Py_XDECREF(value);
+        if (status != 0) {
+            Py_DECREF(out);
+            return nullptr;
+        }
+    }
+    return out;
+}
+
+PyObject* checker_sync_clocks(CheckerObject* self, PyObject* op) {
+    Clock needed, have;
+    uint32_t ordered = 0;
+    int64_t source = -1;
+    if (self->core == nullptr || !self->core->sync_clocks(op, needed, have, ordered, source)) {
+        if (PyErr_Occurred()) return nullptr;
+        Py_RETURN_NONE;
+    }
+    PyObject* source_object = source >= 0 ? PyLong_FromLongLong(source) : Py_NewRef(Py_None);
+    return Py_BuildValue("(NNIN)", clock_dict(needed), clock_dict(have), ordered, source_object);
+}
+
+PyObject* checker_thread_owner(CheckerObject* self, PyObject* arg) {
+    long long id = PyLong_AsLongLong(arg);
+    if (id == -1 && PyErr_Occurred()) return nullptr;
+    int64_t owner = self->core != nullptr ? self->core->thread_owner(id) : -1;
+    if (owner < 0) Py_RETURN_NONE;
+    return PyLong_FromLongLong(owner);
+}
+
 PyObject* checker_has_hazards(CheckerObject* self, PyObject*) {
     return PyBool_FromLong(self->core != nullptr && self->core->has_hazards());
 }
@@ -1041,6 +1146,10 @@ PyMethodDef checker_methods[] = {
     {"_occurrences", reinterpret_cast<PyCFunction>(checker_occurrences), METH_VARARGS,
      "Race occurrences [start:stop] (stop: the end by default): (first op, second op, op of the key's second site, kind, first "
      "owner, second owner, the buffer's allocating op), operations as indices of the fed list."},
+    {"_sync_clocks", reinterpret_cast<PyCFunction>(checker_sync_clocks), METH_O,
+     "hb.Checker.sync_clocks of a synchronization not fed yet, its clocks without zero components; None where hb's is."},
+    {"_thread_owner", reinterpret_cast<PyCFunction>(checker_thread_owner), METH_O,
+     "hb.Checker.thread_owner: the clock owner of a host thread, None if it has not started."},
     {"_has_hazards", reinterpret_cast<PyCFunction>(checker_has_hazards), METH_NOARGS,
      "Whether a pending free's bytes went to no allocation (hb.Checker.hazards is not empty)."},
     {nullptr, nullptr, 0, nullptr},
