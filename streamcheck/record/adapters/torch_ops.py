@@ -181,14 +181,14 @@ def hands_host_a_value(func, args, kwargs) -> bool:
     return value is None or (argument == "num_classes" and value == -1)
 
 
-def register(rec, torch, t, kind: str, fresh: bool = False) -> None:
+def register(rec, torch, t, kind: str, fresh: bool = False):
     """Make sure the storage under `t` ('cuda', or 'host': pinned) is a known allocation of
     `rec` (its caching-allocator block, filed under the stream it was allocated on). `fresh`: an
     operator's new result; a pinned one at a known block's address is that block handed out again
     by torch's CachingHostAllocator (no callback reports pinned frees)."""
     storage = t.untyped_storage()
-    register_storage(rec, storage.data_ptr(), storage.nbytes(), kind, fresh,
-                     lambda: current_stream_ptr(torch, t.device.index))
+    return register_storage(rec, storage.data_ptr(), storage.nbytes(), kind, fresh,
+                            lambda: current_stream_ptr(torch, t.device.index))
 
 
 def register_storage(rec, ptr: int, nbytes: int, kind: str, fresh: bool, current_stream):
@@ -239,8 +239,27 @@ class Ops:
             pinned = self._pinned[ptr] = bool(R.inside(t.is_pinned))
         return "host" if pinned else ""
 
-    def register(self, t, kind: str, fresh: bool = False) -> None:
-        register(self.rec, self.torch, t, kind, fresh)
+    def register(self, t, kind: str, fresh: bool = False):
+        """register(): the allocation of `t`'s storage (None for none)."""
+        return register(self.rec, self.torch, t, kind, fresh)
+
+    def _ranges(self, tensors, allocs: dict) -> tuple:
+        """Recorder.ranges of the tensors of (tensor, kind) pairs, each in the allocation its
+        registration found (allocs: id(tensor) -> it) rather than by a search of the table, as the
+        native drain does."""
+        rec, span_of, out = self.rec, self.rec.gpu.array_span, []
+        for t, _ in tensors:
+            span = span_of(t)
+            if span is None:  # an empty tensor spans no bytes
+                continue
+            alloc = allocs.get(id(t))
+            if alloc is not None and alloc.start <= span[0] and span[1] <= alloc.stop:
+                rng = rec.range_in(alloc, span[0], span[1])
+            else:
+                rng = rec.span_range(span[0], span[1])
+            if all(rng is not seen for seen in out):
+                out.append(rng)
+        return tuple(out)
 
     # --- one operator ---------------------------------------------------------------------
     def call(self, func, args, kwargs):
@@ -322,10 +341,11 @@ class Ops:
                 kind = self._kind(t)
                 if kind:
                     fresh.append((t, kind))
+        allocs = {}  # id(tensor) -> its storage's allocation (the tensors live through this call)
         for t, kind in reads + writes:
-            self.register(t, kind)
+            allocs[id(t)] = self.register(t, kind)
         for t, kind in fresh:
-            self.register(t, kind, fresh=True)
+            allocs[id(t)] = self.register(t, kind, fresh=True)
         if name in _NO_ACCESS:
             return result
         writes += fresh
@@ -341,9 +361,9 @@ class Ops:
             if stream is None:  # a factory: its output says where it ran
                 stream = self._current_stream(next(t for t, k in writes if k == "cuda").device.index)
                 sid = rec.sid(stream)
-            written = rec.ranges(t for t, _ in writes)
+            written = self._ranges(writes, allocs)
             rec.record(T.Launch(tid, site, stream=sid, name=name,
-                                reads=tuple(r for r in rec.ranges(t for t, _ in reads) if r not in written),
+                                reads=tuple(r for r in self._ranges(reads, allocs) if r not in written),
                                 writes=written))
             if host_value:
                 rec.record(T.StreamSync(tid, site, stream=sid, cause=name))
