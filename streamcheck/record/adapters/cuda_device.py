@@ -262,6 +262,12 @@ class CudaGpu:
         if isinstance(obj, self.ndarray):
             return _span(obj.data.ptr, obj.shape, obj.strides, obj.itemsize)
         if isinstance(obj, self.tensor):  # CUDA or pinned host memory; strides are in elements
+            if obj.is_contiguous():  # the common case, without a walk over the strides
+                nbytes = obj.nbytes
+                if not nbytes:
+                    return None
+                ptr = obj.data_ptr()
+                return ptr, ptr + nbytes
             size = obj.element_size()
             return _span(obj.data_ptr(), obj.shape, [st * size for st in obj.stride()], size)
         cai = getattr(obj, "__cuda_array_interface__", None)

@@ -186,6 +186,11 @@ def register(rec, torch, t, kind: str, fresh: bool = False):
     `rec` (its caching-allocator block, filed under the stream it was allocated on). `fresh`: an
     operator's new result; a pinned one at a known block's address is that block handed out again
     by torch's CachingHostAllocator (no callback reports pinned frees)."""
+    if not (fresh and kind == "host"):  # a known block is found by its start, without a storage object
+        base = t.data_ptr() - t.storage_offset() * t.element_size()
+        known = rec.allocation_at(base) if base > 0 else None
+        if known is not None:
+            return known
     storage = t.untyped_storage()
     return register_storage(rec, storage.data_ptr(), storage.nbytes(), kind, fresh,
                             lambda: current_stream_ptr(torch, t.device.index))
