@@ -30,7 +30,7 @@ from ...core.hb import TraceError
 from . import torch_ops
 from .patching import forwarding
 from .threads import add_context
-from .torch_ops import Ops, native_description, register_storage
+from .torch_ops import Ops, native_description, ranges_in, register_storage
 
 
 class NativeRecording:
@@ -212,20 +212,9 @@ class NativeRecording:
             return
         if sid is None:  # a factory: its output says where it ran
             sid = rec.sid(pointer)
-        written, read = self._ranges(spans[1] + spans[2]), self._ranges(spans[0])
+        written, read = ranges_in(rec, spans[1] + spans[2]), ranges_in(rec, spans[0])
         rec.record(T.Launch(tid, site, stream=sid, name=self.names[op],
                             reads=tuple(r for r in read if r not in written) if written else read, writes=written))
-
-    def _ranges(self, spans) -> tuple:
-        """Recorder.ranges of the spans, each in the allocation of its tensor's storage."""
-        rec, out = self.rec, []
-        for alloc, lo, hi in spans:
-            if lo == hi:  # an empty tensor spans no bytes
-                continue
-            rng = rec.range_in(alloc, lo, hi) if alloc is not None else rec.span_range(lo, hi)
-            if all(rng is not seen for seen in out):
-                out.append(rng)
-        return tuple(out)
 
     def _replay(self, op: int, slot: int, stream) -> None:
         """A special operator, through torch_ops' own rules, with its values as Python objects."""

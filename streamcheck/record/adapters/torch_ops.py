@@ -196,6 +196,20 @@ def register(rec, torch, t, kind: str, fresh: bool = False):
                             lambda: current_stream_ptr(torch, t.device.index))
 
 
+def ranges_in(rec, spans) -> tuple:
+    """Recorder.ranges of byte spans (allocation or None, lo, hi): each a Range of the allocation
+    given (its tensor's storage, no search of the table) or else of the one holding it; an empty
+    span is none, and each Range comes once (the native observer's drain and Ops._record)."""
+    out = []
+    for alloc, lo, hi in spans:
+        if lo == hi:
+            continue
+        rng = rec.range_in(alloc, lo, hi) if alloc is not None else rec.span_range(lo, hi)
+        if all(rng is not seen for seen in out):
+            out.append(rng)
+    return tuple(out)
+
+
 def register_storage(rec, ptr: int, nbytes: int, kind: str, fresh: bool, current_stream):
     """register's rule for a storage at `ptr` of `nbytes` (the native observer's records give
     those); `current_stream()`: the stream to file a block under that was allocated before the
@@ -250,21 +264,17 @@ class Ops:
 
     def _ranges(self, tensors, allocs: dict) -> tuple:
         """Recorder.ranges of the tensors of (tensor, kind) pairs, each in the allocation its
-        registration found (allocs: id(tensor) -> it) rather than by a search of the table, as the
-        native drain does."""
-        rec, span_of, out = self.rec, self.rec.gpu.array_span, []
+        registration found (allocs: id(tensor) -> it) rather than by a search of the table."""
+        spans = []
         for t, _ in tensors:
-            span = span_of(t)
+            span = self.rec.gpu.array_span(t)
             if span is None:  # an empty tensor spans no bytes
                 continue
             alloc = allocs.get(id(t))
-            if alloc is not None and alloc.start <= span[0] and span[1] <= alloc.stop:
-                rng = rec.range_in(alloc, span[0], span[1])
-            else:
-                rng = rec.span_range(span[0], span[1])
-            if all(rng is not seen for seen in out):
-                out.append(rng)
-        return tuple(out)
+            if alloc is not None and not (alloc.start <= span[0] and span[1] <= alloc.stop):
+                alloc = None
+            spans.append((alloc, span[0], span[1]))
+        return ranges_in(self.rec, spans)
 
     # --- one operator ---------------------------------------------------------------------
     def call(self, func, args, kwargs):
