@@ -277,8 +277,7 @@ class Recorder:
                 try:
                     feed(op)
                 except TraceError as exc:  # as record() keeps it
-                    self.errors.append(str(exc))
-                    self.refused.append((self._checked - 1, op, exc))
+                    self.refuse(op, exc, self._checked - 1)
 
     @property
     def races(self) -> list:
@@ -350,10 +349,11 @@ class Recorder:
         if self._deferred and not self._lock._is_owned():
             self._drain_frees()
 
-    def refuse(self, op, exc: TraceError) -> None:
-        """The checker refused `op`, the last record: kept in the trace, the error said."""
+    def refuse(self, op, exc: TraceError, index: Optional[int] = None) -> None:
+        """The checker refused `op`, the trace's record at `index` (None: the last one): kept in the
+        trace, the error said."""
         self.errors.append(str(exc))
-        self.refused.append((len(self._trace.ops) - 1, op, exc))
+        self.refused.append((len(self._trace.ops) - 1 if index is None else index, op, exc))
 
     def native_lane(self) -> Optional[tuple]:
         """What record() does for an operator, as tables a native drain can read under the lock
