@@ -180,21 +180,24 @@ def traces(draw, max_ops: int = 60):
     return ops
 
 
+def feed_each(op, checkers) -> tuple:
+    """Each checker fed `op`: the text of the TraceError each raised, or None."""
+    errors = []
+    for checker in checkers:
+        try:
+            assert checker.feed(op) is None
+            errors.append(None)
+        except TraceError as exc:
+            errors.append(str(exc))
+    return tuple(errors)
+
+
 def feed_both(ops) -> tuple:
     """(reference, native, the reference's occurrences, each operation's TraceError text or None for both)."""
     reference, native = hb.Checker(), fast.NativeChecker()
     found = []
     reference.on_race = lambda first, second, key: found.append((first, second, key))
-    refused = []
-    for op in ops:
-        errors = []
-        for checker in (reference, native):
-            try:
-                assert checker.feed(op) is None
-                errors.append(None)
-            except TraceError as exc:
-                errors.append(str(exc))
-        refused.append(tuple(errors))
+    refused = [feed_each(op, (reference, native)) for op in ops]
     return reference, native, found, refused
 
 
@@ -233,14 +236,8 @@ def test_reports_read_midway_then_fed_on_agree_at_every_read(ops, reads):
     read replays further, and every read, midway and at the end, gives the reference's reports."""
     reference, native = hb.Checker(), fast.NativeChecker()
     for index, op in enumerate(ops):
-        errors = []
-        for checker in (reference, native):
-            try:
-                checker.feed(op)
-                errors.append(None)
-            except TraceError as exc:
-                errors.append(str(exc))
-        assert errors[0] == errors[1]
+        reference_error, native_error = feed_each(op, (reference, native))
+        assert native_error == reference_error
         if index in reads:
             assert_same_results(reference, native)
     assert_same_results(reference, native)
@@ -269,14 +266,8 @@ def test_the_clocks_a_synchronization_joins_are_the_references(ops):
         if isinstance(op, SYNCS):
             assert without_zeros(native.sync_clocks(op)) == without_zeros(reference.sync_clocks(op))
         assert native.thread_owner(op.thread) == reference.thread_owner(op.thread)
-        errors = []
-        for checker in (reference, native):
-            try:
-                checker.feed(op)
-                errors.append(None)
-            except TraceError as exc:
-                errors.append(str(exc))
-        assert errors[0] == errors[1]
+        reference_error, native_error = feed_each(op, (reference, native))
+        assert native_error == reference_error
 
 
 def racy_loop(steps: int, late_stream: bool) -> Prog:
