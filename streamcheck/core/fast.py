@@ -202,9 +202,10 @@ if _checker_native is not None:
             ops = self._ops
             if ops is None:
                 return None
+            self._key_all()
             found = self._occurrences(start) if stop is None else self._occurrences(start, stop)
-            return [(ops[first], ops[second], (kind, ops[first].site.place, ops[key_second].site.place))
-                    for first, second, key_second, kind, *_ in found]
+            return [(ops[first], ops[second], fold[0])
+                    for (first, second, *_), fold in zip(found, self._folds[start:])]
 
         def __getattr__(self, name: str):
             # Only what the class does not define gets here: hb.Checker's other attributes.
