@@ -105,7 +105,7 @@ class NativeRecording:
     # --- the drain (Recorder.pending) ------------------------------------------------------------
     def drain(self) -> None:
         observer = self.observer
-        if not observer.waiting.value and self.rec.site is self.resolver and T.site_settings() is self.settings:
+        if not observer.waiting.value and self._sites_current():
             return  # nothing recorded since the last drain (the recorder flushes before each record it makes)
         observer.pause(1)  # what the drain runs is streamcheck's (is_pinned, the special values)
         try:
@@ -116,12 +116,16 @@ class NativeRecording:
                 taken = observer.take()
                 if taken:
                     self._record(taken)
-            if self.rec.site is not self.resolver or T.site_settings() is not self.settings:
+            if not self._sites_current():
                 self._reset_sites()
         except Exception as exc:
             self.rec.errors.append(f"native recording: {type(exc).__name__}: {exc} (operators lost)")
         finally:
             observer.pause(-1)
+
+    def _sites_current(self) -> bool:
+        """Whether the stacks were classified by the recorder's resolver under the site settings in force."""
+        return self.rec.site is self.resolver and T.site_settings() is self.settings
 
     def _reset_sites(self) -> None:
         """Other library directories or site settings: other user frames, so other stacks."""
