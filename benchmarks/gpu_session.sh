@@ -42,7 +42,7 @@ if [ "$what" = overhead ]; then
   step bench_torch_overhead 300 python3 benchmarks/bench_torch_overhead.py \
     --modes plain,streamcheck,streamcheck-python,sanitizer,compiled,compiled-streamcheck --steps 200 --repeats 5
   step bench_instrument 120 python3 benchmarks/bench_instrument_overhead.py --repeats 7
-  step probe_interrupts 150 python3 benchmarks/probe_interrupts.py --runs 10
+  step probe_interrupts 200 python3 benchmarks/probe_interrupts.py --runs 10 --after 2 10
   exit 0
 fi
 if [ "${WITH_NORM_PROJ:-0}" = 1 ]; then

@@ -49,7 +49,7 @@ from dataclasses import dataclass, replace
 from typing import Optional
 
 from ..atomic_files import write_text
-from ..interrupts import exit_status as exit_status_of
+from ..interrupts import INTERRUPTED, exit_status as exit_status_of
 from ..record.gpu import MAX_DELAY_US
 from . import STDOUT, output_problem, report_width, timeline_file, timeline_problem
 
@@ -314,7 +314,11 @@ def run(args) -> int:
     sys.stdout.flush()
     session = recorded.session
     if session is None:
-        print("streamcheck: the program imported neither CuPy nor torch; nothing was recorded", file=sys.stderr)
+        if recorded.status == INTERRUPTED:  # Ctrl-C before the program's import of CuPy or torch ended
+            print("streamcheck: interrupted (Ctrl-C) before the program imported CuPy or torch; nothing was "
+                  "recorded, nothing written", file=sys.stderr)
+        else:
+            print("streamcheck: the program imported neither CuPy nor torch; nothing was recorded", file=sys.stderr)
         return recorded.status
     print_report(args, session, probe)
     verdicts = confirm_races(args, session)
@@ -611,7 +615,7 @@ def run_as_main(source: bytes, script: str, script_args, stop_recording, after_s
         status = exit_status_of(exc.code)
     except BaseException as exc:  # the script's own error: its traceback and status, plus our report
         _print_script_traceback(exc, script)
-        status = 130 if isinstance(exc, KeyboardInterrupt) else 1
+        status = INTERRUPTED if isinstance(exc, KeyboardInterrupt) else 1
         failure = exc
     finally:
         stop_recording()

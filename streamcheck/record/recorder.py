@@ -651,6 +651,8 @@ class Recorder:
 
     def range_of(self, obj) -> Optional[Range]:
         """Bytes an array spans, as a Range of its allocation (None for an empty array)."""
+        if self.pending is not None:
+            self.flush()  # the native observer's records may register it (else: foreign memory, another buffer)
         span = self.gpu.array_span(obj)
         if span is None:
             return None

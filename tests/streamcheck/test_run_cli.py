@@ -409,6 +409,34 @@ def test_a_refused_record_is_an_internal_error_exit_3_with_the_record(fake_gpu, 
     assert "the check is incomplete (a refused record can hide a race): exit status 3" in err
 
 
+@pytest.mark.parametrize("body, status, line", [
+    ("raise KeyboardInterrupt  # Ctrl-C while `import torch` runs\n", 130,
+     "streamcheck: interrupted (Ctrl-C) before the program imported CuPy or torch; nothing was recorded, nothing "
+     "written"),
+    ("print('no GPU library')\n", 0, "streamcheck: the program imported neither CuPy nor torch; nothing was recorded"),
+], ids=["interrupted", "no-gpu-library"])
+def test_a_run_that_never_recorded_says_why_in_its_last_line(body, status, line, monkeypatch, tmp_path, capsys):
+    from streamcheck.record import instrument
+
+    monkeypatch.setattr("streamcheck.record.gpu.cuda_device_present", lambda: True)
+    monkeypatch.setattr("streamcheck.record.gpu.gpu_library_installed", lambda: True)
+
+    class NeverStarted:  # the import hook, before the program imported CuPy or torch
+        session = None
+
+        def __init__(self, **options):
+            pass
+
+        def remove(self):
+            pass
+
+    monkeypatch.setattr(instrument, "StartAtImport", NeverStarted)
+    out = tmp_path / "races.json"
+    assert cli.main(["run", "--json", str(out), program(tmp_path, body)]) == status
+    assert capsys.readouterr().err.splitlines()[-1] == line
+    assert not out.exists()
+
+
 def test_skip_without_gpu_exits_0_with_one_line(script, monkeypatch, capsys):
     monkeypatch.setattr("streamcheck.record.gpu.cuda_device_present", lambda: False)
     assert cli.main(["run", "--skip-without-gpu", script]) == 0

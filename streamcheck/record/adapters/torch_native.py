@@ -87,13 +87,20 @@ class NativeRecording:
             self.rec.errors.append(f"native recording: cannot classify {code!r}: {type(exc).__name__}: {exc}")
             return T.LIBRARY
 
-    def special_begin(self) -> None:
-        """A special operator that may wait for the device starts: torch's sync callback inside it is
-        part of it (torch_runtime._stream_synchronized), as _record's own `reading` says on the Python path."""
-        self.rec.reading = True
+    def special_begin(self, reading: bool, custom: bool) -> None:
+        """A special operator starts. One that may wait for the device (`reading`): torch's sync callback
+        inside it is part of it (torch_runtime._stream_synchronized), as _record's own `reading` says on
+        the Python path. A custom operator: its implementation is one call of the program's, as R.inside
+        makes it on the Python path (the adapters stay quiet; it may declare what they cannot see)."""
+        if reading:
+            self.rec.reading = True
+        if custom:
+            _gpu.thread_state.depth += 1
 
-    def special_end(self, ok: bool) -> None:
+    def special_end(self, ok: bool, custom: bool) -> None:
         """A special operator ended: drain now (it is replayed, its values released); or it failed."""
+        if custom:
+            _gpu.thread_state.depth -= 1
         if not ok:
             self.rec.reading = False
             return

@@ -465,8 +465,8 @@ def native_description(func, backend: str) -> tuple:
     """What the native observer (record/native/observer.cpp) needs to know of operator overload
     `func`, from this module's rules: (flags, written per schema argument, index of the `device`
     argument, of the `pin_memory` argument; -1 where it has none). Flags as record/native names them."""
-    from ..native import (AUTOCAST, COPY, HOST_OUTPUT, IGNORED, LAYOUT_ONLY, MATH, NO_ACCESS, READING, SPECIAL,
-                          VIEW)
+    from ..native import (AUTOCAST, COPY, CUSTOM, HOST_OUTPUT, IGNORED, LAYOUT_ONLY, MATH, NO_ACCESS, READING,
+                          SPECIAL, VIEW)
     import torch
 
     schema = operator_schema(func)
@@ -485,6 +485,8 @@ def native_description(func, backend: str) -> tuple:
     host_value = bool(_host_value_kind(func))
     if name in _COPIES:
         flags |= COPY | READING
+    if func.namespace not in _TORCH_NAMESPACES:
+        flags |= CUSTOM
     if func.namespace not in _TORCH_NAMESPACES or host_value or name in _SPECIAL:
         flags |= SPECIAL  # _record's own rules: custom operators, host reads and waits, record_stream
     if host_value or name == "aten._local_scalar_dense.default":

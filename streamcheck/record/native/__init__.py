@@ -27,8 +27,8 @@ LIBRARY = native_build.NativeLibrary("libstreamcheck_record.so", Path(__file__).
                                      python=True)
 
 # torch_ops.native_description's flags (observer.cpp's OpFlag).
-VIEW, MATH, AUTOCAST, NO_ACCESS, LAYOUT_ONLY, COPY, SPECIAL, READING, HOST_OUTPUT, IGNORED = (
-    1 << i for i in range(10))
+VIEW, MATH, AUTOCAST, NO_ACCESS, LAYOUT_ONLY, COPY, SPECIAL, READING, HOST_OUTPUT, IGNORED, CUSTOM = (
+    1 << i for i in range(11))
 # A record's flags (observer.cpp's RecordFlag) and an access's roles.
 STREAM_BEFORE, HAS_STREAM, SPECIAL_RECORD = 1, 2, 4
 READ, WRITTEN, FRESH = 0, 1, 2

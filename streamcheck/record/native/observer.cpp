@@ -78,6 +78,7 @@ enum OpFlag : uint32_t {
   kReading = 128,     // the host may wait for the device inside it (torch's sync callback is its own)
   kHostOutput = 256,  // may return pinned host memory: always, or when its pin_memory argument is true
   kIgnored = 512,     // not the program's (streamcheck's own, the profiler's)
+  kCustom = 1024,     // a custom operator: its implementation is one call of the program's (torch_ops' inside())
 };
 
 struct OpInfo {
@@ -122,8 +123,8 @@ c10::DispatchKey autocast_key = c10::DispatchKey::AutocastCUDA;
 bool native_streams = false;  // the observed device's guard gives streams' native handles (cudaStream_t)
 PyObject* describe_op = nullptr;  // (qualified name, overload) -> (index, flags, written, device_arg, pin_arg) or None
 PyObject* classify_code = nullptr;  // code -> 0 machinery, 1 library, 2 user, 3 a library's forwarding wrapper
-PyObject* special_begin = nullptr;  // () -> None: a special operator that may wait is starting
-PyObject* special_end = nullptr;  // (ok) -> None: a special operator ended (drain now), or failed
+PyObject* special_begin = nullptr;  // (reading, custom) -> None: a special operator that may wait, or a custom one
+PyObject* special_end = nullptr;  // (ok, custom) -> None: a special operator ended (drain now), or failed
 int user_depth = 8;  // SiteSettings.depth: the user's frame and its callers kept
 
 constexpr int kWalkLimit = 64;  // SiteResolver's depth_limit
@@ -165,6 +166,7 @@ struct Frame {
   bool keep_inputs = false;
   bool special = false;
   bool began = false;  // special_begin was called
+  bool custom = false;  // ... for a custom operator
   bool relevant = false;  // a tensor on the device, pinned host memory, or device= names the device
   int16_t device = -1;
   uint64_t stream = 0;
@@ -202,10 +204,11 @@ struct InPython {
   }
 };
 
-void call_python(PyObject* function, PyObject* argument) {
+void call_python(PyObject* function, bool first, bool second) {
   if (function == nullptr || !python_usable()) return;
   InPython in_python;
-  PyObject* result = argument != nullptr ? PyObject_CallOneArg(function, argument) : PyObject_CallNoArgs(function);
+  PyObject* result = PyObject_CallFunctionObjArgs(function, first ? Py_True : Py_False, second ? Py_True : Py_False,
+                                                  nullptr);
   Py_XDECREF(result);
 }
 
@@ -561,9 +564,14 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     f.kind = kOpaque;  // never break the program: this operator goes unrecorded
     return nullptr;
   }
-  if (f.special && f.relevant && (flags & kReading)) {
+  bool reading = f.special && f.relevant && (flags & kReading);
+  // A custom operator runs as one call of the program's, as on the Python path: the adapters stay quiet inside
+  // it, and its implementation may declare the work they cannot see (streamcheck.declare_access).
+  bool custom = (flags & kCustom) != 0;
+  if (reading || custom) {
     f.began = true;
-    call_python(special_begin, nullptr);  // (f is not used after this call)
+    f.custom = custom;
+    call_python(special_begin, reading, custom);  // (f is not used after this call)
   }
   return nullptr;
 }
@@ -616,12 +624,12 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   f.tensors.clear();
   f.inputs.clear();
   if (failed) {  // the operator's own error reaches the program; nothing is recorded
-    if (f.began) call_python(special_end, Py_False);
+    if (f.began) call_python(special_end, false, f.custom);
     return;
   }
   // Nothing on the device (and, for a special operator, no pinned memory, no device named): not the recorder's.
   if (mine.empty() && !(special && f.relevant)) {
-    if (f.began) call_python(special_end, Py_False);
+    if (f.began) call_python(special_end, false, f.custom);
     return;
   }
   Record r{f.op->index, f.stack, 0, 0, 0, f.device, static_cast<uint64_t>(pthread_self()), f.stream, -1};
@@ -654,7 +662,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     records.push_back(r);
     streamcheck_native_waiting.store(records.size(), std::memory_order_relaxed);
   }
-  if (special) call_python(special_end, Py_True);  // drained now: the records stay in issue order
+  if (special) call_python(special_end, true, f.began && f.custom);  // drained now: the records stay in issue order
 }
 
 // The special operator's values, for Python (torch converts them): its inputs and its outputs.

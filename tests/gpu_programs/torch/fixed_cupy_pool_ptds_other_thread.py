@@ -19,6 +19,7 @@ def worker(row):
         scratch = cupy.full(N, float(row + 1), dtype=cupy.float32)
         cupy.multiply(scratch, 2.0, out=out[row])  # reads scratch
         cupy.cuda.Stream.ptds.synchronize()  # THE FIX: the read is done before scratch goes back to the pool
+    del scratch
 
 
 for step in range(1, STEPS + 1):

@@ -2,8 +2,8 @@
 main thread's per-thread default stream (FREE).
 
 Rebuilds a bug of multi-threaded CuPy services whose workers each compute on their per-thread
-default stream: a worker allocates a scratch array, launches a kernel that reads it and returns,
-dropping the array at once. CuPy's pool files free blocks by stream handle, and every thread's
+default stream: a worker allocates a scratch array, launches a kernel that reads it and drops the
+array at once. CuPy's pool files free blocks by stream handle, and every thread's
 per-thread default stream has the same handle (cudaStreamPerThread), so the main thread's next
 allocation of that size gets the worker's block, on a stream that never waited for the worker's
 kernel: the main thread's fill can land before that kernel read the scratch array. Joining the
@@ -28,7 +28,7 @@ def worker(row):
     with cupy.cuda.Stream.ptds:  # this thread's per-thread default stream
         scratch = cupy.full(N, float(row + 1), dtype=cupy.float32)
         cupy.multiply(scratch, 2.0, out=out[row])  # reads scratch
-    # BUG: scratch goes back to the pool here while this thread's stream may still read it
+    del scratch  # BUG: back to the pool while this thread's stream may still read it
 
 
 for step in range(1, STEPS + 1):

@@ -213,7 +213,8 @@ def test_instrument_const_pointers_are_reads_and_declare_kernel_overrides():
         forget_declaration("looks_written")
 
 
-def test_elementwise_kernel_and_free_while_in_use():
+@pytest.mark.parametrize("reused", [True, False], ids=["reused", "not-reused"])
+def test_elementwise_kernel_and_free_while_in_use(reused):
     import cupy
 
     import streamcheck
@@ -228,10 +229,18 @@ def test_elementwise_kernel_and_free_while_in_use():
         with b:
             y = double(x)  # reads x on b
         del x  # freed on a (its allocation stream) while b may still read it
+        if reused:
+            with a:
+                z = cupy.zeros(1024, dtype=cupy.float32)  # CuPy's pool hands it x's block, on a
         b.synchronize()
         del y
-    kinds = {(r.kind, r.second.name) for r in session.races}
-    assert ("FREE", "free") in kinds, session.report()
+    frees = [(r.kind, r.first.name, r.second.name) for r in session.races]
+    hazards = [(h.race.first.name, h.race.second.name) for h in session.hazards]
+    if reused:  # a race: the new owner's fill may land before `sc_double` read x
+        assert ("FREE", "sc_double", "free") in frees, session.report()
+        assert z.get().tolist() == [0.0] * 1024
+    else:  # no allocation got the bytes: a hazard line, not a race (--strict-free makes it one)
+        assert frees == [] and hazards == [("sc_double", "free")], session.report()
 
 
 # --- the Device("cupy") backend -----------------------------------------------------------

@@ -8,7 +8,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from streamcheck.record import recorder as R  # noqa: E402
 from streamcheck.record.adapters import torch_runtime  # noqa: E402
+from streamcheck.record.instrument import declare_access  # noqa: E402
 
 from .test_torch_ops import A, B, launches, run  # noqa: E402,F401  (run: the fixture)
 
@@ -28,6 +30,16 @@ def accumulate(x: torch.Tensor, y: torch.Tensor) -> None:
 @torch.library.custom_op(f"{NS}::plus", mutates_args=())
 def plus(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return x + y
+
+
+@torch.library.custom_op(f"{NS}::with_unseen_work", mutates_args=())
+def with_unseen_work(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """flashnorm's norm_projection in small: while a recording runs the operator as one call
+    (recorder.depth()), it declares the work the recording cannot see inside it, on stream B."""
+    doubled = x * 2  # a torch operator inside: part of this one, not recorded again
+    if R.depth():
+        declare_access(reads=(x,), writes=(out,), stream=B, name="unseen kernel")
+    return doubled
 
 
 _lib = torch.library.Library(NS, "FRAGMENT")
@@ -124,6 +136,19 @@ def test_an_aten_operator_is_never_assumed_to_write(run):
     (op,) = launches(rec)
     assert op.name == "aten.sum.default" and buffers(rec, op.reads, x)
     assert rec.notices == []
+
+
+def test_a_custom_operator_runs_as_one_call_that_declares_what_it_does_unseen(run):
+    rec, _, on = run
+    with on(A):
+        x, out = torch.ones(4), torch.zeros(4)
+        doubled = with_unseen_work(x, out)
+    *_, declared, op = launches(rec)
+    assert (declared.name, declared.stream) == ("unseen kernel", rec.sid(B))
+    assert buffers(rec, declared.reads, x) and buffers(rec, declared.writes, out)
+    assert (op.name, op.stream) == (f"{NS}.with_unseen_work.default", rec.sid(A))  # not aten.mul inside it
+    assert buffers(rec, op.reads, x, out) and buffers(rec, op.writes, doubled)
+    assert not R.depth()  # out of the operator, the program's calls are recorded again
 
 
 # --- races only the rules reveal ------------------------------------------------------------
