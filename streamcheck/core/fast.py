@@ -84,6 +84,11 @@ if _checker_native is not None:
         StreamKind.parse)
 
 
+# Take an immutable, acyclic trace record (an operation, a Range) off the cyclic GC's lists: its collections
+# otherwise walk every record of a long trace again and again. A no-op where the module is not built.
+untrack = _checker_native.untrack if _checker_native is not None else (lambda record: None)
+
+
 def unavailable() -> Optional[str]:
     """Why this process checks in Python (hb.Checker), or None when new_checker() gives the native one."""
     if os.environ.get(SWITCH) == "0":

@@ -58,7 +58,7 @@ import numpy as np
 
 from ..core import trace as T
 from ..core.capture import CaptureError, CapturedGraph, CaptureTracker
-from ..core.fast import new_checker
+from ..core.fast import new_checker, untrack
 from ..core.hb import Checker, PeerAccessError, format_hazards, format_report, peer_access_error
 from ..core.trace import CallSite, StreamKind
 from ..host_handoffs import Listener, listen as listen_to_hand_offs
@@ -365,6 +365,7 @@ class Device:
         if self._edits is not None:
             self._edits.see(op)
         self.trace.append(op)
+        untrack(op)  # frozen and acyclic: the GC need not walk the trace (core.fast.untrack)
         if self.checker is not None:
             self.checker.feed(op)
 

@@ -24,7 +24,7 @@ from typing import Optional, Protocol
 from . import gpu as _gpu
 from . import kernel_access
 from ..core import trace as T
-from ..core.fast import new_checker
+from ..core.fast import new_checker, untrack
 from ..core.hb import Checker, TraceError, format_hazards, format_report
 from ..core.schedule import graph_delay_name, seed_delays
 from .gpu import thread_state as _state
@@ -339,6 +339,7 @@ class Recorder:
                     edits.recorded_anyway(op)  # reported after it ran (torch's callbacks): not skippable
                 edits.see(op)
             self._append(op)
+            untrack(op)  # frozen and acyclic: the GC need not walk the trace (core.fast.untrack)
             if self._feed is not None:
                 try:
                     self._feed(op)
@@ -673,6 +674,7 @@ class Recorder:
         rng = alloc.ranges.get(key)
         if rng is None:
             rng = alloc.ranges[key] = Range(alloc.id, start - alloc.start, stop - alloc.start)
+            untrack(rng)
         return rng
 
     def ranges(self, objs) -> tuple:

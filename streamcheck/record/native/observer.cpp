@@ -856,6 +856,11 @@ int fast_launch(const Lane& lane, const Record& r, const Access* accesses_of) {
   PyObject* values[] = {tid, site, sid, PyList_GET_ITEM(lane.names, r.op), reads, writes};
   for (int i = 0; i < 6; ++i)
     if (names[i] == nullptr || PyObject_GenericSetAttr(launch, names[i], values[i]) != 0) return -1;
+  // Frozen, and holding only ints, strings and other such records: never in a cycle, so off the cyclic GC's
+  // lists, as Recorder.record takes its own records off them (streamcheck.core.fast.untrack).
+  PyObject_GC_UnTrack(reads);
+  PyObject_GC_UnTrack(writes);
+  PyObject_GC_UnTrack(launch);
   if (PyList_Append(lane.ops, launch) != 0) return -1;
   if (lane.feed != Py_None) {  // Recorder.record: a record the checker refuses is kept, and the error said
     PyObject* fed = PyObject_CallOneArg(lane.feed, launch);

@@ -106,6 +106,30 @@ def test_a_view_is_a_byte_range_of_its_allocation_and_a_free_is_ordered_on_the_a
     assert free.buffer == alloc.id and free.stream == rec.sid(s1)
 
 
+def test_the_records_a_recording_keeps_are_off_the_cyclic_gcs_lists(rec):
+    # Frozen and acyclic, so untracked: the GC's collections do not walk a long trace again and again.
+    from streamcheck.core import fast
+    from streamcheck.device import Device
+
+    if fast._checker_native is None:
+        pytest.skip(f"the native checker module is not built here: {fast.unavailable()}")
+    s1, s2 = FakeStream(0x10), FakeStream(0x20)
+    rec.gpu.current = s1
+    alloc = rec.alloc(0x1000, 256)
+    x = FakeArray(0x1000, 256)
+    launch(rec, "write", s1, writes=(x,))
+    launch(rec, "read", s2, reads=(x,))
+    rec.free(alloc)
+    assert rec.races  # the records still say what they said
+    dev = Device("sim")
+    a = dev.alloc(4, name="a", fill=0.0)
+    dev.free(a)
+    records = rec.trace.ops + dev.trace.ops
+    ranges = [r for op in records for r in getattr(op, "reads", ()) + getattr(op, "writes", ())]
+    assert len(records) > 6 and len(ranges) == 2
+    assert [o for o in records + ranges if gc.is_tracked(o)] == []
+
+
 def test_memory_a_graph_uses_stays_alive_while_the_graph_lives(rec):
     gpu = rec.gpu
     origin, other = FakeStream(0x10), FakeStream(0x20)

@@ -8,6 +8,7 @@ and the Python path, said in one line, where the library cannot be built."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import os
 import re
@@ -287,6 +288,8 @@ def test_the_native_drain_turns_ordinary_operators_in_cpp_and_the_rest_in_python
     assert [op.name for op in ops if isinstance(op, T.Launch)][:3] == ["aten.add_.Tensor", "aten.mul_.Tensor",
                                                                       "aten.sum.default"]
     assert slow == ["aten._local_scalar_dense.default"]
+    # The Launches made in C++ are off the cyclic GC's lists too, as Recorder.record's are (core.fast.untrack).
+    assert [op.name for op in ops if isinstance(op, T.Launch) and gc.is_tracked(op)] == []
 
     class Probe:  # sees each record as Recorder.record issues it
         def issued(self, rec, op):
