@@ -84,9 +84,10 @@ if _checker_native is not None:
         StreamKind.parse)
 
 
-# Take an immutable, acyclic trace record (an operation, a Range) off the cyclic GC's lists: its collections
-# otherwise walk every record of a long trace again and again. A no-op where the module is not built.
-untrack = _checker_native.untrack if _checker_native is not None else (lambda record: None)
+# Take an immutable, acyclic trace record (an operation, a Range) off the cyclic GC's lists, and return it: the
+# GC's collections otherwise walk every record of a long trace again and again. Where the module is not built,
+# the record stays tracked.
+untrack = _checker_native.untrack if _checker_native is not None else (lambda record: record)
 
 
 def unavailable() -> Optional[str]:

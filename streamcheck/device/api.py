@@ -583,7 +583,7 @@ class Device:
             self._next["buffer"] += 1
             buf = Buffer(self, id, shape, dtype, name or f"buffer{id}", site, device)
             self._buffers[id] = buf
-            reuses = () if reuse is None else (T.Range(reuse.id, 0, reuse.nbytes),)
+            reuses = () if reuse is None else (untrack(T.Range(reuse.id, 0, reuse.nbytes)),)
             self._record(T.Alloc(self._thread_id(), site, buffer=id, nbytes=buf.nbytes, name=buf.name, device=device,
                                  stream=stream.id if stream is not None else None, reuses=reuses))
             if reuse is None:

@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from ..core.fast import untrack
 from ..core.trace import CallSite, Range, SiteResolver
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # streamcheck/
@@ -138,6 +139,7 @@ class Region:
         if rng is None:
             row = self.row_bytes
             rng = self._range = Range(self.buffer.id, self.start * row, self.stop * row)
+            untrack(rng)  # frozen and acyclic: the GC need not walk the trace's Ranges (core.fast.untrack)
         return rng
 
     def array(self):

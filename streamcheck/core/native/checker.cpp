@@ -1217,12 +1217,13 @@ PyObject* configure(PyObject*, PyObject* args) {
 // long trace again (20-35 % of recording's time was the GC's: docs/benchmarks.md).
 PyObject* untrack(PyObject*, PyObject* obj) {
     if (PyObject_IS_GC(obj)) PyObject_GC_UnTrack(obj);  // (a no-op where it is not tracked)
-    Py_RETURN_NONE;
+    Py_INCREF(obj);
+    return obj;
 }
 
 PyMethodDef module_methods[] = {
     {"configure", configure, METH_VARARGS, "Tell the module the trace's operation classes and stream kinds."},
-    {"untrack", untrack, METH_O, "Take an immutable, acyclic trace record off the cyclic GC's lists."},
+    {"untrack", untrack, METH_O, "Take an immutable, acyclic trace record off the cyclic GC's lists; return it."},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -123,10 +123,12 @@ def test_the_records_a_recording_keeps_are_off_the_cyclic_gcs_lists(rec):
     assert rec.races  # the records still say what they said
     dev = Device("sim")
     a = dev.alloc(4, name="a", fill=0.0)
+    dev.launch(lambda x: None, (a,), writes=[a], name="touch")
     dev.free(a)
+    dev.alloc(4, name="b", reuse=a)  # the caching allocator's reuse: Alloc.reuses
     records = rec.trace.ops + dev.trace.ops
-    ranges = [r for op in records for r in getattr(op, "reads", ()) + getattr(op, "writes", ())]
-    assert len(records) > 6 and len(ranges) == 2
+    ranges = [r for op in records for field in ("reads", "writes", "reuses") for r in getattr(op, field, ())]
+    assert len(records) > 8 and len(ranges) == 4
     assert [o for o in records + ranges if gc.is_tracked(o)] == []
 
 
