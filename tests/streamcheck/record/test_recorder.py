@@ -132,6 +132,21 @@ def test_the_records_a_recording_keeps_are_off_the_cyclic_gcs_lists(rec):
     assert [o for o in records + ranges if gc.is_tracked(o)] == []
 
 
+def test_memory_no_allocator_handed_out_is_checked_by_address_in_the_native_checker(rec):
+    from streamcheck.core import fast
+
+    if fast.unavailable():
+        pytest.skip(f"the native checker is not built here: {fast.unavailable()}")
+    s1, s2 = FakeStream(0x10), FakeStream(0x20)
+    unknown = FakeArray(0x7F00_0000_1000, 64)  # no allocation, and the driver cannot say whose
+    launch(rec, "write", s1, writes=(unknown,))
+    launch(rec, "read", s2, reads=(unknown,))
+    (race,) = rec.races
+    assert (race.kind, race.first.name, race.second.name) == ("RAW", "write", "read")
+    assert (race.start, race.stop) == (0x7F00_0000_1000, 0x7F00_0000_1040)  # offsets are the addresses
+    assert rec.checker.occurrences() is not None  # still the native checker's (None: hb.Checker took over)
+
+
 def test_memory_a_graph_uses_stays_alive_while_the_graph_lives(rec):
     gpu = rec.gpu
     origin, other = FakeStream(0x10), FakeStream(0x20)
