@@ -635,10 +635,11 @@ def print_report(args, session, probe, sim: bool = False) -> None:
     """The recording's summary, what was not intercepted, the race report; then a confirmation
     rerun's verdict, or how to make the races strike."""
     print(session.summary(), file=sys.stderr)
-    from ..core.fast import notice
-    checker = notice()  # one line, only where the Python checker stands in for the native one
-    if checker:
-        print(checker, file=sys.stderr)
+    from ..core.fast import handover_notice, notice
+    # One line each, only where the Python checker stands in for the native one: from the start, or midway.
+    for line in (notice(), handover_notice(getattr(session, "checker", None))):
+        if line:
+            print(line, file=sys.stderr)
     for problem in session.unpatched:
         print(f"streamcheck: not intercepted: {problem}", file=sys.stderr)
     print(session.report(width=report_width(sys.stderr)), file=sys.stderr)

@@ -105,6 +105,17 @@ def notice() -> str:
     return f"streamcheck: native checker unavailable ({why}): using the Python checker" if why else ""
 
 
+def handover_notice(checker) -> str:
+    """The one line a run prints where the native checker handed the rest of its feed to the Python
+    one (an operation it does not take: a stream capture, a graph, peer access); "" otherwise."""
+    where = checker.handed_over if NativeChecker is not None and isinstance(checker, NativeChecker) else None
+    if where is None:
+        return ""
+    index, kind = where
+    return (f"streamcheck: checked in Python from operation {index + 1:,} on: the native checker does not take "
+            f"{kind} records (stream capture, CUDA graphs and peer access are checked by the Python checker)")
+
+
 def new_checker():
     """A checker for a real run: NativeChecker where it is built, else hb.Checker (same races, same reports)."""
     return hb.Checker() if unavailable() else NativeChecker()
@@ -124,6 +135,9 @@ if _checker_native is not None:
             self._keyed = 0  # how many occurrences _keys has seen
             self._prefix: Optional[hb.Checker] = None  # hb.Checker fed the first _prefix_fed operations
             self._prefix_fed = 0
+            # (index, type name) of the operation the compiled core did not take, where hb.Checker then
+            # took over the feed (handover_notice); None while it checks, or where a read handed over.
+            self.handed_over: Optional[tuple] = None
 
         def _key_all(self) -> None:
             """Race.key of the occurrences found since the last call (a stop test reads
@@ -184,6 +198,8 @@ if _checker_native is not None:
             if reference is not None:
                 return reference
             ops = self._ops
+            if pending:
+                self.handed_over = (len(ops) - 1, type(ops[-1]).__name__)
             try:
                 self._feed_prefix(len(ops) - 1 if pending else len(ops))
             finally:

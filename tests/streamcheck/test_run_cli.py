@@ -398,6 +398,25 @@ def test_old_output_spellings_still_work_with_a_note(fake_gpu, tmp_path, capsys)
     assert len(json.loads(ops.read_text())) > 120  # every recorded operation
 
 
+def test_a_capture_midway_says_in_one_line_that_the_python_checker_took_over(fake_gpu, tmp_path, capsys):
+    from streamcheck.core import fast
+
+    if fast.unavailable():
+        pytest.skip(f"the native checker is not built here: {fast.unavailable()}")
+    captured = RACY + (
+        "rec.gpu.current = s1\n"
+        "rec.capture_begin(s1, None, lambda: rec.gpu.capturing.add(s1.ptr))\n"
+        "rec.launch('captured', lambda: None, stream=s1, writes=(z,))\n"
+        "rec.capture_end(s1, lambda: rec.gpu.capturing.discard(s1.ptr))\n")
+    assert cli.main(["run", program(tmp_path, captured)]) == 0
+    err = capsys.readouterr().err
+    (line,) = [line for line in err.splitlines() if "checked in Python" in line]
+    assert line.startswith("streamcheck: checked in Python from operation ") and "CaptureBegin records" in line
+    assert "RAW race" in err  # the race before the capture is still reported
+    assert cli.main(["run", program(tmp_path, RACY)]) == 0
+    assert "checked in Python" not in capsys.readouterr().err
+
+
 def test_a_refused_record_is_an_internal_error_exit_3_with_the_record(fake_gpu, tmp_path, capsys):
     refused = RACY.replace("stream=s2, reads=(y,))", "stream=s1, reads=(y,))") + (
         "from streamcheck.core import trace as T\n"
