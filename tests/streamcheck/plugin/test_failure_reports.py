@@ -115,6 +115,30 @@ def test_the_strike_hint_on_the_gpu_backend_does_not_offer_confirm():
     assert "--streamcheck-confirm holds" not in hint and "streams=['A'], kernels=['produce']" in hint
 
 
+def test_a_capture_midway_adds_a_section_saying_the_python_checker_took_over(pytester):
+    from streamcheck.core import fast
+
+    if fast.unavailable():
+        pytest.skip(f"the native checker is not built here: {fast.unavailable()}")
+    pytester.makepyfile(test_captured=PROGRAMS + '''
+def test_captured(streamcheck_device):
+    racy(streamcheck_device)
+    main = streamcheck_device.stream("main")
+    main.begin_capture()
+    main.end_capture()
+
+def test_plain(streamcheck_device):
+    racy(streamcheck_device)
+''')
+    result = _run(pytester)
+    result.assert_outcomes(failed=2)
+    out = result.stdout.str()
+    captured = out.split("_ test_captured _", 1)[1].split("_ test_plain _", 1)[0]
+    assert "streamcheck checker" in captured
+    assert "the native checker does not take CaptureBegin records" in captured
+    assert "streamcheck checker" not in out.split("_ test_plain _", 1)[1]
+
+
 def test_warn_mode_prints_the_race_report_not_only_a_summary_line(pytester):
     pytester.makepyfile(test_warned=PROGRAMS + '''
 def test_warned(run_schedules):
