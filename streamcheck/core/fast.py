@@ -112,8 +112,8 @@ def handover_notice(checker) -> str:
     if where is None:
         return ""
     index, kind = where
-    return (f"streamcheck: checked in Python from operation {index + 1:,} on: the native checker does not take "
-            f"{kind} records (stream capture, CUDA graphs and peer access are checked by the Python checker)")
+    return (f"streamcheck: checked in Python from operation {index + 1:,} on, a {kind} the native checker leaves to "
+            "it (it leaves stream captures, CUDA graphs, peer access, and records it cannot place)")
 
 
 def new_checker():

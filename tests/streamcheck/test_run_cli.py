@@ -411,7 +411,7 @@ def test_a_capture_midway_says_in_one_line_that_the_python_checker_took_over(fak
     assert cli.main(["run", program(tmp_path, captured)]) == 0
     err = capsys.readouterr().err
     (line,) = [line for line in err.splitlines() if "checked in Python" in line]
-    assert line.startswith("streamcheck: checked in Python from operation ") and "CaptureBegin records" in line
+    assert line.startswith("streamcheck: checked in Python from operation ") and "a CaptureBegin the native" in line
     assert "RAW race" in err  # the race before the capture is still reported
     assert cli.main(["run", program(tmp_path, RACY)]) == 0
     assert "checked in Python" not in capsys.readouterr().err

@@ -430,7 +430,7 @@ def test_a_capture_midway_hands_over_with_the_same_races_before_and_after():
     reference, native, found, _ = feed_both(ops)
     assert not native.native
     assert fast.handover_notice(native).startswith(
-        "streamcheck: checked in Python from operation 6 on: the native checker does not take CaptureBegin records")
+        "streamcheck: checked in Python from operation 6 on, a CaptureBegin the native checker leaves to it")
     assert len(reference.races) == 2  # WAW before the capture, RAW after it
     assert_same_results(reference, native)
     assert native.has_graph(7) and native.captured_graph(7) == reference.captured_graph(7)
