@@ -92,6 +92,7 @@ def child(mode: str, args) -> None:
     compiled = mode.startswith("compiled")
     if "streamcheck" in mode:
         import streamcheck.record.instrument as instrument
+        from streamcheck.core.fast import handover_notice, unavailable
         from streamcheck.core.trace import SiteSettings, set_site_settings
 
         if mode == "streamcheck-depth1":
@@ -105,7 +106,9 @@ def child(mode: str, args) -> None:
         finally:
             instrument.stop()
         extra = {"races": len(session.races), "ops": len(session.trace), "errors": session.errors[:3],
-                 "notices": session.notices, "path": path}
+                 "notices": session.notices, "path": path,
+                 # which checker checked: the Python one from the start, or from a hand-over midway
+                 "checker": "python" if unavailable() else (handover_notice(session.checker) or "native")}
     else:
         times = decode_loop(args.dim, args.steps, args.warmup, args.repeats, compiled)
         extra = {}
@@ -158,8 +161,8 @@ def main(argv=None) -> int:
         notes = ""
         base = bases.get("compiled" if row["mode"].startswith("compiled") else "eager", float("nan"))
         if "streamcheck" in row["mode"]:
-            notes = (f"{row['path']} path, {row['ops']} ops recorded, {row['races']} races, errors {row['errors']}, "
-                     f"notices {row['notices']}")
+            notes = (f"{row['path']} path, checker {row['checker']}, {row['ops']} ops recorded, {row['races']} races, "
+                     f"errors {row['errors']}, notices {row['notices']}")
         print(f"{row['mode']:<20}{median:>16.1f}{min(times):>10.1f}{max(times):>10.1f}{median / base:>7.2f}x  {notes}")
     return 0
 

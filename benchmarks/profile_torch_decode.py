@@ -46,11 +46,16 @@ def main(argv=None) -> int:
         path = "native" if "torch_native" in session.state else "python"
     finally:
         instrument.stop()
+    from streamcheck.core.fast import handover_notice
+
     ops = session.trace.ops[before:]
     kinds = collections.Counter(type(op).__name__ for op in ops)
     text = io.StringIO()
     text.write(f"torch decode loop under streamcheck ({path} path), {args.steps} profiled steps, "
                f"{times[0]:.1f} µs/step under the profiler; records per step:\n")
+    handed = handover_notice(session.checker)
+    if handed:
+        text.write(handed + "\n")
     for kind, n in kinds.most_common():
         text.write(f"  {kind:<16} {n / args.steps:6.2f}\n")
     text.write(f"  {'all':<16} {len(ops) / args.steps:6.2f}\n")
