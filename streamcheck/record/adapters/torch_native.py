@@ -292,8 +292,8 @@ def install(rec, patcher) -> None:
     """Record `rec`'s torch operators through the native observer where it can be had and nothing
     must run before each operator is issued (a delay, a race-confirmation probe: the dispatch mode
     runs those); else the dispatch mode records them (torch_ops.install), and a notice says why.
-    Opt-in (STREAMCHECK_NATIVE_RECORD=1) until the whole GPU suite has run through it: so far its own
-    GPU tests only (docs/gpu-results.md), so a GPU user's default stays the path that suite checks."""
+    Opt-in (STREAMCHECK_NATIVE_RECORD=1) until the whole GPU suite passes through it (its first run found
+    two bugs, fixed since; docs/gpu-results.md), so a GPU user's default stays the path that suite checks."""
     if "torch" not in rec.state or rec.intercepts:  # torch_runtime refused this torch (notice given)
         return
     if os.environ.get(native.SWITCH) != "1":

@@ -6,7 +6,7 @@ docs/architecture.md ("Recording torch operators in C++").
 
 The library is built against the user's own torch and Python (streamcheck/native_build.py: g++,
 a few seconds, cached) and loaded with ctypes; no CUDA toolkit is needed. It is opt-in until the whole
-GPU suite has run through it (so far its own GPU tests: docs/gpu-results.md): `STREAMCHECK_NATIVE_RECORD=1` turns it on, otherwise the recorder
+GPU suite passes through it (docs/gpu-results.md): `STREAMCHECK_NATIVE_RECORD=1` turns it on, otherwise the recorder
 uses its Python path, a TorchDispatchMode; `=0` refuses to load it at all. Where it cannot be had
 (no compiler, no Python headers, a Python whose frames it cannot read), the Python path runs and the
 recording says why in one line (`unavailable_reason`).
