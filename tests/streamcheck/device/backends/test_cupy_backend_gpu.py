@@ -234,13 +234,13 @@ def test_elementwise_kernel_and_free_while_in_use(reused):
                 z = cupy.zeros(1024, dtype=cupy.float32)  # CuPy's pool hands it x's block, on a
         b.synchronize()
         del y
-    frees = [(r.kind, r.first.name, r.second.name) for r in session.races]
+    races = [(r.kind, r.first.name, r.second.name) for r in session.races]
     hazards = [(h.race.first.name, h.race.second.name) for h in session.hazards]
     if reused:  # a race: the new owner's fill may land before `sc_double` read x
-        assert ("FREE", "sc_double", "free") in frees, session.report()
+        assert ("FREE", "sc_double", "free") in races, session.report()
         assert z.get().tolist() == [0.0] * 1024
     else:  # no allocation got the bytes: a hazard line, not a race (--strict-free makes it one)
-        assert frees == [] and hazards == [("sc_double", "free")], session.report()
+        assert races == [] and hazards == [("sc_double", "free")], session.report()
 
 
 # --- the Device("cupy") backend -----------------------------------------------------------
