@@ -108,7 +108,7 @@ def notice() -> str:
 def handover_notice(checker) -> str:
     """The one line a run prints where the native checker handed the rest of its feed to the Python
     one (an operation it does not take: a stream capture, a graph, peer access); "" otherwise."""
-    where = checker.handed_over if NativeChecker is not None and isinstance(checker, NativeChecker) else None
+    where = getattr(checker, "handed_over", None)  # (hb.Checker, or no checker: none)
     if where is None:
         return ""
     index, kind = where

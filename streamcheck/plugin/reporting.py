@@ -362,9 +362,10 @@ def pytest_runtest_makereport(item, call):
         report.sections.append(("streamcheck free hazards", format_hazards(hazards, terminal_width(config))))
     from ..core.fast import handover_notice
 
-    handed = [handover_notice(getattr(source, "checker", None)) for source in (device, recording) if source is not None]
-    if any(handed):  # a stream capture, a graph or peer access: the Python checker took the rest of the feed
-        report.sections.append(("streamcheck checker", "\n".join(line for line in handed if line)))
+    handed = [line for line in (handover_notice(getattr(source, "checker", None)) for source in (device, recording))
+              if line]
+    if handed:  # a stream capture, a graph or peer access: the Python checker took the rest of the feed
+        report.sections.append(("streamcheck checker", "\n".join(handed)))
     races = list(found.races.values())
     check = found.check
     width = terminal_width(config)

@@ -485,9 +485,10 @@ def native_description(func, backend: str) -> tuple:
     host_value = bool(_host_value_kind(func))
     if name in _COPIES:
         flags |= COPY | READING
-    if func.namespace not in _TORCH_NAMESPACES:
+    custom = func.namespace not in _TORCH_NAMESPACES
+    if custom:
         flags |= CUSTOM
-    if func.namespace not in _TORCH_NAMESPACES or host_value or name in _SPECIAL:
+    if custom or host_value or name in _SPECIAL:
         flags |= SPECIAL  # _record's own rules: custom operators, host reads and waits, record_stream
     if host_value or name == "aten._local_scalar_dense.default":
         flags |= READING
