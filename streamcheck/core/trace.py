@@ -327,6 +327,9 @@ class SiteResolver:
         self._kinds: dict = {}  # file name -> MACHINERY, LIBRARY or USER
         self._sites: dict = {}  # (id(code), offset, ...) innermost first -> CallSite
         self._version = _settings_version
+        # The same walk as __call__'s made in native code: () -> (site, whether it found the user's frame), or
+        # None where it cannot answer now (the native observer's, while it records: torch_native).
+        self.native_walk = None
 
     def kind_of(self, filename: str) -> int:
         """What a frame of `filename` is to this resolver: MACHINERY, LIBRARY or USER."""
@@ -361,8 +364,8 @@ class SiteResolver:
 
     def site_of(self, frames: tuple, user: int) -> "CallSite":
         """The site of a walk made elsewhere by __call__'s rule: `frames` the (code object, offset)
-        pairs it kept, innermost first, `user` the index of the user's frame. The same CallSite that
-        __call__ gives for that call path (one per path, lines resolved when first read)."""
+        pairs it kept, innermost first, `user` the index of the user's frame (-1: none). The same
+        CallSite that __call__ gives for that call path (one per path, lines resolved when first read)."""
         if self._version != _settings_version:
             self.kind_of("")
         if not frames:
@@ -370,7 +373,7 @@ class SiteResolver:
         key = tuple(x for code, offset in frames for x in (id(code), offset))
         site = self._sites.get(key)
         if site is None:
-            site = self._sites[key] = CallSite.captured(tuple(frames), user)
+            site = self._sites[key] = CallSite.captured(tuple(frames), max(user, 0))
         return site
 
     def hold(self, site: "CallSite"):
@@ -400,6 +403,15 @@ class SiteResolver:
         held = getattr(self._held, "site", None)
         if held is not None:
             return held
+        if self.native_walk is not None:  # the same walk in C (the native observer's), 15x cheaper
+            found = self.native_walk()
+            if found is not None:
+                site, has_user = found
+                if not has_user:
+                    fallback = getattr(self._held, "fallback", None)
+                    if fallback is not None:
+                        return fallback
+                return site
         if self._version != _settings_version:
             self.kind_of("")
         kinds = self._kinds

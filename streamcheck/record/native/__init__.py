@@ -82,7 +82,7 @@ class Observer:
     # the recorder's tables answer for in C++, the others by lane's Python (torch_native.NativeRecording._lane).
 
     def stack(self, stack_id: int) -> Optional[tuple]:
-        """((code, offset), ...) innermost first, and the user's frame's index; None for no stack."""
+        """((code, offset), ...) innermost first, and the user's frame's index (-1: none); None for no stack."""
         out: list = []
         self._stack(stack_id, out)
         return out[0] if out else None

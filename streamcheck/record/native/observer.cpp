@@ -324,7 +324,8 @@ uint32_t stack_id() {
     }
   }
   if (key.empty()) return 0;
-  key.push_back(static_cast<uint64_t>(user < 0 ? 0 : user));
+  // The user's frame's index, or -1: no user frame (SiteResolver falls back to a held site then).
+  key.push_back(static_cast<uint64_t>(static_cast<int64_t>(user)));
   std::lock_guard<std::mutex> lock(stacks_mutex);
   auto found = stack_ids.find(key);
   if (found != stack_ids.end()) return found->second;
@@ -1051,7 +1052,7 @@ int streamcheck_native_stack(unsigned int id, PyObject* out) {
     PyTuple_SET_ITEM(frames, static_cast<Py_ssize_t>(i),
                      Py_BuildValue("(NL)", code, static_cast<long long>(static_cast<int64_t>(key[2 * i + 1]))));
   }
-  PyObject* pair = Py_BuildValue("(NK)", frames, (unsigned long long)key.back());
+  PyObject* pair = Py_BuildValue("(NL)", frames, static_cast<long long>(static_cast<int64_t>(key.back())));
   int status = pair != nullptr ? PyList_Append(out, pair) : -1;
   Py_XDECREF(pair);
   return status;
