@@ -2,7 +2,7 @@
 under `streamcheck.instrument()` (the native observer where it builds; STREAMCHECK_NATIVE_RECORD=0:
 the Python path), profiled with cProfile, and the records it made per step, by kind.
 
-    python benchmarks/profile_torch_decode.py [--steps 300] [--top 30] [--out profile.txt]
+    python benchmarks/profile_torch_decode.py [--steps 300] [--top 30] [--compiled] [--out profile.txt]
 
 Prints the records per step by type, then cProfile's top functions by own time and by cumulative
 time (the profiler's own cost inflates every figure: read the shares, not the microseconds).
@@ -25,6 +25,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--dim", type=int, default=4096)
     ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--compiled", action="store_true", help="the loop's three functions under torch.compile")
     ap.add_argument("--out", default=None, help="also write the report to this file")
     args = ap.parse_args(argv)
     import torch
@@ -33,15 +34,18 @@ def main(argv=None) -> int:
         print("profile_torch_decode: needs a GPU that torch can use (a CUDA build of torch and a device)",
               file=sys.stderr)
         return 2
+    import os
+
     import streamcheck.record.instrument as instrument
 
+    os.environ.setdefault("STREAMCHECK_NATIVE_RECORD", "1")  # the native observer unless =0 (opt-in until the flip)
     session = instrument.start()
     profile = cProfile.Profile()
     try:
-        decode_loop(args.dim, 20, 10, 1)  # warm-up, unprofiled: first calls, the observer's build
+        decode_loop(args.dim, 20, 10, 1, args.compiled)  # warm-up, unprofiled: first calls, the observer's build
         before = len(session.trace)
         profile.enable()
-        times = decode_loop(args.dim, args.steps, 0, 1)
+        times = decode_loop(args.dim, args.steps, 0, 1, args.compiled)
         profile.disable()
         path = "native" if "torch_native" in session.state else "python"
     finally:
@@ -51,7 +55,8 @@ def main(argv=None) -> int:
     ops = session.trace.ops[before:]
     kinds = collections.Counter(type(op).__name__ for op in ops)
     text = io.StringIO()
-    text.write(f"torch decode loop under streamcheck ({path} path), {args.steps} profiled steps, "
+    text.write(f"torch decode loop{' (compiled)' if args.compiled else ''} under streamcheck ({path} path), "
+               f"{args.steps} profiled steps, "
                f"{times[0]:.1f} µs/step under the profiler; records per step:\n")
     handed = handover_notice(session.checker)
     if handed:
