@@ -43,6 +43,7 @@ class NativeLibrary:
     name: str
     source: Path
     python: bool = False
+    headers: tuple = ()  # the Paths of the headers of ours it includes (part of the cache key, as the source)
 
 
 def torch_dir() -> Path:
@@ -72,7 +73,8 @@ def library_path(library: NativeLibrary) -> Path:
         version = importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
         version = "unknown"
-    parts = [library.source.read_bytes(), str(root).encode(), " ".join(_COMPILE_FLAGS).encode()]
+    parts = [library.source.read_bytes(), *(header.read_bytes() for header in library.headers), str(root).encode(),
+             " ".join(_COMPILE_FLAGS).encode()]
     if library.python:
         parts += [str(_python_include()).encode(), sys.version.encode()]
     digest = hashlib.sha256()

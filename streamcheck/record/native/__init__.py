@@ -24,7 +24,7 @@ from ...native_build import NativeUnavailable
 
 SWITCH = "STREAMCHECK_NATIVE_RECORD"  # "1": the recorder uses this observer where it builds; "0" or unset: Python
 LIBRARY = native_build.NativeLibrary("libstreamcheck_record.so", Path(__file__).with_name("observer.cpp"),
-                                     python=True)
+                                     python=True, headers=(Path(__file__).parents[2] / "core" / "native" / "frames.h",))
 
 # torch_ops.native_description's flags (observer.cpp's OpFlag).
 VIEW, MATH, AUTOCAST, NO_ACCESS, LAYOUT_ONLY, COPY, SPECIAL, READING, HOST_OUTPUT, IGNORED, CUSTOM = (

@@ -30,15 +30,8 @@
 // Locks: the buffer and the tables have their own mutexes, never held while the GIL is taken.
 #define Py_BUILD_CORE 1
 #include <Python.h>
-#if PY_VERSION_HEX >= 0x030E0000
-#error "streamcheck's native recorder reads the frames of Python 3.10 to 3.13; this Python is newer"
-#elif PY_VERSION_HEX >= 0x030B0000
-#include <internal/pycore_frame.h>
-#elif PY_VERSION_HEX < 0x030A0000
-#error "streamcheck's native recorder reads the frames of Python 3.10 to 3.13; this Python is older"
-#else
-#include <frameobject.h>
-#endif
+
+#include "../../core/native/frames.h"  // the frames and SiteResolver's walk over them, shared with the core's
 
 #include <ATen/Context.h>
 #include <ATen/core/Tensor.h>
@@ -128,7 +121,7 @@ PyObject* special_end = nullptr;  // (ok, custom) -> None: a special operator en
 int user_depth = 8;  // SiteSettings.depth: the user's frame and its callers kept
 
 constexpr int kWalkLimit = 64;  // SiteResolver's depth_limit
-enum CodeKind : uint8_t { kMachinery = 0, kLibrary = 1, kUser = 2, kForwards = 3 };
+using namespace streamcheck_frames;
 
 std::mutex ops_mutex;
 std::unordered_map<const char*, OpInfo*> ops;  // keyed by the schema's name string (lives with the operator)
@@ -212,59 +205,6 @@ void call_python(PyObject* function, bool first, bool second) {
   Py_XDECREF(result);
 }
 
-// --- Python frames, read without the GIL ---------------------------------------------------------------------
-#if PY_VERSION_HEX >= 0x030B0000
-using PyFrame = _PyInterpreterFrame;
-
-PyFrame* complete(PyFrame* frame) {
-  while (frame != nullptr && _PyFrame_IsIncomplete(frame)) frame = frame->previous;
-  return frame;
-}
-
-PyFrame* first_frame(PyThreadState* state) {
-#if PY_VERSION_HEX >= 0x030D0000
-  return complete(state->current_frame);
-#else
-  return complete(state->cframe->current_frame);
-#endif
-}
-
-PyFrame* back(PyFrame* frame) {
-  return complete(frame->previous);
-}
-
-PyObject* code_of(PyFrame* frame) {
-#if PY_VERSION_HEX >= 0x030D0000
-  return reinterpret_cast<PyObject*>(_PyFrame_GetCode(frame));
-#else
-  return reinterpret_cast<PyObject*>(frame->f_code);
-#endif
-}
-
-int64_t offset_of(PyFrame* frame) {  // frame.f_lasti
-  int lasti = _PyInterpreterFrame_LASTI(frame);
-  return lasti < 0 ? -1 : static_cast<int64_t>(lasti) * static_cast<int64_t>(sizeof(_Py_CODEUNIT));
-}
-#else
-using PyFrame = PyFrameObject;
-
-PyFrame* first_frame(PyThreadState* state) {
-  return state->frame;
-}
-
-PyFrame* back(PyFrame* frame) {
-  return frame->f_back;
-}
-
-PyObject* code_of(PyFrame* frame) {
-  return reinterpret_cast<PyObject*>(frame->f_code);
-}
-
-int64_t offset_of(PyFrame* frame) {
-  return frame->f_lasti < 0 ? -1 : static_cast<int64_t>(frame->f_lasti) * static_cast<int64_t>(sizeof(_Py_CODEUNIT));
-}
-#endif
-
 // The kind of `code`, asking Python (under the GIL) the first time. Called without stacks_mutex held.
 uint8_t code_kind(PyObject* code) {
   {
@@ -285,47 +225,14 @@ uint8_t code_kind(PyObject* code) {
   return kind;
 }
 
-// The walk of SiteResolver.__call__: streamcheck's frames and forwarding wrappers skipped, the libraries' frames
-// kept up to the user's, then the user's callers while they are the user's, at most user_depth of them.
+// The stack id of this thread's frames by SiteResolver.__call__'s walk (frames.h); 0: no frame kept.
 uint32_t stack_id() {
   PyThreadState* state = PyGILState_GetThisThreadState();
   if (state == nullptr) return 0;  // a thread Python never ran on (the autograd engine's): no site
   std::vector<uint64_t> key;
   key.reserve(24);
-  int user = -1;
-  PyFrame* frame = first_frame(state);
-  for (int i = 0; i < kWalkLimit && frame != nullptr; ++i) {
-    PyObject* code = code_of(frame);
-    uint8_t kind = code_kind(code);
-    if (kind != kMachinery && kind != kForwards) {
-      key.push_back(reinterpret_cast<uint64_t>(code));
-      key.push_back(static_cast<uint64_t>(offset_of(frame)));
-      if (kind == kUser) {
-        user = static_cast<int>(key.size() / 2) - 1;
-        break;
-      }
-    }
-    frame = back(frame);
-  }
-  if (user >= 0) {
-    frame = back(frame);
-    for (int i = 0; i < user_depth - 1 && frame != nullptr;) {
-      PyObject* code = code_of(frame);
-      uint8_t kind = code_kind(code);
-      if (kind == kForwards) {  // torch.compile's wrapper: its caller is the user's
-        frame = back(frame);
-        continue;
-      }
-      if (kind != kUser) break;
-      key.push_back(reinterpret_cast<uint64_t>(code));
-      key.push_back(static_cast<uint64_t>(offset_of(frame)));
-      frame = back(frame);
-      ++i;
-    }
-  }
-  if (key.empty()) return 0;
-  // The user's frame's index, or -1: no user frame (SiteResolver falls back to a held site then).
-  key.push_back(static_cast<uint64_t>(static_cast<int64_t>(user)));
+  walk_frames(first_frame(state), kWalkLimit, user_depth, code_kind, key);
+  if (key.size() == 1) return 0;  // only the user's index: no frame kept
   std::lock_guard<std::mutex> lock(stacks_mutex);
   auto found = stack_ids.find(key);
   if (found != stack_ids.end()) return found->second;
