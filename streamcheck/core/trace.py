@@ -267,7 +267,11 @@ _WRAPPERS: dict = {}  # co_filename -> frozenset of function names
 
 def skip_wrapper_frames(filename: str, *names: str) -> None:
     """Frames of functions `names` in `filename` (a library's forwarding wrappers) are not call sites."""
-    _WRAPPERS[filename] = _WRAPPERS.get(filename, frozenset()) | frozenset(names)
+    global _settings_version
+    known = _WRAPPERS.get(filename, frozenset())
+    if not known.issuperset(names):
+        _WRAPPERS[filename] = known | frozenset(names)
+        _settings_version += 1  # resolvers classify their frames again (the native walk keeps each code's kind)
 
 
 def _forwards(code) -> bool:
@@ -294,6 +298,46 @@ def _library_prefixes() -> tuple:
         if file:
             found.append(os.path.join(os.path.dirname(os.path.abspath(file)), ""))
     return _installed_dirs() + tuple(found)
+
+
+def reads_frames(frames_here) -> bool:
+    """Whether a native reading of this thread's frames is sys._getframe()'s: `frames_here()` gives
+    [(code, offset), ...] innermost first (its own Python wrapper's frames first, if it has any). The
+    same code objects, and the same offsets in every frame but this one (still running)."""
+    read = frames_here()
+    frame, expected = sys._getframe(), []
+    while frame is not None:
+        expected.append((frame.f_code, frame.f_lasti))
+        frame = frame.f_back
+    while read and read[0][0] is not expected[0][0]:
+        read = read[1:]
+    return (len(read) == len(expected) and all(a[0] is b[0] for a, b in zip(read, expected))
+            and read[1:] == expected[1:])
+
+
+def _native_walker():
+    """The Walker class of the core's native call-site walk (native/sites.cpp), or None where the
+    resolvers walk in Python: STREAMCHECK_NATIVE_SITES=0, not built, built from other sources (an
+    editable install not rebuilt), or reading this Python's frames otherwise than Python does."""
+    import hashlib
+    import importlib
+
+    if os.environ.get("STREAMCHECK_NATIVE_SITES") == "0":
+        return None
+    try:
+        module = importlib.import_module(__package__ + "._sites_native")
+    except ImportError:
+        return None
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native")
+    sources = [os.path.join(here, name) for name in ("sites.cpp", "frames.h")]
+    if all(map(os.path.exists, sources)):
+        digest = hashlib.sha256()
+        for source in sources:
+            with open(source, "rb") as f:
+                digest.update(f.read())
+        if getattr(module, "SOURCE_SHA256", None) != digest.hexdigest():
+            return None
+    return module.Walker if reads_frames(module.frames_here) else None
 
 
 class _HeldSite:
@@ -327,15 +371,19 @@ class SiteResolver:
         self._kinds: dict = {}  # file name -> MACHINERY, LIBRARY or USER
         self._sites: dict = {}  # (id(code), offset, ...) innermost first -> CallSite
         self._version = _settings_version
-        # The same walk as __call__'s made in native code: () -> (site, whether it found the user's frame), or
-        # None where it cannot answer now (the native observer's, while it records: torch_native).
-        self.native_walk = None
+        # __call__'s walk in C where it is built (native/sites.cpp; None: the walk in Python): stack ids, each
+        # turned into its site once.
+        self.walker = _Walker(self.code_kind, _site_settings.depth) if _Walker is not None else None
+        self._by_stack: dict = {0: (UNKNOWN_SITE, False)}  # stack id -> (site, whether it has a user frame)
 
     def kind_of(self, filename: str) -> int:
         """What a frame of `filename` is to this resolver: MACHINERY, LIBRARY or USER."""
         if self._version != _settings_version:  # other libraries: other user frames
             self._kinds.clear()
             self._sites.clear()
+            if self.walker is not None:
+                self.walker.reset(_site_settings.depth)
+                self._by_stack = {0: (UNKNOWN_SITE, False)}
             self._version = _settings_version
         kind = self._kinds.get(filename)
         if kind is None:
@@ -403,17 +451,19 @@ class SiteResolver:
         held = getattr(self._held, "site", None)
         if held is not None:
             return held
-        if self.native_walk is not None:  # the same walk in C (the native observer's), 15x cheaper
-            found = self.native_walk()
-            if found is not None:
-                site, has_user = found
-                if not has_user:
-                    fallback = getattr(self._held, "fallback", None)
-                    if fallback is not None:
-                        return fallback
-                return site
         if self._version != _settings_version:
             self.kind_of("")
+        if self.walker is not None:  # the walk below, in C: the frames above this one
+            stack = self.walker.walk(1, depth_limit)
+            found = self._by_stack.get(stack)
+            if found is None:
+                frames, user = self.walker.stack(stack)
+                found = self._by_stack[stack] = (self.site_of(frames, user), user >= 0)
+            if not found[1]:
+                fallback = getattr(self._held, "fallback", None)
+                if fallback is not None:
+                    return fallback
+            return found[0]
         kinds = self._kinds
         frame = sys._getframe(1)
         # The hot path: per frame one dictionary lookup and two ints kept; no line numbers.
@@ -474,6 +524,9 @@ class SiteResolver:
                 frames.append((frame.f_code, frame.f_lasti))
             frame = frame.f_back
         return CallSite.captured(tuple(frames), user)
+
+
+_Walker = _native_walker()
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,6 @@ class NativeRecording:
         self.funcs: list = []  # op index -> the OpOverload
         self.flags: list = []
         self.sites: dict = {0: T.UNKNOWN_SITE}  # stack id -> CallSite
-        self.userless: set = {0}  # the stack ids with no user frame
         self.resolver = rec.site
         self.settings = T.site_settings()
         self._described: dict = {}  # (name, overload) -> op index
@@ -138,28 +137,14 @@ class NativeRecording:
     def _reset_sites(self) -> None:
         """Other library directories or site settings: other user frames, so other stacks."""
         self.resolver, self.settings = self.rec.site, T.site_settings()
-        self.sites, self.userless = {0: T.UNKNOWN_SITE}, {0}
+        self.sites = {0: T.UNKNOWN_SITE}
         self.observer.reset_stacks()
 
     def _site(self, stack_id: int):
         found = self.observer.stack(stack_id)
         site = self.resolver.site_of(*found) if found is not None else T.UNKNOWN_SITE
-        if found is None or found[1] < 0:
-            self.userless.add(stack_id)
         self.sites[stack_id] = site
         return site
-
-    def site_here(self):
-        """The resolver's native_walk: (the site of this thread's frames by the observer's walk, whether
-        it found the user's frame), or None while the stacks are another resolver's or settings' (the
-        Python walk answers until the next drain resets them)."""
-        if not self._sites_current():
-            return None
-        stack = self.observer.stack_here()
-        site = self.sites.get(stack)
-        if site is None:
-            site = self._site(stack)
-        return site, stack not in self.userless
 
     def _lane(self):
         """What the observer's C++ drain needs to turn an ordinary operator into its Launch as _launch
@@ -281,7 +266,6 @@ def start(rec, torch, observer, ops=None, device: str = "cuda", stream_pointer=N
     observer.enable(device, recording.describe, recording.classify, recording.special_begin,
                     recording.special_end, T.site_settings().depth)
     rec.pending = recording.drain
-    recording.resolver.native_walk = recording.site_here  # the Python callbacks' sites, walked in C too
     _gpu.native_pause = observer.pause
     observer.observe_thread(1)
     recording.enabled_on = threading.get_ident()
@@ -302,8 +286,6 @@ def stop(recording: NativeRecording) -> None:
             _gpu.native_pause = None
         if rec.pending == recording.drain:
             rec.pending = None
-        if recording.resolver.native_walk == recording.site_here:
-            recording.resolver.native_walk = None
 
 
 def install(rec, patcher) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Optional
 
 from ... import native_build
+from ...core.trace import reads_frames
 from ...native_build import NativeUnavailable
 
 SWITCH = "STREAMCHECK_NATIVE_RECORD"  # "1": the recorder uses this observer where it builds; "0" or unset: Python
@@ -60,7 +61,6 @@ class Observer:
         self.waiting = ctypes.c_uint64.in_dll(lib, "streamcheck_native_waiting")  # .value: records not yet taken
         self._stack = f("stack", ctypes.c_int, ctypes.c_uint, obj)
         self.reset_stacks = f("reset_stacks", None)
-        self.stack_here = f("stack_here", ctypes.c_uint)
         self._frames_here = f("frames_here", ctypes.c_int, obj)
 
     def enable(self, device: str, describe, classify, begin, end, depth: int) -> None:
@@ -123,25 +123,12 @@ def load() -> Optional[Observer]:
     except OSError as exc:  # the library does not load against this torch
         _failure = f"its library did not load ({exc})"
         return None
-    if not _reads_frames(observer):
+    if not reads_frames(observer.frames_here):
         _failure = (f"it cannot read the frames of this Python ({sys.version.split()[0]}) as Python does: "
                     "call sites would be wrong")
         return None
     _observer = observer
     return observer
-
-
-def _reads_frames(observer: Observer) -> bool:
-    """Whether the observer's walk of this thread's frames is sys._getframe()'s: the same code
-    objects, and the same offsets in every frame but this one (still running). Its walk starts in
-    Observer.frames_here, which called it."""
-    read = observer.frames_here()[1:]
-    frame, expected = sys._getframe(), []
-    while frame is not None:
-        expected.append((frame.f_code, frame.f_lasti))
-        frame = frame.f_back
-    return (len(read) == len(expected) and all(a[0] is b[0] for a, b in zip(read, expected))
-            and read[1:] == expected[1:])
 
 
 __all__ = ["Observer", "load", "unavailable_reason", "NativeUnavailable", "SWITCH"]

@@ -965,11 +965,6 @@ int streamcheck_native_stack(unsigned int id, PyObject* out) {
   return status;
 }
 
-// The stack id of this point of the calling Python code (the self-check at enable, and tests).
-unsigned int streamcheck_native_stack_here() {
-  return stack_id();
-}
-
 // Append this thread's frames as the observer reads them, innermost first: (code, offset) each (the self-check at
 // enable compares them with sys._getframe()).
 int streamcheck_native_frames_here(PyObject* out) {

@@ -1,6 +1,7 @@
 """Call sites (core/trace.py: CallSite, SiteResolver, SiteSettings): the user's frame, the innermost
 frame, the stack, paths relative to the root, and what counts as a library. Driven through the
-device API's resolver (device_objects.caller_site), as programs reach it."""
+device API's resolver (device_objects.caller_site), as programs reach it; every test runs with the
+walk in Python and, where it is built, in C (native/sites.cpp), which must give the same sites."""
 from __future__ import annotations
 
 import gc
@@ -11,6 +12,7 @@ import threading
 
 import pytest
 
+from streamcheck.core import trace as T
 from streamcheck.core.hb import format_report
 from streamcheck.core.trace import (LIBRARY, MACHINERY, USER, CallSite, SiteResolver, SiteSettings, set_site_settings,
                                     site_path)
@@ -41,6 +43,19 @@ def _load(path, name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(autouse=True, params=["python-walk", "native-walk"])
+def walk(request, monkeypatch):
+    """Each test with the resolvers' walk in Python, then in C (skipped where it is not built)."""
+    if request.param == "python-walk":
+        monkeypatch.setattr(T, "_Walker", None)  # resolvers made in the test
+        monkeypatch.setattr(caller_site, "walker", None)
+    elif T._Walker is None:
+        pytest.skip("the native call-site walk is not built here (pip install -e . builds it)")
+    elif caller_site.walker is None:
+        monkeypatch.setattr(caller_site, "walker", T._Walker(caller_site.code_kind, T.site_settings().depth))
+    return request.param
 
 
 @pytest.fixture
@@ -240,3 +255,4 @@ def test_a_site_read_in_a_report_still_names_its_own_program_after_that_program_
         str(site)  # a report reads its line
         del program, scope, site
         gc.collect()  # the function and its globals hold each other
+

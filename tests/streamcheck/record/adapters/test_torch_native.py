@@ -225,54 +225,6 @@ def test_the_drains_trace_is_the_dispatch_modes(monkeypatch, observer, program):
     assert reports[1] == reports[0]
 
 
-def resolve(resolver):
-    return resolver()  # one call site for both walks
-
-
-def test_the_recorders_own_sites_are_walked_in_c_while_the_observer_records(monkeypatch, observer):
-    """Between operators the recorder names sites in Python (torch's callbacks: events, waits, frees). While
-    the observer records, its walk in C answers the resolver: the same CallSite as the Python walk, with or
-    without a user frame on the stack, the held fallback where there is none, and the Python walk again
-    once the site settings change under it (until the next drain resets the stacks)."""
-    import concurrent.futures
-    rec, _, on = harness(monkeypatch, "native")
-    resolver = rec.site
-    assert resolver.native_walk is None
-    recording = on(A)
-    with recording:
-        native_walk, table = resolver.native_walk, recording.recording.sites  # stack id -> the site the C walk found
-        assert native_walk is not None
-
-        def both(call):  # (the site by the C walk, by the Python walk), of the same frames
-            sites = []
-            for walk in (native_walk, None):
-                resolver.native_walk = walk
-                sites.append(call())
-            resolver.native_walk = native_walk
-            return sites
-
-        by_c, by_python = both(lambda: resolve(resolver))
-        assert by_c is by_python and (by_c.file, by_c.line) == (__file__, line_of("one call site for both walks"))
-        assert [f.function for f in by_c.stack[:3]] == ["resolve", "<lambda>", "both"]
-        assert any(site is by_c for site in table.values())
-        with concurrent.futures.ThreadPoolExecutor(1) as worker:  # frames of the standard library only
-            by_c, by_python = both(lambda: worker.submit(resolver).result())
-            assert by_c is by_python and by_c.file == concurrent.futures.thread.__file__
-            assert any(site is by_c for site in table.values()) and len(recording.recording.userless) == 2
-            fallback = T.CallSite("runner.py", 7, "run")
-            held = resolver.fallback(fallback)
-            worker.submit(held.__enter__).result()  # the worker's calls with no user frame resolve to it
-            assert both(lambda: worker.submit(resolver).result()) == [fallback, fallback]
-            worker.submit(held.__exit__).result()
-        previous = T.set_site_settings(dataclasses.replace(T.site_settings(), depth=2))
-        try:
-            assert native_walk() is None  # its stacks were walked at depth 8: the Python walk answers
-            assert len(resolve(resolver).stack) == 2
-        finally:
-            T.set_site_settings(previous)
-    assert resolver.native_walk is None
-
-
 def test_both_paths_see_the_operators_a_composite_calls_without_autograd(monkeypatch, observer):
     """Under inference_mode a dispatch mode sees `to` and `reshape` whole, and their schemas say
     "alias": the copy they make would go unrecorded. Both paths record the copy."""

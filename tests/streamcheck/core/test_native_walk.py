@@ -1,0 +1,87 @@
+"""The call-site walk in C (core/native/sites.cpp, through SiteResolver.walker) against SiteResolver's
+walk in Python, its reference: the same CallSite object for every call path, the held fallback where no
+user frame is on the stack, and again once the site settings or the forwarding wrappers change.
+tests/streamcheck/core/test_trace_sites.py runs every site test with each walk."""
+from __future__ import annotations
+
+import concurrent.futures
+import importlib.util
+
+import pytest
+
+from streamcheck.core import trace as T
+from streamcheck.core.trace import CallSite, SiteResolver, SiteSettings, set_site_settings
+
+pytestmark = pytest.mark.skipif(T._Walker is None, reason="the native call-site walk is not built here "
+                                                           "(pip install -e . builds it)")
+
+
+def _load(path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def settings():
+    """set(**fields): the process's SiteSettings for this test; the previous ones come back after."""
+    previous = []
+
+    def set_(**fields):
+        previous.append(set_site_settings(SiteSettings(**fields)))
+
+    yield set_
+    if previous:
+        set_site_settings(previous[0])
+
+
+def _through(resolver, depth):  # `depth` frames of this file between the test and the resolver
+    return resolver() if depth == 0 else _through(resolver, depth - 1)
+
+
+def test_the_walk_in_c_gives_the_python_walks_site_object_for_every_call_path(tmp_path, settings):
+    """The C walk against the Python walk of the same resolver, call path by call path: the user's frame
+    after machinery, library and forwarding frames, the user's callers cut at the depth, a path with no user
+    frame (the held fallback, else the library's frames), and again after the settings change."""
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "wrap.py").write_text(
+        "def call(f, *args):\n    return f(*args)\n\n\ndef forward(f, *args):\n    return f(*args)\n")
+    lib = _load(tmp_path / "lib" / "wrap.py", "sites_walk_lib")
+    T.skip_wrapper_frames(lib.__file__, "forward")
+    settings(libraries=(str(tmp_path / "lib"),), depth=3)
+    resolver = SiteResolver((str(tmp_path / "machinery"),))
+    assert resolver.walker is not None
+    walker = resolver.walker
+
+    def both(call):
+        sites = []
+        for each in (walker, None):
+            resolver.walker = each
+            sites.append(call())
+        resolver.walker = walker
+        return sites
+
+    paths = {
+        "direct": lambda: _through(resolver, 0),
+        "deep": lambda: _through(resolver, 6),
+        "through a library": lambda: lib.call(_through, resolver, 2),
+        "through a forwarding wrapper": lambda: lib.forward(lib.call, _through, resolver, 1),
+        "a library calling the resolver": lambda: lib.call(lib.call, resolver),
+    }
+    for depth in (3, 1):
+        settings(libraries=(str(tmp_path / "lib"),), depth=depth)
+        for name, call in paths.items():
+            by_c, by_python = both(call)
+            assert by_c is by_python, (name, depth)
+            assert len(by_c.stack) <= depth
+        library_first = both(paths["a library calling the resolver"])[0]
+        assert (library_first.function, library_first.innermost.file) == ("<lambda>", lib.__file__)
+    with concurrent.futures.ThreadPoolExecutor(1) as worker:  # a thread of the standard library's frames only
+        by_c, by_python = both(lambda: worker.submit(resolver).result())
+        assert by_c is by_python and by_c.file == concurrent.futures.thread.__file__
+        fallback = CallSite("runner.py", 7, "run")
+        held = resolver.fallback(fallback)
+        worker.submit(held.__enter__).result()  # the worker's calls with no user frame resolve to it
+        assert both(lambda: worker.submit(resolver).result()) == [fallback, fallback]
+        worker.submit(held.__exit__).result()
