@@ -250,10 +250,18 @@ OpInfo* describe(const at::RecordFunction& fn) {
     auto found = ops.find(key);
     if (found != ops.end()) return found->second;
   }
-  // A RecordFunction named by a string (no schema) is nobody's operator; its name's address is not stable.
+  // A RecordFunction named by a string (no schema) is nobody's operator but a named region of the program's
+  // (torch.compile's "Torch-Compiled Region" and "## Call CompiledFxGraph ##" around the compiled code's
+  // operators): transparent, as a composite is, so the operators inside are recorded as a dispatch mode sees
+  // them. Its name's address is not stable: not kept.
+  static OpInfo region = [] {
+    OpInfo info;
+    info.flags = kMath;
+    return info;
+  }();
   static OpInfo ignored;
   auto name = fn.operator_name();
-  if (!name) return &ignored;
+  if (!name) return &region;
   auto handle = c10::Dispatcher::singleton().findOp(*name);
   if (!handle || !handle->hasSchema() || handle->schema().name().c_str() != key) return &ignored;
   auto* info = new OpInfo();

@@ -169,6 +169,20 @@ def custom_operators(on, keep):
         y.add_(1)
 
 
+def compiled_code(on, keep):
+    """Operators called by torch.compile's code: inside its named regions ("Torch-Compiled Region", "## Call
+    CompiledFxGraph ##"), which are RecordFunctions of no operator; a custom operator among them declares its
+    unseen work. Compiled before the recording, as a warm program runs it."""
+    x, y, out = torch.ones(8, 8), torch.full((8, 8), 2.0), torch.zeros(8, 8)
+    keep += [x, y, out]
+    compiled = torch.compile(lambda a, b, o: custom.with_unseen_work(torch.mm(a, b), o) + 1, fullgraph=True,
+                             backend="aot_eager")
+    compiled(x, y, out)
+    with on(A):
+        out.zero_()  # known to the recording before the operator declares it written
+        keep.append(compiled(x, y, out))
+
+
 PROGRAMS = {
     "basic": (basic, torch.enable_grad),
     "composites-grad": (composites, torch.enable_grad),
@@ -177,6 +191,7 @@ PROGRAMS = {
     "host-values": (host_values, torch.enable_grad),
     "python-records-between": (python_records_between, torch.enable_grad),
     "custom-operators": (custom_operators, torch.enable_grad),
+    "compiled-code": (compiled_code, torch.no_grad),
 }
 
 
