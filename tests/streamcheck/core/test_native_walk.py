@@ -5,35 +5,16 @@ tests/streamcheck/core/test_trace_sites.py runs every site test with each walk."
 from __future__ import annotations
 
 import concurrent.futures
-import importlib.util
 
 import pytest
 
 from streamcheck.core import trace as T
-from streamcheck.core.trace import CallSite, SiteResolver, SiteSettings, set_site_settings
+from streamcheck.core.trace import CallSite, SiteResolver
+
+from .test_trace_sites import _load
 
 pytestmark = pytest.mark.skipif(T._Walker is None, reason="the native call-site walk is not built here "
                                                            "(pip install -e . builds it)")
-
-
-def _load(path, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture
-def settings():
-    """set(**fields): the process's SiteSettings for this test; the previous ones come back after."""
-    previous = []
-
-    def set_(**fields):
-        previous.append(set_site_settings(SiteSettings(**fields)))
-
-    yield set_
-    if previous:
-        set_site_settings(previous[0])
 
 
 def _through(resolver, depth):  # `depth` frames of this file between the test and the resolver

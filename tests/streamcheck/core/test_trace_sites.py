@@ -59,19 +59,6 @@ def walk(request, monkeypatch):
 
 
 @pytest.fixture
-def settings():
-    """set(**fields): the process's SiteSettings for this test; the previous ones come back after."""
-    previous = []
-
-    def set_(**fields):
-        previous.append(set_site_settings(SiteSettings(**fields)))
-
-    yield set_
-    if previous:
-        set_site_settings(previous[0])
-
-
-@pytest.fixture
 def wrapped(tmp_path):
     """(run, tmp_path): run() runs PROGRAM through the two wrappers on the sim; its races."""
     for pkg in ("pkg1", "pkg2"):
