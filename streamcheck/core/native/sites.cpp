@@ -29,29 +29,32 @@ struct Walker {
   std::unordered_map<PyObject*, uint8_t>* kinds;  // code object (a reference held) -> kind
   std::map<std::vector<uint64_t>, uint32_t>* ids;  // key (frames.h's walk) -> stack id
   std::vector<std::vector<uint64_t>>* stacks;  // stack id - 1 -> key
-  bool failed;  // classify raised during this walk
+  uint64_t generation;  // forget()s so far
 };
 
 void forget(Walker* self) {
+  ++self->generation;
   for (auto& [code, kind] : *self->kinds) Py_DECREF(code);
   self->kinds->clear();
   self->ids->clear();
   self->stacks->clear();
 }
 
-uint8_t kind_of(Walker* self, PyObject* code) {
+// The kind of `code`, asking classify the first time; `failed` set where it raised (its error stays set).
+uint8_t kind_of(Walker* self, PyObject* code, bool& failed) {
+  if (failed) return kMachinery;  // an error is set: no more Python until the walk returns it
   auto found = self->kinds->find(code);
   if (found != self->kinds->end()) return found->second;
   PyObject* result = PyObject_CallOneArg(self->classify, code);
   if (result == nullptr) {
-    self->failed = true;
+    failed = true;
     return kMachinery;
   }
   long kind = PyLong_AsLong(result);
   Py_DECREF(result);
   if (kind < kMachinery || kind > kForwards) {
     if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "classify gave %ld, not a frame kind", kind);
-    self->failed = true;
+    failed = true;
     return kMachinery;
   }
   Py_INCREF(code);  // held while classified: no later code object takes its address
@@ -76,7 +79,7 @@ PyObject* walker_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   self->kinds = new std::unordered_map<PyObject*, uint8_t>();
   self->ids = new std::map<std::vector<uint64_t>, uint32_t>();
   self->stacks = new std::vector<std::vector<uint64_t>>();
-  self->failed = false;
+  self->generation = 0;
   return reinterpret_cast<PyObject*>(self);
 }
 
@@ -97,14 +100,21 @@ PyObject* walker_walk(PyObject* obj, PyObject* const* args, Py_ssize_t nargs) {
   long skip = 0, limit = 64;
   if (nargs > 0 && (skip = PyLong_AsLong(args[0])) == -1 && PyErr_Occurred()) return nullptr;
   if (nargs > 1 && (limit = PyLong_AsLong(args[1])) == -1 && PyErr_Occurred()) return nullptr;
-  PyFrame* frame = first_frame(PyThreadState_Get());
-  for (long i = 0; i < skip && frame != nullptr; ++i) frame = back(frame);
+  PyFrame* first = first_frame(PyThreadState_Get());
+  for (long i = 0; i < skip && first != nullptr; ++i) first = back(first);
   std::vector<uint64_t> key;
   key.reserve(24);
-  self->failed = false;
-  walk_frames(frame, static_cast<int>(limit), self->depth, [self](PyObject* code) { return kind_of(self, code); },
-              key);
-  if (self->failed) return nullptr;  // classify's error goes to the caller
+  // classify runs Python, where another thread may reset the walker (other site settings): the kinds of the codes
+  // walked so far are forgotten, and with them the references that keep their addresses theirs. Walk again then.
+  uint64_t generation;
+  do {
+    generation = self->generation;
+    key.clear();
+    bool failed = false;
+    walk_frames(first, static_cast<int>(limit), self->depth,
+                [self, &failed](PyObject* code) { return kind_of(self, code, failed); }, key);
+    if (failed) return nullptr;  // classify's error goes to the caller
+  } while (generation != self->generation);
   if (key.size() == 1) return PyLong_FromLong(0);  // only the user's index: no frame kept
   auto found = self->ids->find(key);
   if (found != self->ids->end()) return PyLong_FromUnsignedLong(found->second);

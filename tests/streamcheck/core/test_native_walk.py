@@ -66,3 +66,29 @@ def test_the_walk_in_c_gives_the_python_walks_site_object_for_every_call_path(tm
         worker.submit(held.__enter__).result()  # the worker's calls with no user frame resolve to it
         assert both(lambda: worker.submit(resolver).result()) == [fallback, fallback]
         worker.submit(held.__exit__).result()
+
+
+def test_a_walk_during_which_the_walker_is_reset_walks_again_and_a_classify_error_reaches_the_caller():
+    """classify runs Python, where another thread may reset the walker (other site settings): the walk
+    starts again, so its stack holds only codes the walker keeps. An error of classify is the caller's."""
+    resets = []
+
+    def classify(code):
+        if not resets:
+            resets.append(code)
+            walker.reset(8)  # as another thread would, meanwhile
+        return T.USER
+
+    walker = T._Walker(classify, 8)
+    first, again = [walker.walk() for _ in range(2)]  # every frame the user's: the list's and this one's
+    frames, user = walker.stack(first)
+    assert len(resets) == 1 and user == 0 and len(frames) == 8
+    assert again == first  # the kinds kept since the reset: the same path, the same id
+
+    def broken(code):
+        raise RuntimeError("classify failed")
+
+    with pytest.raises(RuntimeError, match="classify failed"):
+        T._Walker(broken, 8).walk()
+    with pytest.raises(ValueError, match="not a frame kind"):
+        T._Walker(lambda code: 7, 8).walk()
