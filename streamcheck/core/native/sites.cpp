@@ -45,6 +45,11 @@ uint8_t kind_of(Walker* self, PyObject* code, bool& failed) {
   if (failed) return kMachinery;  // an error is set: no more Python until the walk returns it
   auto found = self->kinds->find(code);
   if (found != self->kinds->end()) return found->second;
+  if (self->classify == nullptr) {  // cleared by the GC: nothing to ask
+    PyErr_SetString(PyExc_RuntimeError, "Walker: its classify function is gone");
+    failed = true;
+    return kMachinery;
+  }
   PyObject* result = PyObject_CallOneArg(self->classify, code);
   if (result == nullptr) {
     failed = true;
@@ -83,13 +88,26 @@ PyObject* walker_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   return reinterpret_cast<PyObject*>(self);
 }
 
+// classify is a resolver's bound method, and the resolver holds its walker: a cycle the GC must see.
+int walker_traverse(PyObject* obj, visitproc visit, void* arg) {
+  Py_VISIT(Py_TYPE(obj));
+  Py_VISIT(reinterpret_cast<Walker*>(obj)->classify);
+  return 0;
+}
+
+int walker_clear(PyObject* obj) {
+  Py_CLEAR(reinterpret_cast<Walker*>(obj)->classify);
+  return 0;
+}
+
 void walker_dealloc(PyObject* obj) {
   auto* self = reinterpret_cast<Walker*>(obj);
+  PyObject_GC_UnTrack(obj);
   forget(self);
   delete self->kinds;
   delete self->ids;
   delete self->stacks;
-  Py_XDECREF(self->classify);
+  walker_clear(obj);
   PyTypeObject* type = Py_TYPE(obj);
   type->tp_free(obj);
   Py_DECREF(type);
@@ -185,13 +203,15 @@ PyMethodDef walker_methods[] = {
 PyType_Slot walker_slots[] = {
     {Py_tp_new, reinterpret_cast<void*>(walker_new)},
     {Py_tp_dealloc, reinterpret_cast<void*>(walker_dealloc)},
+    {Py_tp_traverse, reinterpret_cast<void*>(walker_traverse)},
+    {Py_tp_clear, reinterpret_cast<void*>(walker_clear)},
     {Py_tp_methods, walker_methods},
     {Py_tp_doc, const_cast<char*>("SiteResolver.__call__'s walk of the calling thread's frames, in C.")},
     {0, nullptr},
 };
 
-PyType_Spec walker_spec = {"streamcheck.core._sites_native.Walker", sizeof(Walker), 0, Py_TPFLAGS_DEFAULT,
-                           walker_slots};
+PyType_Spec walker_spec = {"streamcheck.core._sites_native.Walker", sizeof(Walker), 0,
+                           Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC, walker_slots};
 
 PyMethodDef module_methods[] = {
     {"frames_here", frames_here, METH_NOARGS, "This thread's frames as the walk reads them: [(code, offset), ...]."},

@@ -92,3 +92,17 @@ def test_a_walk_during_which_the_walker_is_reset_walks_again_and_a_classify_erro
         T._Walker(broken, 8).walk()
     with pytest.raises(ValueError, match="not a frame kind"):
         T._Walker(lambda code: 7, 8).walk()
+
+
+def test_a_resolver_and_its_walker_are_collected_together():
+    """The walker holds the resolver's classify (a bound method) and the resolver holds the walker: a cycle,
+    which the collector frees (a recorder makes a resolver per recording)."""
+    import gc
+    import weakref
+
+    resolver = SiteResolver(())
+    gone = weakref.ref(resolver)
+    resolver()
+    del resolver
+    gc.collect()
+    assert gone() is None
