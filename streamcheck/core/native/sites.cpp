@@ -13,6 +13,10 @@
 
 #include "frames.h"
 
+#ifdef Py_GIL_DISABLED
+#error "the walker's tables rely on the GIL; a free-threaded Python walks in Python"
+#endif
+
 #include <cstdint>
 #include <map>
 #include <unordered_map>
