@@ -106,3 +106,21 @@ def test_a_resolver_and_its_walker_are_collected_together():
     del resolver
     gc.collect()
     assert gone() is None
+
+
+def test_the_python_walk_answers_when_asked_or_when_the_module_was_built_from_other_sources(monkeypatch):
+    """STREAMCHECK_NATIVE_SITES=0 walks in Python; so does an editable install whose module was built from
+    another sites.cpp or frames.h (not rebuilt after a pull), and a module that reads the frames wrongly."""
+    import importlib
+
+    module = importlib.import_module("streamcheck.core._sites_native")
+    assert T._native_walker() is module.Walker
+    monkeypatch.setenv("STREAMCHECK_NATIVE_SITES", "0")
+    assert T._native_walker() is None
+    monkeypatch.delenv("STREAMCHECK_NATIVE_SITES")
+    monkeypatch.setattr(module, "SOURCE_SHA256", "0" * 64)
+    assert T._native_walker() is None
+    monkeypatch.undo()
+    read = module.frames_here
+    monkeypatch.setattr(module, "frames_here", lambda: read()[2:])  # frames missed
+    assert T._native_walker() is None
