@@ -242,4 +242,3 @@ def test_a_site_read_in_a_report_still_names_its_own_program_after_that_program_
         str(site)  # a report reads its line
         del program, scope, site
         gc.collect()  # the function and its globals hold each other
-
