@@ -460,6 +460,10 @@ class Recorder:
     def event_handle(self, handle: int, fresh: bool = False) -> int:
         """The event id of a raw cudaEvent_t (torch reports events by handle); `fresh`: a new
         event (a destroyed one's handle may come back)."""
+        if not fresh:
+            eid = self._event_handles.get(handle)  # one dict read, atomic: a known handle needs no lock
+            if eid is not None:
+                return eid
         with self._lock:
             eid = self._event_handles.get(handle)
             if eid is not None and not fresh:
