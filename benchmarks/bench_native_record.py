@@ -229,42 +229,62 @@ def main(argv=None) -> int:
     if "native-path" in modes:
         print(f"a flush with nothing waiting (the recorder flushes before each record it makes): "
               f"{empty_flush_us(torch, args.repeats):.2f} µs CPU, median of {args.repeats}")
-        by_python, by_c = wait_stream_us(torch, args.repeats)
-        print(f"a wait_stream's four GPU-trace callbacks into the recorder (created, recorded, waited, deleted: "
-              f"three records, three call sites), checker on: {by_python:.2f} µs CPU with the call sites walked in "
-              f"Python, {by_c:.2f} µs walked in C (SiteResolver.walker); median of {args.repeats}")
+        waits = wait_stream_us(torch, args.repeats)
+        print(f"a wait_stream's four GPU-trace callbacks (created, recorded, waited, deleted: three records), fired "
+              f"through torch's registries, checker on, µs CPU: {waits['python']:.2f} into torch_runtime with the "
+              f"call sites walked in Python, {waits['c walk']:.2f} walked in C, {waits['observer']:.2f} taken by "
+              f"the native observer (its C++ drain makes the records); median of {args.repeats}")
     return 0
 
 
-def wait_stream_us(torch, repeats: int, waits: int = 5000) -> tuple:
-    """CPU µs of the callbacks torch's GPU trace fires for one `Stream.wait_stream` (torch_runtime's, called
-    here as c10 calls them), the sites walked in Python and in C, taking turns."""
+def wait_stream_us(torch, repeats: int, waits: int = 5000) -> dict:
+    """CPU µs of the GPU-trace callbacks torch fires for one `Stream.wait_stream` (an event created, recorded,
+    waited on, deleted), fired through torch's registries as c10 fires them, checker on, the recording drained
+    every other wait (as a free or a sync would): {"python": torch_runtime's callbacks with the call sites walked
+    in Python, "c walk": walked in C, "observer": taken by the native observer, its C++ drain making the
+    records}, taking turns."""
+    from torch.cuda import _gpu_trace
+
     from streamcheck.record.adapters import torch_runtime
 
+    registries = {name: getattr(_gpu_trace, name) for name, _, _ in torch_runtime.EVENT_CALLBACKS}
+    added = [(registries[name].callback_list, callback) for name, callback, _ in torch_runtime.EVENT_CALLBACKS
+             if callback not in registries[name].callback_list]  # as torch_runtime._activate does where CUDA is
+    for callbacks, callback in added:
+        callbacks.append(callback)
     other = 0x20
 
     def wait_stream(event, source, waiter):
-        torch_runtime._event_created(event)
-        torch_runtime._event_recorded(event, source)
-        torch_runtime._event_waited(event, waiter)
-        torch_runtime._event_deleted(event)
+        registries["EventCreationCallbacks"].fire_callbacks(event)
+        registries["EventRecordCallbacks"].fire_callbacks(event, source)
+        registries["EventWaitCallbacks"].fire_callbacks(event, waiter)
+        registries["EventDeletionCallbacks"].fire_callbacks(event)
 
-    times: dict = {"python": [], "c": []}
-    with Recording(torch, "native", check=True) as recording:
-        rec = recording.rec
-        rec.register_stream(other, rec.site(), fresh=True, short="other")
-        resolver, native_walk = rec.site, rec.site.walker
-        if native_walk is None:
-            return float("nan"), float("nan")
-        for _ in range(repeats):
-            for walk, name in ((None, "python"), (native_walk, "c")):
-                resolver.walker = walk
-                c0 = time.thread_time()
-                for i in range(waits):
-                    wait_stream(0xE0 + i % 4, Recording.STREAM if i % 2 else other, other if i % 2 else Recording.STREAM)
-                times[name].append((time.thread_time() - c0) / waits * 1e6)
-        resolver.walker = native_walk
-    return statistics.median(times["python"]), statistics.median(times["c"])
+    times: dict = {"python": [], "c walk": [], "observer": []}
+    try:
+        with Recording(torch, "native", check=True) as recording:
+            rec, native_recording = recording.rec, recording.recording
+            rec.register_stream(other, rec.site(), fresh=True, short="other")
+            resolver, walker = rec.site, rec.site.walker
+            native_recording.give_back_event_callbacks()
+            for _ in range(repeats):
+                for name in times:
+                    resolver.walker = None if name == "python" else walker
+                    if name == "observer":
+                        native_recording.take_event_callbacks()
+                    c0 = time.thread_time()
+                    for i in range(waits):
+                        wait_stream(0xE0 + i % 4, Recording.STREAM if i % 2 else other,
+                                    other if i % 2 else Recording.STREAM)
+                        if i % 2:
+                            rec.flush()
+                    times[name].append((time.thread_time() - c0) / waits * 1e6)
+                    native_recording.give_back_event_callbacks()
+            resolver.walker = walker
+    finally:
+        for callbacks, callback in added:
+            callbacks.remove(callback)
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def empty_flush_us(torch, repeats: int, flushes: int = 20000) -> float:

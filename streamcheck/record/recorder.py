@@ -359,11 +359,12 @@ class Recorder:
     def native_lane(self) -> Optional[tuple]:
         """What record() does for an operator, as tables a native drain can read under the lock
         (torch_native's): (live allocations by start, stream ids by pointer, thread ids by ident,
-        the trace's records, the checker's feed or None, range_in), or None where each record
-        must go through record() itself (an edit plan or a probe watches the records)."""
+        the trace's records, the checker's feed or None, range_in, event ids by handle), or None where
+        each record must go through record() itself (an edit plan or a probe watches the records)."""
         if self.edits is not None or self.probe is not None:
             return None
-        return self._pool_at, self._streams, self._threads, self._trace.ops, self._feed, self.range_in
+        return (self._pool_at, self._streams, self._threads, self._trace.ops, self._feed, self.range_in,
+                self._event_handles)
 
     def _drain_frees(self) -> None:
         while self._deferred:
@@ -464,6 +465,7 @@ class Recorder:
             eid = self._event_handles.get(handle)  # one dict read, atomic: a known handle needs no lock
             if eid is not None:
                 return eid
+        self.flush()  # events named in issue order: those the native observer holds first
         with self._lock:
             eid = self._event_handles.get(handle)
             if eid is not None and not fresh:

@@ -27,7 +27,7 @@ from .. import gpu as _gpu
 from .. import native
 from ...core import trace as T
 from ...core.hb import TraceError
-from . import torch_ops
+from . import torch_ops, torch_runtime
 from .patching import forwarding
 from .threads import add_context
 from .torch_ops import Ops, native_description, ranges_in, register_storage
@@ -55,6 +55,7 @@ class NativeRecording:
         self.settings = T.site_settings()
         self._described: dict = {}  # (name, overload) -> op index
         self.enabled_on = None  # the thread that enabled it (its callback is removed there)
+        self._taken_callbacks: list = []  # (registry, torch_runtime's callback, its place in the list)
 
     # --- what the observer asks (under the GIL, from its callbacks) ----------------------------
     def describe(self, name: str, overload: str):
@@ -154,10 +155,11 @@ class NativeRecording:
         tables = self.rec.native_lane()
         if tables is None:
             return None
-        pool_at, streams, threads, ops, feed, range_in = tables
+        pool_at, streams, threads, ops, feed, range_in, event_handles = tables
         pointer = None if self.stream_pointer is _handle_is_pointer else self.stream_pointer
         return (pool_at, streams, threads, self.sites, self.names, self.flags, T.Launch, ops, feed,
-                self._record_one, self._site, range_in, self._register, self._fed_badly, pointer, native.NO_ACCESS)
+                self._record_one, self._site, range_in, self._register, self._fed_badly, pointer, native.NO_ACCESS,
+                event_handles, T.EventRecord, T.StreamWait)
 
     def _record_one(self, record) -> None:
         self._record((record,))
@@ -192,15 +194,47 @@ class NativeRecording:
                 resolver.hold(site)
                 state_.acting = ident
                 try:
-                    if flags & native.SPECIAL_RECORD:
+                    if flags & native.TRACE_RECORD:  # a GPU-trace callback of an event: torch_runtime's rule
+                        torch_runtime.EVENT_CALLBACKS[op][2](rec, slot, stream)  # torch passed a cudaStream_t
+                    elif flags & native.SPECIAL_RECORD:
                         self._replay(op, slot, stream if flags & native.HAS_STREAM else None)
                     else:
                         self._launch(op, stream, flags, accesses)
                 except Exception as exc:
-                    rec.errors.append(f"{self.names[op]}: {type(exc).__name__}: {exc} (not recorded)")
+                    what = torch_runtime.EVENT_CALLBACKS[op][0] if flags & native.TRACE_RECORD else self.names[op]
+                    rec.errors.append(f"{what}: {type(exc).__name__}: {exc} (not recorded)")
         finally:
             state_.acting = 0
             resolver.release(previous)
+
+    # --- torch's GPU-trace callbacks of events (observer.cpp's trace_hook) -------------------------------------
+    def take_event_callbacks(self) -> None:
+        """From now on torch's event callbacks become records of the observer's buffer, in issue order with the
+        operators, and its C++ drain makes their EventRecord and StreamWait records as it makes Launch records
+        (the rest by torch_runtime's rules, in Python). Each registry's `fire_callbacks` (looked up on it at
+        every call by torch's C++) is the observer's meanwhile, and torch_runtime's callback leaves its list;
+        the registry's other callbacks stay, and still run."""
+        try:
+            from torch.cuda import _gpu_trace
+        except ImportError:
+            return
+        for kind, (name, callback, _) in enumerate(torch_runtime.EVENT_CALLBACKS):
+            registry = getattr(_gpu_trace, name, None)
+            callbacks = getattr(registry, "callback_list", None)
+            if not isinstance(callbacks, list) or callback not in callbacks or "fire_callbacks" in vars(registry):
+                continue  # not registered (torch_runtime refused this torch), or another hook sits there
+            place = callbacks.index(callback)
+            callbacks.pop(place)
+            registry.fire_callbacks = self.observer.trace_hook(kind, registry.fire_callbacks, callbacks)
+            self._taken_callbacks.append((registry, callback, place))
+
+    def give_back_event_callbacks(self) -> None:
+        """torch_runtime's callbacks back in their registries (what was taken waits in the buffer, and the next
+        record drains it first: the order holds)."""
+        for registry, callback, place in reversed(self._taken_callbacks):
+            vars(registry).pop("fire_callbacks", None)
+            registry.callback_list.insert(place, callback)
+        self._taken_callbacks = []
 
     def _launch(self, op: int, stream: int, flags: int, accesses) -> None:
         """torch_ops.Ops._record's ordinary operator, from a record: the stream (when known before the
@@ -269,6 +303,7 @@ def start(rec, torch, observer, ops=None, device: str = "cuda", stream_pointer=N
     _gpu.native_pause = observer.pause
     observer.observe_thread(1)
     recording.enabled_on = threading.get_ident()
+    recording.take_event_callbacks()
     return recording
 
 
@@ -277,6 +312,7 @@ def stop(recording: NativeRecording) -> None:
     thread's is removed (other threads remove theirs as they leave their ObservedThread)."""
     rec, observer = recording.rec, recording.observer
     try:
+        recording.give_back_event_callbacks()  # first: a callback from now on drains what was taken before it
         rec.flush()
     finally:
         observer.disable()

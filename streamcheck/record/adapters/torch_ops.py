@@ -542,13 +542,16 @@ def skip_torch_wrappers(torch) -> None:
     a call: a report names the user's line, not `through torch/_dynamo/eval_frame.py`. So do the
     frames through which torch dispatches in Python: an operator's `decompose` (make_mode's), a custom
     operator's autograd and ADInplaceOrView kernels and their `redispatch` (a dispatch mode is called
-    from inside them, the native observer where the program called the operator)."""
+    from inside them, the native observer where the program called the operator); and the GPU-trace
+    registries' `fire_callbacks`, through which torch's C++ calls torch_runtime (and which the native
+    observer stands in for while it records: both paths name the same frames)."""
     root = os.path.dirname(torch.__file__)
     T.skip_wrapper_frames(os.path.join(root, "_compile.py"), "inner")
     T.skip_wrapper_frames(os.path.join(root, "_dynamo", "eval_frame.py"), "_fn")
     T.skip_wrapper_frames(os.path.join(root, "_ops.py"), "decompose", "redispatch")
     T.skip_wrapper_frames(os.path.join(root, "_library", "custom_ops.py"), "adinplaceorview_impl")
     T.skip_wrapper_frames(os.path.join(root, "_library", "autograd.py"), "autograd_impl", "forward_no_grad")
+    T.skip_wrapper_frames(os.path.join(root, "_utils.py"), "fire_callbacks")
 
 
 def install(rec, patcher) -> None:

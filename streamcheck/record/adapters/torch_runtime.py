@@ -67,22 +67,39 @@ def current_stream_ptr(torch, device=None) -> int:
 
 # --- the callbacks ------------------------------------------------------------------------
 
+# What each event callback records (also run by torch_native's drain, for the callbacks the native observer took).
+def event_created(rec, event: int, stream: int = 0) -> None:
+    rec.event_handle(event, fresh=True)
+
+
+def event_deleted(rec, event: int, stream: int = 0) -> None:
+    rec.forget_event_handle(event)
+
+
+def event_recorded(rec, event: int, stream: int) -> None:
+    rec.record(T.EventRecord(rec.tid(), rec.site(), event=rec.event_handle(event), stream=rec.sid(stream)))
+
+
+def event_waited(rec, event: int, stream: int) -> None:
+    rec.record(_wait_op(rec, event, stream))
+
+
 def _event_created(event: int) -> None:
     rec = _recording()
     if rec is not None:
-        rec.event_handle(event, fresh=True)
+        event_created(rec, event)
 
 
 def _event_deleted(event: int) -> None:
     rec = _recording()
     if rec is not None:
-        rec.forget_event_handle(event)
+        event_deleted(rec, event)
 
 
 def _event_recorded(event: int, stream: int) -> None:
     rec = _recording()
     if rec is not None:
-        rec.record(T.EventRecord(rec.tid(), rec.site(), event=rec.event_handle(event), stream=rec.sid(stream)))
+        event_recorded(rec, event, stream)
 
 
 # The records of torch's syncs and waits, from the raw handles its callbacks pass; also what a
@@ -106,7 +123,7 @@ def _event_sync_op(rec, event: int):
 def _event_waited(event: int, stream: int) -> None:
     rec = _recording()
     if rec is not None:
-        rec.record(_wait_op(rec, event, stream))
+        event_waited(rec, event, stream)
 
 
 def _device_synchronized() -> None:
@@ -157,6 +174,15 @@ def _deallocated(ptr: int) -> None:
     if alloc is not None and alloc.pool == "torch":
         rec.free(alloc)
 
+
+# The event callbacks the native observer takes over while it records (observer.cpp's trace_hook numbers them by
+# their place here): the registry of torch.cuda._gpu_trace, the callback registered there, what it records.
+EVENT_CALLBACKS = (
+    ("EventCreationCallbacks", _event_created, event_created),
+    ("EventDeletionCallbacks", _event_deleted, event_deleted),
+    ("EventRecordCallbacks", _event_recorded, event_recorded),
+    ("EventWaitCallbacks", _event_waited, event_waited),
+)
 
 _CALLBACKS = (
     ("register_callback_for_event_creation", _event_created),

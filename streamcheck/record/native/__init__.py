@@ -31,7 +31,7 @@ LIBRARY = native_build.NativeLibrary("libstreamcheck_record.so", Path(__file__).
 VIEW, MATH, AUTOCAST, NO_ACCESS, LAYOUT_ONLY, COPY, SPECIAL, READING, HOST_OUTPUT, IGNORED, CUSTOM = (
     1 << i for i in range(11))
 # A record's flags (observer.cpp's RecordFlag) and an access's roles.
-STREAM_BEFORE, HAS_STREAM, SPECIAL_RECORD = 1, 2, 4
+STREAM_BEFORE, HAS_STREAM, SPECIAL_RECORD, TRACE_RECORD = 1, 2, 4, 8
 READ, WRITTEN, FRESH = 0, 1, 2
 # c10::DeviceType of the devices it can observe.
 DEVICE_TYPES = {"cpu": 0, "cuda": 1}
@@ -62,6 +62,9 @@ class Observer:
         self._stack = f("stack", ctypes.c_int, ctypes.c_uint, obj)
         self.reset_stacks = f("reset_stacks", None)
         self._frames_here = f("frames_here", ctypes.c_int, obj)
+        # trace_hook(kind, fire, others): a callable to stand for a GPU-trace registry's fire_callbacks (its kind's
+        # callbacks become records of the buffer; the registry's own `fire` runs after while `others` is not empty).
+        self.trace_hook = f("trace_hook", obj, ctypes.c_int, obj, obj)
 
     def enable(self, device: str, describe, classify, begin, end, depth: int) -> None:
         """Record operators on tensors of `device` ("cuda"; "cpu" for tests) on the threads that

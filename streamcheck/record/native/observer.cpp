@@ -96,7 +96,11 @@ enum RecordFlag : uint32_t {
   kStreamBefore = 1,  // the stream was known before the operator ran (an argument's device, or device=)
   kHasStream = 2,
   kSpecialRecord = 4,
+  kTraceRecord = 8,  // a GPU-trace callback of torch's, deferred: op is its kind, stream its stream, slot its event
 };
+
+// The event callbacks trace_hook takes (torch_runtime.EVENT_CALLBACKS's order).
+enum TraceKind : uint32_t { kEventCreated = 0, kEventDeleted = 1, kEventRecorded = 2, kEventWaited = 3 };
 
 struct Record {
   uint32_t op, stack, flags, first, count;
@@ -621,15 +625,17 @@ PyObject* record_tuple(const Record& r, const Access* accesses_of) {
 // they are (the recorder's lock is held), and the Python functions for what they do not answer.
 struct Lane {
   PyObject *pool_at, *streams, *threads, *sites, *names, *op_flags, *launch_type, *ops, *feed, *slow, *site_of,
-      *range_in, *register_storage, *fed_badly, *stream_pointer;
+      *range_in, *register_storage, *fed_badly, *stream_pointer, *event_handles, *event_record_type,
+      *stream_wait_type;
   uint32_t no_access;
 
   bool unpack(PyObject* lane) {
     unsigned long flag = 0;
-    if (!PyArg_ParseTuple(lane, "O!O!O!O!O!O!OO!OOOOOOOk", &PyDict_Type, &pool_at, &PyDict_Type, &streams,
+    if (!PyArg_ParseTuple(lane, "O!O!O!O!O!O!OO!OOOOOOOkO!OO", &PyDict_Type, &pool_at, &PyDict_Type, &streams,
                           &PyDict_Type, &threads, &PyDict_Type, &sites, &PyList_Type, &names, &PyList_Type, &op_flags,
                           &launch_type, &PyList_Type, &ops, &feed, &slow, &site_of, &range_in, &register_storage,
-                          &fed_badly, &stream_pointer, &flag))
+                          &fed_badly, &stream_pointer, &flag, &PyDict_Type, &event_handles, &event_record_type,
+                          &stream_wait_type))
       return false;
     no_access = static_cast<uint32_t>(flag);
     return true;
@@ -685,34 +691,33 @@ PyObject* range_in(const Lane& lane, PyObject* alloc, const Access& a, Owned& ow
                                           (unsigned long long)a.hi));
 }
 
-// torch_native.NativeRecording._launch for an ordinary operator whose thread and stream the recorder's tables know:
-// its storages found in the allocation table (a block first seen registered by Python), then its Launch.
-// Returns 1 when recorded (or when it records nothing: an allocating operator), 0 when the record needs Python
-// (nothing done yet), -1 on a Python error.
-int fast_launch(const Lane& lane, const Record& r, const Access* accesses_of) {
-  if (r.flags & kSpecialRecord) return 0;
-  Owned owned;
-  PyObject* ident = owned.keep(PyLong_FromUnsignedLongLong(r.thread));
+// A record's thread id, stream id and site, where the recorder's tables know its thread and stream (owned by
+// `owned`): 1, or 0 when it needs Python (rec.tid() or rec.sid() would make a record), -1 on a Python error.
+// `mapped`: the record's stream is the observed device's handle, turned into a cudaStream_t by lane.stream_pointer.
+// (`ident` and `pointer`: the thread's ident and the stream's cudaStream_t, as Python ints.)
+int thread_stream_site(const Lane& lane, const Record& r, bool mapped, Owned& owned, PyObject*& ident,
+                       PyObject*& pointer, PyObject*& tid, PyObject*& sid, PyObject*& site) {
+  ident = owned.keep(PyLong_FromUnsignedLongLong(r.thread));
   if (ident == nullptr) return -1;
-  // Strong references to what the tables give: the Python called below (range_in, site_of) must not drop them.
-  PyObject* tid = PyDict_GetItemWithError(lane.threads, ident);  // rec.tid(), the thread acting as `ident`
+  // Strong references to what the tables give: the Python called later (range_in, site_of) must not drop them.
+  tid = PyDict_GetItemWithError(lane.threads, ident);  // rec.tid(), the thread acting as `ident`
   if (tid == nullptr) return PyErr_Occurred() ? -1 : 0;
   owned.keep(Py_NewRef(tid));
-  PyObject* pointer = owned.keep(PyLong_FromUnsignedLongLong(r.stream));
+  pointer = owned.keep(PyLong_FromUnsignedLongLong(r.stream));
   if (pointer == nullptr) return -1;
-  if (lane.stream_pointer != Py_None) {
+  if (mapped && lane.stream_pointer != Py_None) {
     pointer = owned.keep(PyObject_CallOneArg(lane.stream_pointer, pointer));
     if (pointer == nullptr) return -1;
   }
   unsigned long long raw = PyLong_AsUnsignedLongLong(pointer);
   if (raw == (unsigned long long)-1 && PyErr_Occurred()) return -1;
   if (raw <= 2) return 0;  // the legacy and per-thread default streams: Recorder.stream_key's rule
-  PyObject* sid = PyDict_GetItemWithError(lane.streams, pointer);  // Recorder.sid's hot path
+  sid = PyDict_GetItemWithError(lane.streams, pointer);  // Recorder.sid's hot path
   if (sid == nullptr) return PyErr_Occurred() ? -1 : 0;
   owned.keep(Py_NewRef(sid));
   PyObject* stack = owned.keep(PyLong_FromUnsignedLong(r.stack));
   if (stack == nullptr) return -1;
-  PyObject* site = PyDict_GetItemWithError(lane.sites, stack);
+  site = PyDict_GetItemWithError(lane.sites, stack);
   if (site == nullptr) {
     if (PyErr_Occurred()) return -1;
     site = owned.keep(PyObject_CallFunction(lane.site_of, "I", r.stack));
@@ -720,6 +725,78 @@ int fast_launch(const Lane& lane, const Record& r, const Access* accesses_of) {
   } else {
     owned.keep(Py_NewRef(site));
   }
+  return 1;
+}
+
+// Recorder.record for a record made here: a frozen dataclass of `type` with `fields` set as its own __init__ sets
+// them (object.__setattr__), off the cyclic GC's lists, appended to the trace and fed to the checker. 1, or -1.
+int append_record(const Lane& lane, PyObject* type, PyObject* const* names, PyObject* const* values, int n) {
+  Owned owned;
+  PyObject* op = owned.keep(PyBaseObject_Type.tp_new(reinterpret_cast<PyTypeObject*>(type),
+                                                     owned.keep(PyTuple_New(0)), nullptr));
+  if (op == nullptr) return -1;
+  for (int i = 0; i < n; ++i)
+    if (names[i] == nullptr || PyObject_GenericSetAttr(op, names[i], values[i]) != 0) return -1;
+  // Frozen, and holding only ints, strings and other such records: never in a cycle, so off the cyclic GC's
+  // lists, as Recorder.record takes its own records off them (streamcheck.core.fast.untrack).
+  PyObject_GC_UnTrack(op);
+  if (PyList_Append(lane.ops, op) != 0) return -1;
+  if (lane.feed != Py_None) {  // Recorder.record: a record the checker refuses is kept, and the error said
+    PyObject* fed = PyObject_CallOneArg(lane.feed, op);
+    if (fed == nullptr) {
+      PyObject *type_, *value, *traceback;
+      PyErr_Fetch(&type_, &value, &traceback);
+      PyErr_NormalizeException(&type_, &value, &traceback);
+      PyObject* handled = PyObject_CallFunctionObjArgs(lane.fed_badly, op, value, nullptr);
+      Py_XDECREF(type_);
+      Py_XDECREF(value);
+      Py_XDECREF(traceback);
+      if (handled == nullptr) return -1;
+      Py_DECREF(handled);
+    } else {
+      Py_DECREF(fed);
+    }
+  }
+  return 1;
+}
+
+// torch_runtime's rule for an event callback trace_hook took, where the recorder's tables know its thread, stream
+// and event: an event recorded (EventRecord), waited on (StreamWait), deleted (its handle forgotten). 1 when done,
+// 0 when it needs Python (a new event, a thread or stream not known yet), -1 on a Python error.
+int fast_event(const Lane& lane, const Record& r) {
+  if (!(r.flags & kTraceRecord) || r.op == kEventCreated) return 0;
+  Owned owned;
+  PyObject* handle = owned.keep(PyLong_FromUnsignedLongLong(static_cast<unsigned long long>(r.slot)));
+  if (handle == nullptr) return -1;
+  if (r.op == kEventDeleted) {  // Recorder.forget_event_handle (the drain holds the recorder's lock)
+    if (PyDict_DelItem(lane.event_handles, handle) != 0) {
+      if (!PyErr_ExceptionMatches(PyExc_KeyError)) return -1;
+      PyErr_Clear();
+    }
+    return 1;
+  }
+  PyObject* eid = PyDict_GetItemWithError(lane.event_handles, handle);  // Recorder.event_handle, known
+  if (eid == nullptr) return PyErr_Occurred() ? -1 : 0;
+  owned.keep(Py_NewRef(eid));
+  PyObject *ident = nullptr, *pointer = nullptr, *tid = nullptr, *sid = nullptr, *site = nullptr;
+  int known = thread_stream_site(lane, r, false, owned, ident, pointer, tid, sid, site);  // torch passed a cudaStream_t
+  if (known <= 0) return known;
+  static PyObject* names[] = {interned("thread"), interned("site"), interned("event"), interned("stream")};
+  PyObject* values[] = {tid, site, eid, sid};
+  return append_record(lane, r.op == kEventRecorded ? lane.event_record_type : lane.stream_wait_type, names, values,
+                       4);
+}
+
+// torch_native.NativeRecording._launch for an ordinary operator whose thread and stream the recorder's tables know:
+// its storages found in the allocation table (a block first seen registered by Python), then its Launch.
+// Returns 1 when recorded (or when it records nothing: an allocating operator), 0 when the record needs Python
+// (nothing done yet), -1 on a Python error.
+int fast_launch(const Lane& lane, const Record& r, const Access* accesses_of) {
+  if (r.flags & (kSpecialRecord | kTraceRecord)) return 0;
+  Owned owned;
+  PyObject *ident = nullptr, *pointer = nullptr, *tid = nullptr, *sid = nullptr, *site = nullptr;
+  int known = thread_stream_site(lane, r, true, owned, ident, pointer, tid, sid, site);
+  if (known <= 0) return known;
   for (uint32_t i = 0; i < r.count; ++i)  // bytes outside any storage: Recorder.span_range's search, in Python
     if (accesses_of[i].base == 0 && accesses_of[i].lo != accesses_of[i].hi) return 0;
   // Each storage the recorder's allocation: known, or registered now by Python (a block first seen: its Alloc
@@ -761,40 +838,15 @@ int fast_launch(const Lane& lane, const Record& r, const Access* accesses_of) {
       if (!contains_identical(written, range)) written.push_back(range);
   for (PyObject* range : spans[kRead])  // what it writes is not also read (torch_ops' rule)
     if (!contains_identical(read, range) && !contains_identical(written, range)) read.push_back(range);
-  // The frozen dataclass's fields set as its own __init__ sets them (object.__setattr__).
-  PyObject* launch = owned.keep(PyBaseObject_Type.tp_new(reinterpret_cast<PyTypeObject*>(lane.launch_type),
-                                                         owned.keep(PyTuple_New(0)), nullptr));
   PyObject* reads = owned.keep(tuple_of(read));
   PyObject* writes = owned.keep(tuple_of(written));
-  if (launch == nullptr || reads == nullptr || writes == nullptr) return -1;
+  if (reads == nullptr || writes == nullptr) return -1;
+  PyObject_GC_UnTrack(reads);  // (append_record says why)
+  PyObject_GC_UnTrack(writes);
   static PyObject* names[] = {interned("thread"), interned("site"), interned("stream"), interned("name"),
                                interned("reads"), interned("writes")};
   PyObject* values[] = {tid, site, sid, PyList_GET_ITEM(lane.names, r.op), reads, writes};
-  for (int i = 0; i < 6; ++i)
-    if (names[i] == nullptr || PyObject_GenericSetAttr(launch, names[i], values[i]) != 0) return -1;
-  // Frozen, and holding only ints, strings and other such records: never in a cycle, so off the cyclic GC's
-  // lists, as Recorder.record takes its own records off them (streamcheck.core.fast.untrack).
-  PyObject_GC_UnTrack(reads);
-  PyObject_GC_UnTrack(writes);
-  PyObject_GC_UnTrack(launch);
-  if (PyList_Append(lane.ops, launch) != 0) return -1;
-  if (lane.feed != Py_None) {  // Recorder.record: a record the checker refuses is kept, and the error said
-    PyObject* fed = PyObject_CallOneArg(lane.feed, launch);
-    if (fed == nullptr) {
-      PyObject *type, *value, *traceback;
-      PyErr_Fetch(&type, &value, &traceback);
-      PyErr_NormalizeException(&type, &value, &traceback);
-      PyObject* handled = PyObject_CallFunctionObjArgs(lane.fed_badly, launch, value, nullptr);
-      Py_XDECREF(type);
-      Py_XDECREF(value);
-      Py_XDECREF(traceback);
-      if (handled == nullptr) return -1;
-      Py_DECREF(handled);
-    } else {
-      Py_DECREF(fed);
-    }
-  }
-  return 1;
+  return append_record(lane, lane.launch_type, names, values, 6);
 }
 
 c10::List<c10::IValue> any_list(std::vector<c10::IValue>&& values) {
@@ -909,6 +961,55 @@ void streamcheck_native_pause(int delta) {
   thread_state.paused += delta;
 }
 
+// --- torch's GPU-trace callbacks of events, in issue order with the operators ---------------------------------
+// c10 reports an event's creation, record, wait and deletion by calling `fire_callbacks` of a registry in
+// torch.cuda._gpu_trace, looked up on the registry object at each call (torch/csrc/PyInterpreter.cpp). While the
+// observer records, that attribute is this function: the callback becomes a record in the buffer, with its thread
+// and stack, and the drain makes its trace record (fast_event; torch_runtime's rule in Python for the rest). The
+// registry's other callbacks (PyTorch's sanitizer's, say) are still called.
+static PyObject* trace_hook(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  // self: (kind, the registry's own fire_callbacks, its callback list)
+  long kind = PyLong_AsLong(PyTuple_GET_ITEM(self, 0));
+  ThreadState& ts = thread_state;
+  if (enabled.load(std::memory_order_relaxed) && ts.paused == 0 && nargs >= 1) {
+    unsigned long long event = PyLong_AsUnsignedLongLong(args[0]);
+    unsigned long long stream = nargs > 1 ? PyLong_AsUnsignedLongLong(args[1]) : 0;
+    if (PyErr_Occurred()) return nullptr;
+    uint32_t stack = 0;
+    try {
+      stack = stack_id();
+    } catch (...) {
+    }
+    Record r{static_cast<uint32_t>(kind), stack, kTraceRecord, 0, 0, -1, static_cast<uint64_t>(pthread_self()),
+             stream, static_cast<int64_t>(event)};
+    std::lock_guard<std::mutex> lock(records_mutex);
+    r.first = static_cast<uint32_t>(accesses.size());
+    records.push_back(r);
+    streamcheck_native_waiting.store(records.size(), std::memory_order_relaxed);
+  }
+  PyObject* others = PyTuple_GET_ITEM(self, 2);
+  if (PyList_Check(others) && PyList_GET_SIZE(others) > 0) {
+    PyObject* result = PyObject_Vectorcall(PyTuple_GET_ITEM(self, 1), args, static_cast<size_t>(nargs), nullptr);
+    if (result == nullptr) return nullptr;
+    Py_DECREF(result);
+  }
+  Py_RETURN_NONE;
+}
+
+static PyMethodDef trace_hook_def = {
+    "fire_callbacks", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(trace_hook)), METH_FASTCALL,
+    "streamcheck's native observer: this GPU-trace callback, a record of its buffer."};
+
+// A callable for a registry's `fire_callbacks`: callbacks of `kind` (TraceKind) become records; `fire` (the
+// registry's own fire_callbacks) is called after them while `others` (its callback list) is not empty.
+PyObject* streamcheck_native_trace_hook(int kind, PyObject* fire, PyObject* others) {
+  PyObject* self = Py_BuildValue("(iOO)", kind, fire, others);
+  if (self == nullptr) return nullptr;
+  PyObject* function = PyCFunction_New(&trace_hook_def, self);
+  Py_DECREF(self);
+  return function;
+}
+
 // Append the pending records to `out` (a list) and forget them: tuples
 // (op index, thread ident, stream, device, stack id, flags, slot, accesses), accesses a tuple of
 // (lo, hi, storage base, storage bytes, device, role).
@@ -939,7 +1040,7 @@ int streamcheck_native_drain(PyObject* lane_tuple) {
   take_pending(taken, taken_accesses);
   for (const Record& r : taken) {
     const Access* accesses_of = taken_accesses.data() + r.first;
-    int done = fast_launch(lane, r, accesses_of);
+    int done = (r.flags & kTraceRecord) ? fast_event(lane, r) : fast_launch(lane, r, accesses_of);
     if (done < 0) return -1;
     if (done > 0) continue;
     PyObject* record = record_tuple(r, accesses_of);

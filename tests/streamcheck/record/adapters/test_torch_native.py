@@ -7,6 +7,7 @@ left behind once it stops, streamcheck's own operators never recorded, the threa
 and the Python path, said in one line, where the library cannot be built."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import json
@@ -137,14 +138,42 @@ def host_values(on, keep):
         y.zero_()
 
 
+@contextlib.contextmanager
+def event_callbacks_registered():
+    """torch_runtime's event callbacks in torch's GPU-trace registries, as torch_runtime._activate leaves them
+    where CUDA is; `fire(name, *args)` calls a registry's fire_callbacks, as c10 does."""
+    from torch.cuda import _gpu_trace
+
+    added = []
+    for name, callback, _ in torch_runtime.EVENT_CALLBACKS:
+        callbacks = getattr(_gpu_trace, name).callback_list
+        if callback not in callbacks:
+            callbacks.append(callback)
+            added.append((callbacks, callback))
+    try:
+        yield lambda name, *args: getattr(_gpu_trace, name).fire_callbacks(*args)
+    finally:
+        for callbacks, callback in added:
+            callbacks.remove(callback)
+
+
 def python_records_between(on, keep, rec):
-    """Records the recorder makes in Python between operators: an event, a wait, frees."""
+    """Records the recorder makes in Python between operators: events (through torch's GPU-trace registries,
+    which the native observer takes over while it records: a new event, one recorded, waited on and deleted
+    twice, the second time made in its C++ drain), a wait, frees."""
     x, y, w = torch.zeros(1024), torch.ones(1024), torch.zeros(256)
     keep += [x, y, w]
     pending = torch_runtime.state(rec).pending
     for t in (x, w):
         pending[t.untyped_storage().data_ptr()] = rec.sid(A)  # the allocator reported their blocks on A
-    with on(A):
+    with event_callbacks_registered() as fire, on(A):
+        x.fill_(1)
+        for _ in range(2):  # side.wait_stream(A), twice, as torch reports it (a new event each time)
+            fire("EventCreationCallbacks", 0xE2)
+            fire("EventRecordCallbacks", 0xE2, A)
+            x.mul_(3)
+            fire("EventWaitCallbacks", 0xE2, B)
+            fire("EventDeletionCallbacks", 0xE2)
         x.fill_(1)
         torch_runtime._event_recorded(0xE1, A)  # side.wait_stream(A)
         y.add_(x)
@@ -238,6 +267,39 @@ def test_the_drains_trace_is_the_dispatch_modes(monkeypatch, observer, program):
     assert len(python) > 5
     assert native_ == python
     assert reports[1] == reports[0]
+
+
+def test_torchs_event_callbacks_wait_in_the_buffer_while_the_observer_records_and_others_still_run(monkeypatch,
+                                                                                                   observer):
+    """While the observer records, a registry's fire_callbacks is the observer's: the event callback becomes a
+    record of its buffer (nothing reaches the trace until the next drain, then in issue order with the
+    operators), the registry's other callbacks still run, and the registries are as they were once it stops."""
+    from torch.cuda import _gpu_trace
+
+    rec, _, on = harness(monkeypatch, "native")
+    registry = _gpu_trace.EventRecordCallbacks
+    others = []
+    with event_callbacks_registered() as fire:
+        registry.callback_list.append(lambda *args: others.append(args))  # PyTorch's sanitizer, say
+        try:
+            before = list(registry.callback_list)
+            x = torch.zeros(8)
+            with on(A):
+                x.add_(1)
+                recorded = len(rec._trace.ops)
+                fire("EventCreationCallbacks", 0xE7)
+                fire("EventRecordCallbacks", 0xE7, A)
+                assert torch_runtime._event_recorded not in registry.callback_list
+                assert len(rec._trace.ops) == recorded and observer.waiting.value > 0  # deferred
+                assert others == [(0xE7, A)]
+                x.mul_(2)
+            assert registry.callback_list == before and "fire_callbacks" not in vars(registry)
+        finally:
+            registry.callback_list.pop()
+    names = [type(op).__name__ if not isinstance(op, T.Launch) else op.name for op in rec.trace.ops[-4:]]
+    assert names == ["aten.add_.Tensor", "EventCreate", "EventRecord", "aten.mul_.Tensor"]
+    # its site: the frame that fired it (here the helper's; on a GPU torch's, then the user's)
+    assert rec.trace.ops[-2].site.line == line_of("yield lambda name, *args") and rec.errors == []
 
 
 def test_both_paths_see_the_operators_a_composite_calls_without_autograd(monkeypatch, observer):
