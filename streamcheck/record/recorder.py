@@ -903,6 +903,7 @@ class Recorder:
         edits = self.edits
         if edits is None:
             return False
+        self.flush()  # the occurrences before this one seen first (the native observer holds waits it took)
         self._decided = op
         plan = edits.decide(op)
         if plan is None:
