@@ -18,6 +18,7 @@
 #endif
 
 #include <cstdint>
+#include <unordered_map>
 #include <vector>
 
 namespace streamcheck_frames {
@@ -116,6 +117,72 @@ int walk_frames(PyFrame* frame, int limit, int user_depth, KindOf&& kind_of, std
   }
   key.push_back(static_cast<uint64_t>(static_cast<int64_t>(user)));
   return user;
+}
+
+// The walked call paths, each interned as a stack id (1, 2, ...; 0 stands for no frame kept). Not locked: the
+// GIL (sites.cpp) or the caller's mutex (observer.cpp) guards it.
+class StackTable {
+ public:
+  uint32_t intern(std::vector<uint64_t>&& key) {
+    auto found = ids_.find(key);
+    if (found != ids_.end()) return found->second;
+    keys_.push_back(key);
+    auto id = static_cast<uint32_t>(keys_.size());
+    ids_.emplace(std::move(key), id);
+    return id;
+  }
+
+  const std::vector<uint64_t>* key(uint32_t id) const {
+    return id == 0 || id > keys_.size() ? nullptr : &keys_[id - 1];
+  }
+
+  void clear() {
+    ids_.clear();
+    keys_.clear();
+  }
+
+ private:
+  struct Hash {
+    size_t operator()(const std::vector<uint64_t>& v) const noexcept {
+      uint64_t h = 1469598103934665603ULL;  // FNV-1a over the words
+      for (uint64_t x : v) h = (h ^ x) * 1099511628211ULL;
+      return static_cast<size_t>(h);
+    }
+  };
+  std::unordered_map<std::vector<uint64_t>, uint32_t, Hash> ids_;
+  std::vector<std::vector<uint64_t>> keys_;  // id - 1 -> walk_frames' key
+};
+
+// A stack as Python reads it: (((code, offset), ...) innermost first, the user's frame's index (-1: none)), from a
+// walk_frames key whose code objects the caller keeps alive. A new reference, or nullptr with an error set.
+inline PyObject* stack_tuple(const std::vector<uint64_t>& key) {
+  size_t n = (key.size() - 1) / 2;
+  PyObject* frames = PyTuple_New(static_cast<Py_ssize_t>(n));
+  if (frames == nullptr) return nullptr;
+  for (size_t i = 0; i < n; ++i) {
+    PyObject* pair = Py_BuildValue("(OL)", reinterpret_cast<PyObject*>(key[2 * i]),
+                                   static_cast<long long>(static_cast<int64_t>(key[2 * i + 1])));
+    if (pair == nullptr) {
+      Py_DECREF(frames);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(frames, static_cast<Py_ssize_t>(i), pair);
+  }
+  return Py_BuildValue("(NL)", frames, static_cast<long long>(static_cast<int64_t>(key.back())));
+}
+
+// Append the frames of `state` to the list `out` as this header reads them, innermost first, (code, offset) each:
+// what streamcheck.core.trace.reads_frames compares with sys._getframe(). 0, or -1 with an error set.
+inline int append_frames(PyThreadState* state, PyObject* out) {
+  for (PyFrame* frame = first_frame(state); frame != nullptr; frame = back(frame)) {
+    PyObject* item = Py_BuildValue("(OL)", code_of(frame), static_cast<long long>(offset_of(frame)));
+    if (item == nullptr || PyList_Append(out, item) != 0) {
+      Py_XDECREF(item);
+      return -1;
+    }
+    Py_DECREF(item);
+  }
+  return 0;
 }
 
 }  // namespace streamcheck_frames

@@ -18,7 +18,6 @@
 #endif
 
 #include <cstdint>
-#include <map>
 #include <unordered_map>
 #include <vector>
 
@@ -31,8 +30,7 @@ struct Walker {
   PyObject* classify;  // code -> kind
   int depth;
   std::unordered_map<PyObject*, uint8_t>* kinds;  // code object (a reference held) -> kind
-  std::map<std::vector<uint64_t>, uint32_t>* ids;  // key (frames.h's walk) -> stack id
-  std::vector<std::vector<uint64_t>>* stacks;  // stack id - 1 -> key
+  StackTable* stacks;
   uint64_t generation;  // forget()s so far
 };
 
@@ -40,7 +38,6 @@ void forget(Walker* self) {
   ++self->generation;
   for (auto& [code, kind] : *self->kinds) Py_DECREF(code);
   self->kinds->clear();
-  self->ids->clear();
   self->stacks->clear();
 }
 
@@ -86,8 +83,7 @@ PyObject* walker_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   self->classify = classify;
   self->depth = depth < 1 ? 1 : depth;
   self->kinds = new std::unordered_map<PyObject*, uint8_t>();
-  self->ids = new std::map<std::vector<uint64_t>, uint32_t>();
-  self->stacks = new std::vector<std::vector<uint64_t>>();
+  self->stacks = new StackTable();
   self->generation = 0;
   return reinterpret_cast<PyObject*>(self);
 }
@@ -109,7 +105,6 @@ void walker_dealloc(PyObject* obj) {
   PyObject_GC_UnTrack(obj);
   forget(self);
   delete self->kinds;
-  delete self->ids;
   delete self->stacks;
   walker_clear(obj);
   PyTypeObject* type = Py_TYPE(obj);
@@ -138,36 +133,19 @@ PyObject* walker_walk(PyObject* obj, PyObject* const* args, Py_ssize_t nargs) {
     if (failed) return nullptr;  // classify's error goes to the caller
   } while (generation != self->generation);
   if (key.size() == 1) return PyLong_FromLong(0);  // only the user's index: no frame kept
-  auto found = self->ids->find(key);
-  if (found != self->ids->end()) return PyLong_FromUnsignedLong(found->second);
-  self->stacks->push_back(key);
-  auto id = static_cast<uint32_t>(self->stacks->size());
-  self->ids->emplace(std::move(key), id);
-  return PyLong_FromUnsignedLong(id);
+  return PyLong_FromUnsignedLong(self->stacks->intern(std::move(key)));
 }
 
 PyObject* walker_stack(PyObject* obj, PyObject* arg) {
   auto* self = reinterpret_cast<Walker*>(obj);
   unsigned long id = PyLong_AsUnsignedLong(arg);
   if (id == static_cast<unsigned long>(-1) && PyErr_Occurred()) return nullptr;
-  if (id == 0 || id > self->stacks->size()) {
+  const std::vector<uint64_t>* key = self->stacks->key(static_cast<uint32_t>(id));
+  if (key == nullptr) {
     PyErr_Format(PyExc_KeyError, "no stack %lu", id);
     return nullptr;
   }
-  const auto& key = (*self->stacks)[id - 1];
-  size_t n = (key.size() - 1) / 2;
-  PyObject* frames = PyTuple_New(static_cast<Py_ssize_t>(n));
-  if (frames == nullptr) return nullptr;
-  for (size_t i = 0; i < n; ++i) {
-    PyObject* code = reinterpret_cast<PyObject*>(key[2 * i]);  // held by kinds since it was classified
-    PyObject* pair = Py_BuildValue("(OL)", code, static_cast<long long>(static_cast<int64_t>(key[2 * i + 1])));
-    if (pair == nullptr) {
-      Py_DECREF(frames);
-      return nullptr;
-    }
-    PyTuple_SET_ITEM(frames, static_cast<Py_ssize_t>(i), pair);
-  }
-  return Py_BuildValue("(NL)", frames, static_cast<long long>(static_cast<int64_t>(key.back())));
+  return stack_tuple(*key);  // its codes held by kinds since they were classified
 }
 
 PyObject* walker_reset(PyObject* obj, PyObject* arg) {
@@ -183,16 +161,7 @@ PyObject* walker_reset(PyObject* obj, PyObject* arg) {
 // compares them with sys._getframe()'s.
 PyObject* frames_here(PyObject*, PyObject*) {
   PyObject* out = PyList_New(0);
-  if (out == nullptr) return nullptr;
-  for (PyFrame* frame = first_frame(PyThreadState_Get()); frame != nullptr; frame = back(frame)) {
-    PyObject* item = Py_BuildValue("(OL)", code_of(frame), static_cast<long long>(offset_of(frame)));
-    if (item == nullptr || PyList_Append(out, item) != 0) {
-      Py_XDECREF(item);
-      Py_DECREF(out);
-      return nullptr;
-    }
-    Py_DECREF(item);
-  }
+  if (out != nullptr && append_frames(PyThreadState_Get(), out) != 0) Py_CLEAR(out);
   return out;
 }
 

@@ -140,17 +140,9 @@ int64_t next_slot = 0;
 std::mutex pinned_mutex;
 std::unordered_map<const void*, bool> pinned;  // storage address -> pinned host memory (is_pinned is a driver query)
 
-struct VectorHash {
-  size_t operator()(const std::vector<uint64_t>& v) const noexcept {
-    uint64_t h = 1469598103934665603ULL;
-    for (uint64_t x : v) h = (h ^ x) * 1099511628211ULL;
-    return static_cast<size_t>(h);
-  }
-};
 std::mutex stacks_mutex;
 std::unordered_map<PyObject*, uint8_t> code_kinds;  // holds a reference to each code: its address stays its own
-std::unordered_map<std::vector<uint64_t>, uint32_t, VectorHash> stack_ids;
-std::vector<std::vector<uint64_t>> stacks;  // id - 1 -> (code, offset)... then the user's frame's index
+StackTable stacks;
 
 // --- per thread ---------------------------------------------------------------------------------------------
 enum FrameKind : uint8_t { kTransparent, kOpaque, kKernel };
@@ -238,12 +230,7 @@ uint32_t stack_id() {
   walk_frames(first_frame(state), kWalkLimit, user_depth, code_kind, key);
   if (key.size() == 1) return 0;  // only the user's index: no frame kept
   std::lock_guard<std::mutex> lock(stacks_mutex);
-  auto found = stack_ids.find(key);
-  if (found != stack_ids.end()) return found->second;
-  stacks.push_back(key);
-  auto id = static_cast<uint32_t>(stacks.size());
-  stack_ids.emplace(std::move(key), id);
-  return id;
+  return stacks.intern(std::move(key));
 }
 
 // --- operators --------------------------------------------------------------------------------------------------
@@ -882,7 +869,6 @@ void streamcheck_native_reset_stacks() {
   {
     std::lock_guard<std::mutex> lock(stacks_mutex);
     codes.swap(code_kinds);
-    stack_ids.clear();
     stacks.clear();
   }
   for (auto& [code, kind] : codes) Py_DECREF(code);
@@ -1057,18 +1043,11 @@ int streamcheck_native_stack(unsigned int id, PyObject* out) {
   std::vector<uint64_t> key;
   {
     std::lock_guard<std::mutex> lock(stacks_mutex);
-    if (id == 0 || id > stacks.size()) return 0;
-    key = stacks[id - 1];
+    const std::vector<uint64_t>* found = stacks.key(id);
+    if (found == nullptr) return 0;
+    key = *found;
   }
-  size_t n = (key.size() - 1) / 2;
-  PyObject* frames = PyTuple_New(static_cast<Py_ssize_t>(n));
-  for (size_t i = 0; i < n; ++i) {
-    PyObject* code = reinterpret_cast<PyObject*>(key[2 * i]);
-    Py_INCREF(code);  // held by code_kinds since it was classified
-    PyTuple_SET_ITEM(frames, static_cast<Py_ssize_t>(i),
-                     Py_BuildValue("(NL)", code, static_cast<long long>(static_cast<int64_t>(key[2 * i + 1]))));
-  }
-  PyObject* pair = Py_BuildValue("(NL)", frames, static_cast<long long>(static_cast<int64_t>(key.back())));
+  PyObject* pair = stack_tuple(key);  // its codes held by code_kinds since they were classified
   int status = pair != nullptr ? PyList_Append(out, pair) : -1;
   Py_XDECREF(pair);
   return status;
@@ -1078,16 +1057,7 @@ int streamcheck_native_stack(unsigned int id, PyObject* out) {
 // enable compares them with sys._getframe()).
 int streamcheck_native_frames_here(PyObject* out) {
   PyThreadState* state = PyGILState_GetThisThreadState();
-  if (state == nullptr) return 0;
-  for (PyFrame* frame = first_frame(state); frame != nullptr; frame = back(frame)) {
-    PyObject* item = Py_BuildValue("(OL)", code_of(frame), static_cast<long long>(offset_of(frame)));
-    if (item == nullptr || PyList_Append(out, item) != 0) {
-      Py_XDECREF(item);
-      return -1;
-    }
-    Py_DECREF(item);
-  }
-  return 0;
+  return state == nullptr ? 0 : append_frames(state, out);
 }
 
 }  // extern "C"
