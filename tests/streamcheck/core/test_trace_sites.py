@@ -51,10 +51,8 @@ def walk(request, monkeypatch):
     if request.param == "python-walk":
         monkeypatch.setattr(T, "_Walker", None)  # resolvers made in the test
         monkeypatch.setattr(caller_site, "walker", None)
-    elif T._Walker is None:
+    elif T._Walker is None:  # (the resolvers were made with the walker wherever it is built)
         pytest.skip("the native call-site walk is not built here (pip install -e . builds it)")
-    elif caller_site.walker is None:
-        monkeypatch.setattr(caller_site, "walker", T._Walker(caller_site.code_kind, T.site_settings().depth))
     return request.param
 
 
