@@ -127,7 +127,8 @@ class Recording:
             def _kind(self, t):
                 return "cuda" if t.numel() else ""
 
-        torch_ops.current_stream_ptr = lambda torch, device=None: self.STREAM  # one stand-in stream
+        # one stand-in stream
+        torch_ops.current_stream_ptr = torch_runtime.current_stream_ptr = lambda torch, device=None: self.STREAM
         gpu = CudaGpu(torch=self.torch)
         gpu.driver.lib = None
         rec = self.rec = R.Recorder(gpu, check=self.check)
@@ -229,62 +230,77 @@ def main(argv=None) -> int:
     if "native-path" in modes:
         print(f"a flush with nothing waiting (the recorder flushes before each record it makes): "
               f"{empty_flush_us(torch, args.repeats):.2f} µs CPU, median of {args.repeats}")
-        waits = wait_stream_us(torch, args.repeats)
-        print(f"a wait_stream's four GPU-trace callbacks (created, recorded, waited, deleted: three records), fired "
-              f"through torch's registries, checker on, µs CPU: {waits['python']:.2f} into torch_runtime with the "
-              f"call sites walked in Python, {waits['c walk']:.2f} walked in C, {waits['observer']:.2f} taken by "
-              f"the native observer (its C++ drain makes the records); median of {args.repeats}")
+        cycles = callbacks_us(torch, args.repeats)
+        for cycle, what in (("wait_stream", "a wait_stream's four GPU-trace callbacks (created, recorded, waited, "
+                                            "deleted: three records)"),
+                            ("temporary", "a temporary's two allocator callbacks (allocated, deallocated) and its "
+                                          "registration as a fresh output (an Alloc and a Free)")):
+            us = cycles[cycle]
+            print(f"{what}, fired through torch's registries, checker on, µs CPU: {us['python']:.2f} into "
+                  f"torch_runtime with the call sites walked in Python, {us['c walk']:.2f} walked in C, "
+                  f"{us['observer']:.2f} taken by the native observer (its C++ drain makes the records); median of "
+                  f"{args.repeats}")
     return 0
 
 
-def wait_stream_us(torch, repeats: int, waits: int = 5000) -> dict:
-    """CPU µs of the GPU-trace callbacks torch fires for one `Stream.wait_stream` (an event created, recorded,
-    waited on, deleted), fired through torch's registries as c10 fires them, checker on, the recording drained
-    every other wait (as a free or a sync would): {"python": torch_runtime's callbacks with the call sites walked
-    in Python, "c walk": walked in C, "observer": taken by the native observer, its C++ drain making the
-    records}, taking turns."""
+def callbacks_us(torch, repeats: int, cycles: int = 5000) -> dict:
+    """CPU µs of torch's GPU-trace callbacks for one `Stream.wait_stream` (an event created, recorded, waited on,
+    deleted) and for one temporary's block (allocated, registered as an operator's fresh output registers it,
+    deallocated), fired through torch's registries as c10 fires them, checker on, the recording drained every
+    other cycle (as a sync would): {cycle: {"python": torch_runtime's callbacks with the call sites walked in
+    Python, "c walk": walked in C, "observer": taken by the native observer, its C++ drain making the
+    records}}, taking turns."""
     from torch.cuda import _gpu_trace
 
-    from streamcheck.record.adapters import torch_runtime
+    from streamcheck.record.adapters import torch_ops, torch_runtime
 
-    registries = {name: getattr(_gpu_trace, name) for name, _, _ in torch_runtime.EVENT_CALLBACKS}
-    added = [(registries[name].callback_list, callback) for name, callback, _ in torch_runtime.EVENT_CALLBACKS
+    registries = {name: getattr(_gpu_trace, name) for name, _, _ in torch_runtime.TRACE_CALLBACKS}
+    added = [(registries[name].callback_list, callback) for name, callback, _ in torch_runtime.TRACE_CALLBACKS
              if callback not in registries[name].callback_list]  # as torch_runtime._activate does where CUDA is
     for callbacks, callback in added:
         callbacks.append(callback)
     other = 0x20
 
-    def wait_stream(event, source, waiter):
+    def wait_stream(rec, i):
+        event, source, waiter = 0xE0 + i % 4, Recording.STREAM if i % 2 else other, other if i % 2 else Recording.STREAM
         registries["EventCreationCallbacks"].fire_callbacks(event)
         registries["EventRecordCallbacks"].fire_callbacks(event, source)
         registries["EventWaitCallbacks"].fire_callbacks(event, waiter)
         registries["EventDeletionCallbacks"].fire_callbacks(event)
 
-    times: dict = {"python": [], "c walk": [], "observer": []}
+    def temporary(rec, i):
+        block = 0x7F0000000000 + (i % 4) * 0x1000  # no CPU tensor's address
+        registries["MemoryAllocationCallbacks"].fire_callbacks(block)
+        torch_ops.register_storage(rec, block, 256, "cuda", True, lambda: Recording.STREAM)
+        registries["MemoryDeallocationCallbacks"].fire_callbacks(block)
+
+    times: dict = {cycle: {"python": [], "c walk": [], "observer": []} for cycle in ("wait_stream", "temporary")}
     try:
         with Recording(torch, "native", check=True) as recording:
             rec, native_recording = recording.rec, recording.recording
             rec.register_stream(other, rec.site(), fresh=True, short="other")
             resolver, walker = rec.site, rec.site.walker
-            native_recording.give_back_event_callbacks()
+            native_recording.give_back_trace_callbacks()
             for _ in range(repeats):
-                for name in times:
-                    resolver.walker = None if name == "python" else walker
-                    if name == "observer":
-                        native_recording.take_event_callbacks()
-                    c0 = time.thread_time()
-                    for i in range(waits):
-                        wait_stream(0xE0 + i % 4, Recording.STREAM if i % 2 else other,
-                                    other if i % 2 else Recording.STREAM)
-                        if i % 2:
-                            rec.flush()
-                    times[name].append((time.thread_time() - c0) / waits * 1e6)
-                    native_recording.give_back_event_callbacks()
+                for cycle, run_cycle in (("wait_stream", wait_stream), ("temporary", temporary)):
+                    for name, into in times[cycle].items():
+                        resolver.walker = None if name == "python" else walker
+                        if name == "observer":
+                            native_recording.take_trace_callbacks()
+                        c0 = time.thread_time()
+                        for i in range(cycles):
+                            run_cycle(rec, i)
+                            if i % 2:
+                                rec.flush()
+                        into.append((time.thread_time() - c0) / cycles * 1e6)
+                        native_recording.give_back_trace_callbacks()
+                        rec.flush()
             resolver.walker = walker
     finally:
         for callbacks, callback in added:
             callbacks.remove(callback)
-    return {name: statistics.median(values) for name, values in times.items()}
+    return {cycle: {name: statistics.median(values) for name, values in by_way.items()}
+            for cycle, by_way in times.items()}
 
 
 def empty_flush_us(torch, repeats: int, flushes: int = 20000) -> float:

@@ -66,6 +66,12 @@ def depth() -> int:
     return _state.depth
 
 
+def acting_ident() -> int:
+    """The ident of the host thread whose work is being recorded: the calling thread's, or the one a drain of
+    the native observer's records acts as (gpu.thread_state.acting)."""
+    return _state.acting or threading.get_ident()
+
+
 def inside(call, *args, **kwargs):
     """Run a library call on the program's behalf: what it calls in turn is part of it, not
     recorded again."""
@@ -359,12 +365,12 @@ class Recorder:
     def native_lane(self) -> Optional[tuple]:
         """What record() does for an operator, as tables a native drain can read under the lock
         (torch_native's): (live allocations by start, stream ids by pointer, thread ids by ident,
-        the trace's records, the checker's feed or None, range_in, event ids by handle), or None where
-        each record must go through record() itself (an edit plan or a probe watches the records)."""
+        the trace's records, the checker's feed or None, range_in, event ids by handle, unfile, strict_free),
+        or None where each record must go through record() itself (an edit plan or a probe watches the records)."""
         if self.edits is not None or self.probe is not None:
             return None
         return (self._pool_at, self._streams, self._threads, self._trace.ops, self._feed, self.range_in,
-                self._event_handles)
+                self._event_handles, self.unfile, self.strict_free)
 
     def _drain_frees(self) -> None:
         while self._deferred:
@@ -375,7 +381,7 @@ class Recorder:
             self.free(alloc, tid, site)
 
     def tid(self) -> int:
-        ident = _state.acting or threading.get_ident()
+        ident = _state.acting or threading.get_ident()  # acting_ident(), inline: this runs for every record
         tid = self._threads.get(ident)
         if tid is None:
             with self._lock:
@@ -599,22 +605,41 @@ class Recorder:
             # record the free as soon as that is done, with the thread and site it had.
             self._deferred.append((alloc, tid, site))
             return
+        self.free_in_order(alloc, tid, site)
+
+    def free_in_order(self, alloc: _Alloc, tid: int, site: CallSite) -> None:
+        """free() now, for the native drain (torch_native): it holds the lock, and a free it turns from its
+        buffer takes its place among the records around it (free() would defer it)."""
+        if not self.unfile(alloc, tid, site):
+            return
+        try:
+            self.record(T.Free(tid, site, buffer=alloc.id, stream=alloc.stream, also=alloc.also, pool=alloc.pool,
+                               strict=self.strict_free))
+        except Exception as exc:  # never raise from a finalizer
+            self.errors.append(f"free of {alloc.name}: {exc}")
+
+    def unfile(self, alloc: _Alloc, tid: int, site: CallSite) -> bool:
+        """A free's part in the allocation table: `alloc` leaves it, and its bytes are filed as freed (the next
+        allocation there reuses them). False when no Free is to be recorded now: a graph holds the bytes (its
+        free waits for the graph), or it left the table already."""
         with self._lock:
             if alloc.id in self._graph_held:
                 # CUDA rule: memory a graph's nodes use lives as long as the graph; the free
                 # takes effect when the last such graph is gone (hold_for_graph).
                 self._freed_while_held[alloc.id] = (alloc, tid, site)
-                return
+                return False
             i = bisect.bisect_left(self._starts, alloc.start)
             while i < len(self._allocs) and self._allocs[i] is not alloc and self._starts[i] == alloc.start:
                 i += 1
             if i >= len(self._allocs) or self._allocs[i] is not alloc:
-                return
+                return False
+            allocs = self._allocs
             del self._starts[i]
-            del self._allocs[i]
+            del allocs[i]
             if self._pool_at.get(alloc.start) is alloc:
                 del self._pool_at[alloc.start]
-                for other in self._allocs[i:]:  # another one there (bisect order: the latest first)
+                for k in range(i, len(allocs)):  # another one there (bisect order: the latest first)
+                    other = allocs[k]
                     if other.start != alloc.start:
                         break
                     if not other.external:
@@ -623,11 +648,7 @@ class Recorder:
             j = bisect.bisect_left(self._freed_starts, alloc.start)
             self._freed_starts.insert(j, alloc.start)
             self._freed.insert(j, (alloc.start, alloc.stop, alloc.id))
-        try:
-            self.record(T.Free(tid, site, buffer=alloc.id, stream=alloc.stream, also=alloc.also, pool=alloc.pool,
-                               strict=self.strict_free))
-        except Exception as exc:  # never raise from a finalizer
-            self.errors.append(f"free of {alloc.name}: {exc}")
+        return True
 
     def _find(self, start: int, stop: int) -> Optional[_Alloc]:
         with self._lock:  # other threads (and finalizers) change the table
@@ -1015,6 +1036,8 @@ class Recorder:
             if known_refusal:
                 self.record(op)
             raise
+        # The native observer's records made before the capture are drained as such (a free before it is a free).
+        self.flush()
         with self._lock:
             self._capture_origin[sid] = (gid, len(self.trace))
         self.record(op)
@@ -1048,6 +1071,7 @@ class Recorder:
         return graph, gid, names, buffers
 
     def _capture_ended(self, sid: int) -> None:
+        self.flush()  # the native observer's records made in the capture are drained as such
         with self._lock:
             self._capture_origin.pop(sid, None)
 

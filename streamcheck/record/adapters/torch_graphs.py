@@ -89,10 +89,12 @@ def _pool_manager(orig):
 def _allocating_to_graph_pool(rec, manager):
     threads, ident = state(rec).graph_pool_threads, threading.get_ident()
     with manager:  # torch synchronizes the device, then this thread allocates to the pool
+        rec.flush()  # the native observer's records drained by the rule of the time they were made
         threads[ident] = threads.get(ident, 0) + 1
         try:
             yield
         finally:
+            rec.flush()
             threads[ident] -= 1
 
 

@@ -155,11 +155,14 @@ class NativeRecording:
         tables = self.rec.native_lane()
         if tables is None:
             return None
-        pool_at, streams, threads, ops, feed, range_in, event_handles = tables
+        pool_at, streams, threads, ops, feed, range_in, event_handles, unfile, strict_free = tables
         pointer = None if self.stream_pointer is _handle_is_pointer else self.stream_pointer
+        torch_state = torch_runtime.state(self.rec)
+        memory = (torch_state.pending, torch_state.graph_pool_blocks, torch_state.graph_pool_threads,
+                  bool(self.rec.captures), unfile, T.Free, strict_free)
         return (pool_at, streams, threads, self.sites, self.names, self.flags, T.Launch, ops, feed,
                 self._record_one, self._site, range_in, self._register, self._fed_badly, pointer, native.NO_ACCESS,
-                event_handles, T.EventRecord, T.StreamWait)
+                event_handles, T.EventRecord, T.StreamWait, memory)
 
     def _record_one(self, record) -> None:
         self._record((record,))
@@ -194,41 +197,44 @@ class NativeRecording:
                 resolver.hold(site)
                 state_.acting = ident
                 try:
-                    if flags & native.TRACE_RECORD:  # a GPU-trace callback of an event: torch_runtime's rule
-                        torch_runtime.EVENT_CALLBACKS[op][2](rec, slot, stream)  # torch passed a cudaStream_t
+                    if flags & native.TRACE_RECORD:  # a GPU-trace callback: torch_runtime's rule
+                        if flags & native.HAS_STREAM:  # the stream current then (an allocation's), not one torch passed
+                            stream = self.stream_pointer(stream)
+                        torch_runtime.TRACE_CALLBACKS[op][2](rec, slot, stream)
                     elif flags & native.SPECIAL_RECORD:
                         self._replay(op, slot, stream if flags & native.HAS_STREAM else None)
                     else:
                         self._launch(op, stream, flags, accesses)
                 except Exception as exc:
-                    what = torch_runtime.EVENT_CALLBACKS[op][0] if flags & native.TRACE_RECORD else self.names[op]
+                    what = torch_runtime.TRACE_CALLBACKS[op][0] if flags & native.TRACE_RECORD else self.names[op]
                     rec.errors.append(f"{what}: {type(exc).__name__}: {exc} (not recorded)")
         finally:
             state_.acting = 0
             resolver.release(previous)
 
-    # --- torch's GPU-trace callbacks of events (observer.cpp's trace_hook) -------------------------------------
-    def take_event_callbacks(self) -> None:
-        """From now on torch's event callbacks become records of the observer's buffer, in issue order with the
-        operators, and its C++ drain makes their EventRecord and StreamWait records as it makes Launch records
-        (the rest by torch_runtime's rules, in Python). Each registry's `fire_callbacks` (looked up on it at
-        every call by torch's C++) is the observer's meanwhile, and torch_runtime's callback leaves its list;
-        the registry's other callbacks stay, and still run."""
+    # --- torch's GPU-trace callbacks (observer.cpp's trace_hook) ----------------------------------------------
+    def take_trace_callbacks(self) -> None:
+        """From now on torch's event and allocator callbacks become records of the observer's buffer, in issue
+        order with the operators, and its C++ drain makes their records as it makes Launch records (the rest by
+        torch_runtime's rules, in Python). Each registry's `fire_callbacks` (looked up on it at every call by
+        torch's C++) is the observer's meanwhile, and torch_runtime's callback leaves its list; the registry's
+        other callbacks stay, and still run. An allocator callback the observer cannot defer (streamcheck's own
+        work, a thread it does not observe) still reaches torch_runtime's callback, which records it at once."""
         try:
             from torch.cuda import _gpu_trace
         except ImportError:
             return
-        for kind, (name, callback, _) in enumerate(torch_runtime.EVENT_CALLBACKS):
+        for kind, (name, callback, _) in enumerate(torch_runtime.TRACE_CALLBACKS):
             registry = getattr(_gpu_trace, name, None)
             callbacks = getattr(registry, "callback_list", None)
             if not isinstance(callbacks, list) or callback not in callbacks or "fire_callbacks" in vars(registry):
                 continue  # not registered (torch_runtime refused this torch), or another hook sits there
             place = callbacks.index(callback)
             callbacks.pop(place)
-            registry.fire_callbacks = self.observer.trace_hook(kind, registry.fire_callbacks, callbacks)
+            registry.fire_callbacks = self.observer.trace_hook(kind, registry.fire_callbacks, callbacks, callback)
             self._taken_callbacks.append((registry, callback, place))
 
-    def give_back_event_callbacks(self) -> None:
+    def give_back_trace_callbacks(self) -> None:
         """torch_runtime's callbacks back in their registries (what was taken waits in the buffer, and the next
         record drains it first: the order holds)."""
         for registry, callback, place in reversed(self._taken_callbacks):
@@ -303,7 +309,7 @@ def start(rec, torch, observer, ops=None, device: str = "cuda", stream_pointer=N
     _gpu.native_pause = observer.pause
     observer.observe_thread(1)
     recording.enabled_on = threading.get_ident()
-    recording.take_event_callbacks()
+    recording.take_trace_callbacks()
     return recording
 
 
@@ -312,7 +318,7 @@ def stop(recording: NativeRecording) -> None:
     thread's is removed (other threads remove theirs as they leave their ObservedThread)."""
     rec, observer = recording.rec, recording.observer
     try:
-        recording.give_back_event_callbacks()  # first: a callback from now on drains what was taken before it
+        recording.give_back_trace_callbacks()  # first: a callback from now on drains what was taken before it
         rec.flush()
     finally:
         observer.disable()

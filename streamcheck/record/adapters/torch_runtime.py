@@ -144,21 +144,24 @@ def _event_synchronized(event: int) -> None:
         rec.record(_event_sync_op(rec, event))
 
 
-def _allocated(ptr: int) -> None:
-    rec = _recording()  # also inside a recorded op: its outputs are allocated there
-    if rec is not None:
-        torch_state = state(rec)
-        torch_state.pending[ptr] = rec.sid(current_stream_ptr(rec.gpu.torch))
-        if rec.captures or torch_state.graph_pool_threads.get(threading.get_ident()):
-            torch_state.graph_pool_blocks.add(ptr)
-        unseen_work(rec, "allocated CUDA memory through torch")  # a thread the dispatch mode never reached
+# What the allocator's callbacks record (also run by torch_native's drain, for the callbacks the native observer
+# took: there `stream` is the stream that was current when the block was allocated, and the drain holds the lock).
+def memory_allocated(rec, ptr: int, stream: int) -> None:
+    """A block allocated on `stream` (cudaStream_t): filed under it until a tensor on it is first seen."""
+    torch_state = state(rec)
+    torch_state.pending[ptr] = rec.sid(stream)
+    if rec.captures or torch_state.graph_pool_threads.get(R.acting_ident()):
+        torch_state.graph_pool_blocks.add(ptr)
 
 
-def _deallocated(ptr: int) -> None:
-    rec = _recording()
-    if rec is None:
-        return
-    rec.flush()  # the native observer's records of the block's tensors come first (they register it)
+def memory_deallocated(rec, ptr: int, stream: int = 0) -> None:
+    alloc = _freed_allocation(rec, ptr)
+    if alloc is not None:
+        rec.free_in_order(alloc, rec.tid(), rec.site())
+
+
+def _freed_allocation(rec, ptr: int):
+    """The recording's allocation that the free of block `ptr` ends (None: none, or not a free)."""
     torch_state = state(rec)
     torch_state.pending.pop(ptr, None)
     if rec.captures or ptr in torch_state.graph_pool_blocks:
@@ -169,15 +172,42 @@ def _deallocated(ptr: int) -> None:
         # waits for the device. Not a free: the bytes stay the graphs' (their replays' writes
         # are checked as graph launches).
         torch_state.graph_pool_blocks.discard(ptr)
-        return
+        return None
     alloc = rec.allocation_at(ptr)
-    if alloc is not None and alloc.pool == "torch":
+    return alloc if alloc is not None and alloc.pool == "torch" else None
+
+
+def _allocated(ptr: int) -> None:
+    rec = _recording()  # also inside a recorded op: its outputs are allocated there
+    if rec is not None:
+        rec.flush()  # the native observer's records come first (a free of this address among them)
+        memory_allocated(rec, ptr, current_stream_ptr(rec.gpu.torch))
+        unseen_work(rec, "allocated CUDA memory through torch")  # a thread the dispatch mode never reached
+
+
+def _deallocated(ptr: int) -> None:
+    rec = _recording()
+    if rec is None:
+        return
+    rec.flush()  # the native observer's records of the block's tensors come first (they register it)
+    alloc = _freed_allocation(rec, ptr)
+    if alloc is not None:
         rec.free(alloc)
 
 
-# The event callbacks the native observer takes over while it records (observer.cpp's trace_hook numbers them by
-# their place here): the registry of torch.cuda._gpu_trace, the callback registered there, what it records.
-EVENT_CALLBACKS = (
+# The callbacks the native observer takes over while it records (observer.cpp's trace_hook numbers them by their
+# place here): the registry of torch.cuda._gpu_trace, the callback registered there, what it records. The
+# allocator's come last: the observer calls their callback itself where it cannot defer them (trace_hook).
+TRACE_CALLBACKS = (
+    ("EventCreationCallbacks", _event_created, event_created),
+    ("EventDeletionCallbacks", _event_deleted, event_deleted),
+    ("EventRecordCallbacks", _event_recorded, event_recorded),
+    ("EventWaitCallbacks", _event_waited, event_waited),
+    ("MemoryAllocationCallbacks", _allocated, memory_allocated),
+    ("MemoryDeallocationCallbacks", _deallocated, memory_deallocated),
+)
+
+_CALLBACKS = (
     ("EventCreationCallbacks", _event_created, event_created),
     ("EventDeletionCallbacks", _event_deleted, event_deleted),
     ("EventRecordCallbacks", _event_recorded, event_recorded),

@@ -62,9 +62,10 @@ class Observer:
         self._stack = f("stack", ctypes.c_int, ctypes.c_uint, obj)
         self.reset_stacks = f("reset_stacks", None)
         self._frames_here = f("frames_here", ctypes.c_int, obj)
-        # trace_hook(kind, fire, others): a callable to stand for a GPU-trace registry's fire_callbacks (its kind's
-        # callbacks become records of the buffer; the registry's own `fire` runs after while `others` is not empty).
-        self.trace_hook = f("trace_hook", obj, ctypes.c_int, obj, obj)
+        # trace_hook(kind, fire, others, callback): a callable to stand for a GPU-trace registry's fire_callbacks (its
+        # kind's callbacks become records of the buffer; the registry's own `fire` runs after while `others` is not
+        # empty; an allocator callback it cannot defer goes to `callback`, torch_runtime's).
+        self.trace_hook = f("trace_hook", obj, ctypes.c_int, obj, obj, obj)
 
     def enable(self, device: str, describe, classify, begin, end, depth: int) -> None:
         """Record operators on tensors of `device` ("cuda"; "cpu" for tests) on the threads that

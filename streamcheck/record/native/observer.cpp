@@ -97,10 +97,18 @@ enum RecordFlag : uint32_t {
   kHasStream = 2,
   kSpecialRecord = 4,
   kTraceRecord = 8,  // a GPU-trace callback of torch's, deferred: op is its kind, stream its stream, slot its event
+                     // or block (kHasStream: the stream is the observed device's current one, not one torch passed)
 };
 
-// The event callbacks trace_hook takes (torch_runtime.EVENT_CALLBACKS's order).
-enum TraceKind : uint32_t { kEventCreated = 0, kEventDeleted = 1, kEventRecorded = 2, kEventWaited = 3 };
+// The GPU-trace callbacks trace_hook takes (torch_runtime.TRACE_CALLBACKS's order).
+enum TraceKind : uint32_t {
+  kEventCreated = 0,
+  kEventDeleted = 1,
+  kEventRecorded = 2,
+  kEventWaited = 3,
+  kMemoryAllocated = 4,
+  kMemoryDeallocated = 5,
+};
 
 struct Record {
   uint32_t op, stack, flags, first, count;
@@ -615,17 +623,22 @@ struct Lane {
       *range_in, *register_storage, *fed_badly, *stream_pointer, *event_handles, *event_record_type,
       *stream_wait_type;
   uint32_t no_access;
+  // torch_runtime's allocator state (TorchState) and the recorder's free (Recorder.unfile, then a Free record).
+  PyObject *pending, *pool_blocks, *pool_threads, *unfile, *free_type, *strict;
+  int capturing;
 
   bool unpack(PyObject* lane) {
     unsigned long flag = 0;
-    if (!PyArg_ParseTuple(lane, "O!O!O!O!O!O!OO!OOOOOOOkO!OO", &PyDict_Type, &pool_at, &PyDict_Type, &streams,
+    PyObject* memory = nullptr;
+    if (!PyArg_ParseTuple(lane, "O!O!O!O!O!O!OO!OOOOOOOkO!OOO!", &PyDict_Type, &pool_at, &PyDict_Type, &streams,
                           &PyDict_Type, &threads, &PyDict_Type, &sites, &PyList_Type, &names, &PyList_Type, &op_flags,
                           &launch_type, &PyList_Type, &ops, &feed, &slow, &site_of, &range_in, &register_storage,
                           &fed_badly, &stream_pointer, &flag, &PyDict_Type, &event_handles, &event_record_type,
-                          &stream_wait_type))
+                          &stream_wait_type, &PyTuple_Type, &memory))
       return false;
     no_access = static_cast<uint32_t>(flag);
-    return true;
+    return PyArg_ParseTuple(memory, "O!O!O!pOOO", &PyDict_Type, &pending, &PySet_Type, &pool_blocks, &PyDict_Type,
+                            &pool_threads, &capturing, &unfile, &free_type, &strict) != 0;
   }
 };
 
@@ -678,18 +691,22 @@ PyObject* range_in(const Lane& lane, PyObject* alloc, const Access& a, Owned& ow
                                           (unsigned long long)a.hi));
 }
 
-// A record's thread id, stream id and site, where the recorder's tables know its thread and stream (owned by
-// `owned`): 1, or 0 when it needs Python (rec.tid() or rec.sid() would make a record), -1 on a Python error.
-// `mapped`: the record's stream is the observed device's handle, turned into a cudaStream_t by lane.stream_pointer.
-// (`ident` and `pointer`: the thread's ident and the stream's cudaStream_t, as Python ints.)
-int thread_stream_site(const Lane& lane, const Record& r, bool mapped, Owned& owned, PyObject*& ident,
-                       PyObject*& pointer, PyObject*& tid, PyObject*& sid, PyObject*& site) {
+// A record's thread id (rec.tid(), the thread acting as `ident`), where the recorder knows the thread: 1, or 0 when
+// it needs Python (rec.tid() would record a ThreadStart), -1 on a Python error. New references kept by `owned`.
+int thread_of(const Lane& lane, const Record& r, Owned& owned, PyObject*& ident, PyObject*& tid) {
   ident = owned.keep(PyLong_FromUnsignedLongLong(r.thread));
   if (ident == nullptr) return -1;
   // Strong references to what the tables give: the Python called later (range_in, site_of) must not drop them.
-  tid = PyDict_GetItemWithError(lane.threads, ident);  // rec.tid(), the thread acting as `ident`
+  tid = PyDict_GetItemWithError(lane.threads, ident);
   if (tid == nullptr) return PyErr_Occurred() ? -1 : 0;
   owned.keep(Py_NewRef(tid));
+  return 1;
+}
+
+// A record's stream id (`pointer`: its cudaStream_t, as a Python int), where the recorder knows the stream: 1, 0
+// (rec.sid() would register it), -1. `mapped`: the record's stream is the observed device's handle, turned into a
+// cudaStream_t by lane.stream_pointer.
+int stream_of(const Lane& lane, const Record& r, bool mapped, Owned& owned, PyObject*& pointer, PyObject*& sid) {
   pointer = owned.keep(PyLong_FromUnsignedLongLong(r.stream));
   if (pointer == nullptr) return -1;
   if (mapped && lane.stream_pointer != Py_None) {
@@ -702,17 +719,29 @@ int thread_stream_site(const Lane& lane, const Record& r, bool mapped, Owned& ow
   sid = PyDict_GetItemWithError(lane.streams, pointer);  // Recorder.sid's hot path
   if (sid == nullptr) return PyErr_Occurred() ? -1 : 0;
   owned.keep(Py_NewRef(sid));
+  return 1;
+}
+
+// A record's call site, from its stack (the site of a stack first seen made by Python): 1, or -1.
+int site_of(const Lane& lane, const Record& r, Owned& owned, PyObject*& site) {
   PyObject* stack = owned.keep(PyLong_FromUnsignedLong(r.stack));
   if (stack == nullptr) return -1;
   site = PyDict_GetItemWithError(lane.sites, stack);
-  if (site == nullptr) {
-    if (PyErr_Occurred()) return -1;
-    site = owned.keep(PyObject_CallFunction(lane.site_of, "I", r.stack));
-    if (site == nullptr) return -1;
-  } else {
+  if (site != nullptr) {
     owned.keep(Py_NewRef(site));
+    return 1;
   }
-  return 1;
+  if (PyErr_Occurred()) return -1;
+  site = owned.keep(PyObject_CallFunction(lane.site_of, "I", r.stack));
+  return site != nullptr ? 1 : -1;
+}
+
+// All three, where the recorder's tables know the record's thread and stream: 1, 0 when it needs Python, -1.
+int thread_stream_site(const Lane& lane, const Record& r, bool mapped, Owned& owned, PyObject*& ident,
+                       PyObject*& pointer, PyObject*& tid, PyObject*& sid, PyObject*& site) {
+  int known = thread_of(lane, r, owned, ident, tid);
+  if (known > 0) known = stream_of(lane, r, mapped, owned, pointer, sid);
+  return known > 0 ? site_of(lane, r, owned, site) : known;
 }
 
 // Recorder.record for a record made here: a frozen dataclass of `type` with `fields` set as its own __init__ sets
@@ -772,6 +801,60 @@ int fast_event(const Lane& lane, const Record& r) {
   PyObject* values[] = {tid, site, eid, sid};
   return append_record(lane, r.op == kEventRecorded ? lane.event_record_type : lane.stream_wait_type, names, values,
                        4);
+}
+
+// torch_runtime's rule for an allocator callback trace_hook took, where the recorder's tables know its thread (and
+// stream) and no graph's pool takes part (a capture open, or the thread allocating into a graph's pool: Python's
+// rule): a block allocated is filed under the stream current then, until a tensor on it is first seen
+// (TorchState.pending); a block freed ends the recording's allocation there, if torch's pool made it: its Free,
+// on the allocation's stream, after Recorder.unfile took it out of the table. 1 when done, 0 when it needs
+// Python, -1 on a Python error.
+int fast_memory(const Lane& lane, const Record& r) {
+  if (lane.capturing) return 0;
+  Owned owned;
+  PyObject *ident = nullptr, *tid = nullptr, *site = nullptr;
+  int known = thread_of(lane, r, owned, ident, tid);
+  if (known <= 0) return known;
+  PyObject* depth = PyDict_GetItemWithError(lane.pool_threads, ident);  // graph_pool_threads: a graph tree's warm-up
+  if (depth == nullptr && PyErr_Occurred()) return -1;
+  if (depth != nullptr) {
+    int into_pool = PyObject_IsTrue(depth);
+    if (into_pool != 0) return into_pool < 0 ? -1 : 0;
+  }
+  PyObject* block = owned.keep(PyLong_FromUnsignedLongLong(static_cast<unsigned long long>(r.slot)));
+  if (block == nullptr) return -1;
+  if (r.op == kMemoryAllocated) {
+    PyObject *pointer = nullptr, *sid = nullptr;
+    known = stream_of(lane, r, true, owned, pointer, sid);
+    if (known <= 0) return known;
+    return PyDict_SetItem(lane.pending, block, sid) == 0 ? 1 : -1;
+  }
+  int in_pool = PySet_Contains(lane.pool_blocks, block);
+  if (in_pool != 0) return in_pool < 0 ? -1 : 0;
+  if (site_of(lane, r, owned, site) < 0) return -1;
+  if (PyDict_DelItem(lane.pending, block) != 0) {  // never seen as a tensor
+    if (!PyErr_ExceptionMatches(PyExc_KeyError)) return -1;
+    PyErr_Clear();
+  }
+  PyObject* alloc = PyDict_GetItemWithError(lane.pool_at, block);  // Recorder.allocation_at
+  if (alloc == nullptr) return PyErr_Occurred() ? -1 : 1;
+  owned.keep(Py_NewRef(alloc));
+  static PyObject *id_name = interned("id"), *stream_name = interned("stream"), *also_name = interned("also"),
+                  *pool_name = interned("pool");
+  PyObject* pool = owned.keep(PyObject_GetAttr(alloc, pool_name));
+  if (pool == nullptr) return -1;
+  if (!PyUnicode_Check(pool) || PyUnicode_CompareWithASCIIString(pool, "torch") != 0) return 1;  // not torch's
+  PyObject* unfiled = owned.keep(PyObject_CallFunctionObjArgs(lane.unfile, alloc, tid, site, nullptr));
+  if (unfiled == nullptr) return -1;
+  if (unfiled != Py_True) return 1;  // a graph holds it, or it was freed already: no Free now
+  PyObject* buffer = owned.keep(PyObject_GetAttr(alloc, id_name));
+  PyObject* stream = owned.keep(PyObject_GetAttr(alloc, stream_name));
+  PyObject* also = owned.keep(PyObject_GetAttr(alloc, also_name));
+  if (buffer == nullptr || stream == nullptr || also == nullptr) return -1;
+  static PyObject* names[] = {interned("thread"), interned("site"), interned("buffer"), interned("stream"),
+                               interned("also"),   interned("pool"), interned("strict")};
+  PyObject* values[] = {tid, site, buffer, stream, also, pool, lane.strict};
+  return append_record(lane, lane.free_type, names, values, 7);
 }
 
 // torch_native.NativeRecording._launch for an ordinary operator whose thread and stream the recorder's tables know:
@@ -947,31 +1030,54 @@ void streamcheck_native_pause(int delta) {
   thread_state.paused += delta;
 }
 
-// --- torch's GPU-trace callbacks of events, in issue order with the operators ---------------------------------
-// c10 reports an event's creation, record, wait and deletion by calling `fire_callbacks` of a registry in
-// torch.cuda._gpu_trace, looked up on the registry object at each call (torch/csrc/PyInterpreter.cpp). While the
-// observer records, that attribute is this function: the callback becomes a record in the buffer, with its thread
-// and stack, and the drain makes its trace record (fast_event; torch_runtime's rule in Python for the rest). The
-// registry's other callbacks (PyTorch's sanitizer's, say) are still called.
+// --- torch's GPU-trace callbacks, in issue order with the operators ---------------------------------------------
+// c10 reports an event's creation, record, wait and deletion, and a block of the caching allocator allocated or
+// freed, by calling `fire_callbacks` of a registry in torch.cuda._gpu_trace, looked up on the registry object at
+// each call (torch/csrc/PyInterpreter.cpp). While the observer records, that attribute is this function: the
+// callback becomes a record in the buffer, with its thread and stack (an allocation's with the stream current
+// then), and the drain makes its trace record (fast_event, fast_memory; torch_runtime's rule in Python for the
+// rest). The registry's other callbacks (PyTorch's sanitizer's, say) are still called.
 static PyObject* trace_hook(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
-  // self: (kind, the registry's own fire_callbacks, its callback list)
+  // self: (kind, the registry's own fire_callbacks, its callback list, torch_runtime's callback)
   long kind = PyLong_AsLong(PyTuple_GET_ITEM(self, 0));
   ThreadState& ts = thread_state;
-  if (enabled.load(std::memory_order_relaxed) && ts.paused == 0 && nargs >= 1) {
-    unsigned long long event = PyLong_AsUnsignedLongLong(args[0]);
-    unsigned long long stream = nargs > 1 ? PyLong_AsUnsignedLongLong(args[1]) : 0;
+  bool memory = kind >= kMemoryAllocated;
+  bool deferred = false;
+  // An allocator callback waits in the buffer only on a thread whose operators the observer sees, outside
+  // streamcheck's own work (paused): elsewhere torch_runtime's callback records it at once, as on the Python path
+  // (a thread the recording never reached is named; a free inside a drain still ends its allocation).
+  if (enabled.load(std::memory_order_relaxed) && ts.paused == 0 && nargs >= 1 && (!memory || ts.handle != 0)) {
+    unsigned long long slot = PyLong_AsUnsignedLongLong(args[0]);
+    unsigned long long stream = !memory && nargs > 1 ? PyLong_AsUnsignedLongLong(args[1]) : 0;
     if (PyErr_Occurred()) return nullptr;
-    uint32_t stack = 0;
-    try {
-      stack = stack_id();
-    } catch (...) {
+    uint32_t flags = kTraceRecord;
+    deferred = true;
+    if (kind == kMemoryAllocated) {
+      try {
+        stream = current_stream(-1);
+        flags |= kHasStream;
+      } catch (...) {
+        deferred = false;
+      }
     }
-    Record r{static_cast<uint32_t>(kind), stack, kTraceRecord, 0, 0, -1, static_cast<uint64_t>(pthread_self()),
-             stream, static_cast<int64_t>(event)};
-    std::lock_guard<std::mutex> lock(records_mutex);
-    r.first = static_cast<uint32_t>(accesses.size());
-    records.push_back(r);
-    streamcheck_native_waiting.store(records.size(), std::memory_order_relaxed);
+    if (deferred) {
+      uint32_t stack = 0;
+      try {
+        stack = stack_id();
+      } catch (...) {
+      }
+      Record r{static_cast<uint32_t>(kind), stack, flags, 0, 0, -1, static_cast<uint64_t>(pthread_self()), stream,
+               static_cast<int64_t>(slot)};
+      std::lock_guard<std::mutex> lock(records_mutex);
+      r.first = static_cast<uint32_t>(accesses.size());
+      records.push_back(r);
+      streamcheck_native_waiting.store(records.size(), std::memory_order_relaxed);
+    }
+  }
+  if (memory && !deferred) {
+    PyObject* result = PyObject_Vectorcall(PyTuple_GET_ITEM(self, 3), args, static_cast<size_t>(nargs), nullptr);
+    if (result == nullptr) return nullptr;
+    Py_DECREF(result);
   }
   PyObject* others = PyTuple_GET_ITEM(self, 2);
   if (PyList_Check(others) && PyList_GET_SIZE(others) > 0) {
@@ -987,9 +1093,10 @@ static PyMethodDef trace_hook_def = {
     "streamcheck's native observer: this GPU-trace callback, a record of its buffer."};
 
 // A callable for a registry's `fire_callbacks`: callbacks of `kind` (TraceKind) become records; `fire` (the
-// registry's own fire_callbacks) is called after them while `others` (its callback list) is not empty.
-PyObject* streamcheck_native_trace_hook(int kind, PyObject* fire, PyObject* others) {
-  PyObject* self = Py_BuildValue("(iOO)", kind, fire, others);
+// registry's own fire_callbacks) is called after them while `others` (its callback list) is not empty; `callback`
+// (torch_runtime's, taken from that list) is called for an allocator callback that is not deferred.
+PyObject* streamcheck_native_trace_hook(int kind, PyObject* fire, PyObject* others, PyObject* callback) {
+  PyObject* self = Py_BuildValue("(iOOO)", kind, fire, others, callback);
   if (self == nullptr) return nullptr;
   PyObject* function = PyCFunction_New(&trace_hook_def, self);
   Py_DECREF(self);
@@ -1026,7 +1133,9 @@ int streamcheck_native_drain(PyObject* lane_tuple) {
   take_pending(taken, taken_accesses);
   for (const Record& r : taken) {
     const Access* accesses_of = taken_accesses.data() + r.first;
-    int done = (r.flags & kTraceRecord) ? fast_event(lane, r) : fast_launch(lane, r, accesses_of);
+    int done = !(r.flags & kTraceRecord)        ? fast_launch(lane, r, accesses_of)
+               : r.op >= kMemoryAllocated ? fast_memory(lane, r)
+                                          : fast_event(lane, r);
     if (done < 0) return -1;
     if (done > 0) continue;
     PyObject* record = record_tuple(r, accesses_of);

@@ -24,7 +24,7 @@ torch = pytest.importorskip("torch")
 
 from streamcheck.core import trace as T  # noqa: E402
 from streamcheck.record import gpu, native, recorder as R  # noqa: E402
-from streamcheck.record.adapters import torch_native, torch_runtime  # noqa: E402
+from streamcheck.record.adapters import torch_graphs, torch_native, torch_runtime  # noqa: E402
 
 from . import test_torch_custom_ops as custom  # noqa: E402  (registers its operators)
 from .test_torch_ops import A, B, harness, launches  # noqa: E402
@@ -139,13 +139,13 @@ def host_values(on, keep):
 
 
 @contextlib.contextmanager
-def event_callbacks_registered():
+def trace_callbacks_registered():
     """torch_runtime's event callbacks in torch's GPU-trace registries, as torch_runtime._activate leaves them
     where CUDA is; `fire(name, *args)` calls a registry's fire_callbacks, as c10 does."""
     from torch.cuda import _gpu_trace
 
     added = []
-    for name, callback, _ in torch_runtime.EVENT_CALLBACKS:
+    for name, callback, _ in torch_runtime.TRACE_CALLBACKS:
         callbacks = getattr(_gpu_trace, name).callback_list
         if callback not in callbacks:
             callbacks.append(callback)
@@ -158,32 +158,44 @@ def event_callbacks_registered():
 
 
 def python_records_between(on, keep, rec):
-    """Records the recorder makes in Python between operators: events (through torch's GPU-trace registries,
-    which the native observer takes over while it records: a new event, one recorded, waited on and deleted
-    twice, the second time made in its C++ drain), a wait, frees."""
-    x, y, w = torch.zeros(1024), torch.ones(1024), torch.zeros(256)
-    keep += [x, y, w]
-    pending = torch_runtime.state(rec).pending
-    for t in (x, w):
-        pending[t.untyped_storage().data_ptr()] = rec.sid(A)  # the allocator reported their blocks on A
-    with event_callbacks_registered() as fire, on(A):
-        x.fill_(1)
-        for _ in range(2):  # side.wait_stream(A), twice, as torch reports it (a new event each time)
-            fire("EventCreationCallbacks", 0xE2)
-            fire("EventRecordCallbacks", 0xE2, A)
-            x.mul_(3)
-            fire("EventWaitCallbacks", 0xE2, B)
-            fire("EventDeletionCallbacks", 0xE2)
-        x.fill_(1)
-        torch_runtime._event_recorded(0xE1, A)  # side.wait_stream(A)
-        y.add_(x)
-    torch_runtime._event_waited(0xE1, B)
-    with on(B):
-        keep.append(x.sum())
-        w.fill_(2)  # first seen on B: its block is A's all the same
-        torch_runtime._deallocated(w.untyped_storage().data_ptr())  # dropped at once: freed on A
-        torch_runtime._deallocated(x.untyped_storage().data_ptr())
-        y.mul_(2)
+    """Records the recorder makes in Python between operators, through torch's GPU-trace registries (which the
+    native observer takes over while it records): events (a new event, one recorded, waited on and deleted twice,
+    the second time made in its C++ drain), a wait, the allocator's blocks allocated and freed (one never seen as a
+    tensor; a free inside streamcheck's own work, which the observer cannot defer; a graph tree's warm-up, whose
+    blocks go back to the graph's pool)."""
+    x, y, w, z = torch.zeros(1024), torch.ones(1024), torch.zeros(256), torch.zeros(64)
+    keep += [x, y, w, z]
+
+    def block(t):
+        return t.untyped_storage().data_ptr()
+    with trace_callbacks_registered() as fire:
+        with on(A):
+            fire("MemoryAllocationCallbacks", block(x))  # the allocator reports their blocks on A
+            fire("MemoryAllocationCallbacks", block(w))
+            fire("MemoryAllocationCallbacks", 0xB10C)  # never seen as a tensor
+            x.fill_(1)
+            for _ in range(2):  # side.wait_stream(A), twice, as torch reports it (a new event each time)
+                fire("EventCreationCallbacks", 0xE2)
+                fire("EventRecordCallbacks", 0xE2, A)
+                x.mul_(3)
+                fire("EventWaitCallbacks", 0xE2, B)
+                fire("EventDeletionCallbacks", 0xE2)
+            fire("MemoryDeallocationCallbacks", 0xB10C)
+            with torch_graphs._allocating_to_graph_pool(rec, contextlib.nullcontext()):
+                fire("MemoryAllocationCallbacks", block(z))
+                z.fill_(3)
+                fire("MemoryDeallocationCallbacks", block(z))  # back to the graph's pool: not a free
+            x.fill_(1)
+            torch_runtime._event_recorded(0xE1, A)  # side.wait_stream(A)
+            y.add_(x)
+        torch_runtime._event_waited(0xE1, B)
+        with on(B):
+            keep.append(x.sum())
+            w.fill_(2)  # first seen on B: its block is A's all the same
+            fire("MemoryDeallocationCallbacks", block(w))  # dropped at once: freed on A
+            R.inside(fire, "MemoryDeallocationCallbacks", block(x))
+            y.mul_(2)
+    assert torch_runtime.state(rec).pending == {}
 
 
 def custom_operators(on, keep):
@@ -279,7 +291,7 @@ def test_torchs_event_callbacks_wait_in_the_buffer_while_the_observer_records_an
     rec, _, on = harness(monkeypatch, "native")
     registry = _gpu_trace.EventRecordCallbacks
     others = []
-    with event_callbacks_registered() as fire:
+    with trace_callbacks_registered() as fire:
         registry.callback_list.append(lambda *args: others.append(args))  # PyTorch's sanitizer, say
         try:
             before = list(registry.callback_list)
@@ -300,6 +312,36 @@ def test_torchs_event_callbacks_wait_in_the_buffer_while_the_observer_records_an
     assert names == ["aten.add_.Tensor", "EventCreate", "EventRecord", "aten.mul_.Tensor"]
     # its site: the frame that fired it (here the helper's; on a GPU torch's, then the user's)
     assert rec.trace.ops[-2].site.line == line_of("yield lambda name, *args") and rec.errors == []
+
+
+def test_the_allocators_callbacks_wait_in_the_buffer_and_the_cpp_drain_records_them(monkeypatch, observer):
+    """A block allocated and freed while the observer records: both callbacks wait in its buffer, and its C++
+    drain files the block under the stream current at the allocation and records the Free, at the frame that freed
+    it, with no Python rule; a free inside streamcheck's own work is torch_runtime's at once."""
+    rec, _, on = harness(monkeypatch, "native")
+    ruled: list = []
+    monkeypatch.setattr(torch_runtime, "TRACE_CALLBACKS", tuple(
+        (name, callback, lambda *args, rule=rule, name=name: (ruled.append(name), rule(*args)))
+        for name, callback, rule in torch_runtime.TRACE_CALLBACKS))
+    x, y = torch.zeros(16), torch.zeros(16)
+    with trace_callbacks_registered() as fire:
+        with on(B):
+            fire("MemoryAllocationCallbacks", x.untyped_storage().data_ptr())
+            assert observer.waiting.value > 0 and torch_runtime.state(rec).pending == {}  # deferred
+            x.add_(1)
+            fire("MemoryAllocationCallbacks", y.untyped_storage().data_ptr())
+            y.add_(1)
+            fire("MemoryDeallocationCallbacks", x.untyped_storage().data_ptr())
+            R.inside(fire, "MemoryDeallocationCallbacks", y.untyped_storage().data_ptr())
+            # x's Free drained first, then y's at once
+            assert observer.waiting.value == 0 and [type(op) for op in rec._trace.ops[-2:]] == [T.Free, T.Free]
+    assert ruled == []
+    allocs = {op.buffer: op for op in rec.trace.ops if isinstance(op, T.Alloc)}
+    frees = [op for op in rec.trace.ops if isinstance(op, T.Free)]
+    assert [allocs[op.buffer].nbytes for op in frees] == [64, 64]
+    assert {allocs[op.buffer].stream for op in frees} == {op.stream for op in frees} == {rec.sid(B)}
+    assert frees[0].site.line == line_of("yield lambda name, *args") and frees[0].pool == "torch"
+    assert [gc.is_tracked(op) for op in frees] == [False, False] and rec.errors == []
 
 
 def test_both_paths_see_the_operators_a_composite_calls_without_autograd(monkeypatch, observer):
