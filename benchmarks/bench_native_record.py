@@ -233,8 +233,8 @@ def main(argv=None) -> int:
         cycles = callbacks_us(torch, args.repeats)
         for cycle, what in (("wait_stream", "a wait_stream's four GPU-trace callbacks (created, recorded, waited, "
                                             "deleted: three records)"),
-                            ("temporary", "a temporary's two allocator callbacks (allocated, deallocated) and its "
-                                          "registration as a fresh output (an Alloc and a Free)")):
+                            ("temporary", "a temporary: its two allocator callbacks (allocated, deallocated) around an "
+                                          "operator that first uses it (an Alloc, a Launch, a Free)")):
             us = cycles[cycle]
             print(f"{what}, fired through torch's registries, checker on, µs CPU: {us['python']:.2f} into "
                   f"torch_runtime with the call sites walked in Python, {us['c walk']:.2f} walked in C, "
@@ -245,14 +245,14 @@ def main(argv=None) -> int:
 
 def callbacks_us(torch, repeats: int, cycles: int = 5000) -> dict:
     """CPU µs of torch's GPU-trace callbacks for one `Stream.wait_stream` (an event created, recorded, waited on,
-    deleted) and for one temporary's block (allocated, registered as an operator's fresh output registers it,
-    deallocated), fired through torch's registries as c10 fires them, checker on, the recording drained every
+    deleted), and of one temporary: its block allocated, an operator's first use of it (the native observer's
+    record; its drain registers the block), deallocated; fired through torch's registries as c10 fires them, checker on, the recording drained every
     other cycle (as a sync would): {cycle: {"python": torch_runtime's callbacks with the call sites walked in
     Python, "c walk": walked in C, "observer": taken by the native observer, its C++ drain making the
     records}}, taking turns."""
     from torch.cuda import _gpu_trace
 
-    from streamcheck.record.adapters import torch_ops, torch_runtime
+    from streamcheck.record.adapters import torch_runtime
 
     registries = {name: getattr(_gpu_trace, name) for name, _, _ in torch_runtime.TRACE_CALLBACKS}
     added = [(registries[name].callback_list, callback) for name, callback, _ in torch_runtime.TRACE_CALLBACKS
@@ -268,11 +268,14 @@ def callbacks_us(torch, repeats: int, cycles: int = 5000) -> dict:
         registries["EventWaitCallbacks"].fire_callbacks(event, waiter)
         registries["EventDeletionCallbacks"].fire_callbacks(event)
 
+    blocks = [torch.zeros(64) for _ in range(4)]
+
     def temporary(rec, i):
-        block = 0x7F0000000000 + (i % 4) * 0x1000  # no CPU tensor's address
-        registries["MemoryAllocationCallbacks"].fire_callbacks(block)
-        torch_ops.register_storage(rec, block, 256, "cuda", True, lambda: Recording.STREAM)
-        registries["MemoryDeallocationCallbacks"].fire_callbacks(block)
+        block = blocks[i % 4]
+        ptr = block.untyped_storage().data_ptr()
+        registries["MemoryAllocationCallbacks"].fire_callbacks(ptr)
+        block.add_(1.0)  # its first use: the allocation's Alloc, then the operator's Launch
+        registries["MemoryDeallocationCallbacks"].fire_callbacks(ptr)
 
     times: dict = {cycle: {"python": [], "c walk": [], "observer": []} for cycle in ("wait_stream", "temporary")}
     try:

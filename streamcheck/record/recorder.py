@@ -66,6 +66,11 @@ def depth() -> int:
     return _state.depth
 
 
+def allocation_name(what: str, size: int) -> str:
+    """The name of a pool's allocation in reports, `{id}` standing for its buffer id."""
+    return what + " #{id}" + f" ({size} bytes)"
+
+
 def acting_ident() -> int:
     """The ident of the host thread whose work is being recorded: the calling thread's, or the one a drain of
     the native observer's records acts as (gpu.thread_state.acting)."""
@@ -500,6 +505,15 @@ class Recorder:
                    pool: str = "") -> _Alloc:
         tid = self.tid()
         site = self.site()
+        alloc, reuses = self.file(start, size, stream, tid, external, name, pool)
+        self.record(T.Alloc(tid, site, buffer=alloc.id, nbytes=size, name=name.format(id=alloc.id), stream=stream,
+                            reuses=reuses))
+        return alloc
+
+    def file(self, start: int, size: int, stream: Optional[int], tid: int, external: bool, name: str,
+             pool: str = "") -> tuple:
+        """An allocation's part in the table (_add_alloc's, and the native drain's, which makes the Alloc record
+        itself): (the new allocation, the Ranges of freed blocks whose bytes it reuses)."""
         with self._lock:  # a finalizer running in here defers its free (see free)
             bid = self._next_buffer
             self._next_buffer += 1
@@ -511,9 +525,7 @@ class Recorder:
             if not external:
                 self._pool_at[start] = alloc
             reuses = () if external or not self._freed else self._take_freed(start, start + size)
-        self.record(T.Alloc(tid, site, buffer=bid, nbytes=size, name=name.format(id=bid), stream=stream,
-                            reuses=reuses))
-        return alloc
+        return alloc, reuses
 
     def _take_freed(self, start: int, stop: int) -> tuple:
         """Ranges of freed blocks that [start, stop) reuses: the pool handed their bytes to a new
@@ -538,12 +550,12 @@ class Recorder:
         bytes after a free. Returns the handle `free` takes."""
         if sid is None:
             sid = self.sid(stream)
-        return self._add_alloc(ptr, size, sid, False, what + " #{id}" + f" ({size} bytes)", pool)
+        return self._add_alloc(ptr, size, sid, False, allocation_name(what, size), pool)
 
     def host_alloc(self, ptr: int, size: int, what: str = "pinned host tensor"):
         """A block of pinned host memory at `ptr` (torch's CachingHostAllocator): filed under no
         stream; its free and reuse are the host's (host_block_reused)."""
-        return self._add_alloc(ptr, size, None, False, what + " #{id}" + f" ({size} bytes)", "pinned")
+        return self._add_alloc(ptr, size, None, False, allocation_name(what, size), "pinned")
 
     def host_view_access(self, lo: int, hi: int, write: bool, name: str) -> None:
         """The host read or wrote host addresses [lo, hi) through a view (record.host_views): a

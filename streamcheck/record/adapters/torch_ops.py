@@ -226,8 +226,11 @@ def register_storage(rec, ptr: int, nbytes: int, kind: str, fresh: bool, current
         sid = state(rec).pending.pop(ptr, None)
         if sid is None:  # allocated before the recording started: file it under the current stream
             sid = rec.sid(current_stream())
-        return rec.alloc(ptr, nbytes, what="torch tensor", pool="torch", sid=sid)
+        return rec.alloc(ptr, nbytes, what=TORCH_BLOCK, pool="torch", sid=sid)
     return rec.host_alloc(ptr, nbytes)
+
+
+TORCH_BLOCK = "torch tensor"  # a block of torch's caching allocator in reports (its Alloc's name)
 
 
 class Ops:

@@ -623,8 +623,9 @@ struct Lane {
       *range_in, *register_storage, *fed_badly, *stream_pointer, *event_handles, *event_record_type,
       *stream_wait_type;
   uint32_t no_access;
-  // torch_runtime's allocator state (TorchState) and the recorder's free (Recorder.unfile, then a Free record).
-  PyObject *pending, *pool_blocks, *pool_threads, *unfile, *free_type, *strict;
+  // torch_runtime's allocator state (TorchState); the recorder's free (Recorder.unfile, then a Free record) and a
+  // new block's allocation (NativeRecording._file, then an Alloc record).
+  PyObject *pending, *pool_blocks, *pool_threads, *unfile, *free_type, *strict, *file, *alloc_type;
   int capturing;
 
   bool unpack(PyObject* lane) {
@@ -637,8 +638,9 @@ struct Lane {
                           &stream_wait_type, &PyTuple_Type, &memory))
       return false;
     no_access = static_cast<uint32_t>(flag);
-    return PyArg_ParseTuple(memory, "O!O!O!pOOO", &PyDict_Type, &pending, &PySet_Type, &pool_blocks, &PyDict_Type,
-                            &pool_threads, &capturing, &unfile, &free_type, &strict) != 0;
+    return PyArg_ParseTuple(memory, "O!O!O!pOOOOO", &PyDict_Type, &pending, &PySet_Type, &pool_blocks,
+                            &PyDict_Type, &pool_threads, &capturing, &unfile, &free_type, &strict, &file,
+                            &alloc_type) != 0;
   }
 };
 
@@ -857,6 +859,35 @@ int fast_memory(const Lane& lane, const Record& r) {
   return append_record(lane, lane.free_type, names, values, 7);
 }
 
+// register_storage's rule for a storage first seen: a block whose allocation torch reported (TorchState.pending
+// holds the stream it was allocated on) is filed in the recorder's table by Python (NativeRecording._file) and its
+// Alloc record made here, at the operator's thread and site; any other goes to register_storage itself (a block
+// allocated before the recording, filed under the current stream). The allocation (kept by `owned`), or nullptr
+// with a Python error set.
+PyObject* register_block(const Lane& lane, const Access& a, PyObject* base, bool fresh, PyObject* pointer,
+                         PyObject* ident, PyObject* tid, PyObject* site, Owned& owned) {
+  PyObject* sid = PyDict_GetItemWithError(lane.pending, base);
+  if (sid == nullptr) {
+    if (PyErr_Occurred()) return nullptr;
+    return owned.keep(PyObject_CallFunction(lane.register_storage, "OKOOOO", base, (unsigned long long)a.nbytes,
+                                            fresh ? Py_True : Py_False, pointer, ident, site));
+  }
+  owned.keep(Py_NewRef(sid));
+  if (PyDict_DelItem(lane.pending, base) != 0) return nullptr;
+  PyObject* nbytes = owned.keep(PyLong_FromUnsignedLongLong(a.nbytes));
+  if (nbytes == nullptr) return nullptr;
+  PyObject* filed = owned.keep(PyObject_CallFunctionObjArgs(lane.file, base, nbytes, sid, tid, nullptr));
+  if (filed == nullptr) return nullptr;
+  PyObject *alloc = nullptr, *buffer = nullptr, *name = nullptr, *reuses = nullptr;
+  if (!PyArg_ParseTuple(filed, "OOOO", &alloc, &buffer, &name, &reuses)) return nullptr;
+  static PyObject* device = PyLong_FromLong(0);  // Alloc's default, as Recorder._add_alloc leaves it
+  static PyObject* names[] = {interned("thread"), interned("site"),   interned("buffer"), interned("nbytes"),
+                               interned("name"),   interned("device"), interned("stream"), interned("reuses")};
+  PyObject* values[] = {tid, site, buffer, nbytes, name, device, sid, reuses};
+  if (append_record(lane, lane.alloc_type, names, values, 8) < 0) return nullptr;
+  return alloc;  // held by `filed`
+}
+
 // torch_native.NativeRecording._launch for an ordinary operator whose thread and stream the recorder's tables know:
 // its storages found in the allocation table (a block first seen registered by Python), then its Launch.
 // Returns 1 when recorded (or when it records nothing: an allocating operator), 0 when the record needs Python
@@ -885,8 +916,7 @@ int fast_launch(const Lane& lane, const Record& r, const Access* accesses_of) {
       } else if (PyErr_Occurred()) {
         return -1;
       } else {
-        alloc = owned.keep(PyObject_CallFunction(lane.register_storage, "OKOOOO", base, (unsigned long long)a.nbytes,
-                                                 role == kFresh ? Py_True : Py_False, pointer, ident, site));
+        alloc = register_block(lane, a, base, role == kFresh, pointer, ident, tid, site, owned);
         if (alloc == nullptr) return -1;
       }
       allocs[i] = alloc;

@@ -316,32 +316,40 @@ def test_torchs_event_callbacks_wait_in_the_buffer_while_the_observer_records_an
 
 def test_the_allocators_callbacks_wait_in_the_buffer_and_the_cpp_drain_records_them(monkeypatch, observer):
     """A block allocated and freed while the observer records: both callbacks wait in its buffer, and its C++
-    drain files the block under the stream current at the allocation and records the Free, at the frame that freed
-    it, with no Python rule; a free inside streamcheck's own work is torch_runtime's at once."""
+    drain files the block under the stream current at the allocation, records its Alloc where an operator first
+    uses it, and records the Free at the frame that freed it, with no Python rule and no register_storage; a free
+    inside streamcheck's own work is torch_runtime's at once."""
     rec, _, on = harness(monkeypatch, "native")
     ruled: list = []
     monkeypatch.setattr(torch_runtime, "TRACE_CALLBACKS", tuple(
         (name, callback, lambda *args, rule=rule, name=name: (ruled.append(name), rule(*args)))
         for name, callback, rule in torch_runtime.TRACE_CALLBACKS))
+    registered: list = []
+    original = torch_native.NativeRecording._register
+    monkeypatch.setattr(torch_native.NativeRecording, "_register",
+                        lambda self, *args: (registered.append(args[0]), original(self, *args))[1])
     x, y = torch.zeros(16), torch.zeros(16)
     with trace_callbacks_registered() as fire:
         with on(B):
             fire("MemoryAllocationCallbacks", x.untyped_storage().data_ptr())
             assert observer.waiting.value > 0 and torch_runtime.state(rec).pending == {}  # deferred
-            x.add_(1)
+            x.add_(1)  # first use
             fire("MemoryAllocationCallbacks", y.untyped_storage().data_ptr())
-            y.add_(1)
+            y.add_(1)  # first use
             fire("MemoryDeallocationCallbacks", x.untyped_storage().data_ptr())
             R.inside(fire, "MemoryDeallocationCallbacks", y.untyped_storage().data_ptr())
             # x's Free drained first, then y's at once
             assert observer.waiting.value == 0 and [type(op) for op in rec._trace.ops[-2:]] == [T.Free, T.Free]
-    assert ruled == []
+    assert ruled == [] and registered == []
     allocs = {op.buffer: op for op in rec.trace.ops if isinstance(op, T.Alloc)}
     frees = [op for op in rec.trace.ops if isinstance(op, T.Free)]
     assert [allocs[op.buffer].nbytes for op in frees] == [64, 64]
     assert {allocs[op.buffer].stream for op in frees} == {op.stream for op in frees} == {rec.sid(B)}
     assert frees[0].site.line == line_of("yield lambda name, *args") and frees[0].pool == "torch"
-    assert [gc.is_tracked(op) for op in frees] == [False, False] and rec.errors == []
+    assert [allocs[op.buffer].site.line for op in frees] == [line_of("x.add_(1)  # first use"),
+                                                              line_of("y.add_(1)  # first use")]
+    assert [gc.is_tracked(op) for op in frees + list(allocs.values())] == [False] * (2 + len(allocs))
+    assert rec.errors == []
 
 
 def test_both_paths_see_the_operators_a_composite_calls_without_autograd(monkeypatch, observer):
