@@ -27,6 +27,9 @@
 // frames stand still), each code object classified once by Python (the resolver's rule). Files and lines are
 // resolved only for what a report names.
 //
+// torch's GPU-trace callbacks of events and of the caching allocator's blocks become records of the same buffer
+// while the observer records (trace_hook), so they keep their place among the operators.
+//
 // Locks: the buffer and the tables have their own mutexes, never held while the GIL is taken.
 #define Py_BUILD_CORE 1
 #include <Python.h>
