@@ -370,12 +370,13 @@ class Recorder:
     def native_lane(self) -> Optional[tuple]:
         """What record() does for an operator, as tables a native drain can read under the lock
         (torch_native's): (live allocations by start, stream ids by pointer, thread ids by ident,
-        the trace's records, the checker's feed or None, range_in, event ids by handle, unfile, strict_free),
-        or None where each record must go through record() itself (an edit plan or a probe watches the records)."""
+        the trace's records, the checker's feed or None, range_in, event ids by handle, name_event_handle, unfile,
+        strict_free), or None where each record must go through record() itself (an edit plan or a probe watches
+        the records)."""
         if self.edits is not None or self.probe is not None:
             return None
         return (self._pool_at, self._streams, self._threads, self._trace.ops, self._feed, self.range_in,
-                self._event_handles, self.unfile, self.strict_free)
+                self._event_handles, self.name_event_handle, self.unfile, self.strict_free)
 
     def _drain_frees(self) -> None:
         while self._deferred:
@@ -481,10 +482,17 @@ class Recorder:
             eid = self._event_handles.get(handle)
             if eid is not None and not fresh:
                 return eid
-            eid, name = self._new_event()
-            self._event_handles[handle] = eid
+            eid, name = self.name_event_handle(handle)
         self.record(T.EventCreate(self.tid(), self.site(), event=eid, name=name))
         return eid
+
+    def name_event_handle(self, handle: int) -> tuple:
+        """A new event for raw handle `handle` in the event table (event_handle's part, and the native drain's,
+        which makes the EventCreate record itself): (its id, its name)."""
+        with self._lock:
+            eid, name = self._new_event()
+            self._event_handles[handle] = eid
+        return eid, name
 
     def _new_event(self, named: bool = True) -> tuple:
         """(id, name) of a new event; the caller holds the lock. Program events are named by

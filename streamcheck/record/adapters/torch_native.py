@@ -156,14 +156,14 @@ class NativeRecording:
         tables = self.rec.native_lane()
         if tables is None:
             return None
-        pool_at, streams, threads, ops, feed, range_in, event_handles, unfile, strict_free = tables
+        pool_at, streams, threads, ops, feed, range_in, event_handles, name_event_handle, unfile, strict_free = tables
         pointer = None if self.stream_pointer is _handle_is_pointer else self.stream_pointer
         torch_state = torch_runtime.state(self.rec)
         memory = (torch_state.pending, torch_state.graph_pool_blocks, torch_state.graph_pool_threads,
                   bool(self.rec.captures), unfile, T.Free, strict_free, self._file, T.Alloc)
         return (pool_at, streams, threads, self.sites, self.names, self.flags, T.Launch, ops, feed,
                 self._record_one, self._site, range_in, self._register, self._fed_badly, pointer, native.NO_ACCESS,
-                event_handles, T.EventRecord, T.StreamWait, memory)
+                event_handles, T.EventRecord, T.StreamWait, name_event_handle, T.EventCreate, memory)
 
     def _record_one(self, record) -> None:
         self._record((record,))

@@ -624,7 +624,7 @@ PyObject* record_tuple(const Record& r, const Access* accesses_of) {
 struct Lane {
   PyObject *pool_at, *streams, *threads, *sites, *names, *op_flags, *launch_type, *ops, *feed, *slow, *site_of,
       *range_in, *register_storage, *fed_badly, *stream_pointer, *event_handles, *event_record_type,
-      *stream_wait_type;
+      *stream_wait_type, *name_event_handle, *event_create_type;
   uint32_t no_access;
   // torch_runtime's allocator state (TorchState); the recorder's free (Recorder.unfile, then a Free record) and a
   // new block's allocation (NativeRecording._file, then an Alloc record).
@@ -634,11 +634,11 @@ struct Lane {
   bool unpack(PyObject* lane) {
     unsigned long flag = 0;
     PyObject* memory = nullptr;
-    if (!PyArg_ParseTuple(lane, "O!O!O!O!O!O!OO!OOOOOOOkO!OOO!", &PyDict_Type, &pool_at, &PyDict_Type, &streams,
+    if (!PyArg_ParseTuple(lane, "O!O!O!O!O!O!OO!OOOOOOOkO!OOOOO!", &PyDict_Type, &pool_at, &PyDict_Type, &streams,
                           &PyDict_Type, &threads, &PyDict_Type, &sites, &PyList_Type, &names, &PyList_Type, &op_flags,
                           &launch_type, &PyList_Type, &ops, &feed, &slow, &site_of, &range_in, &register_storage,
                           &fed_badly, &stream_pointer, &flag, &PyDict_Type, &event_handles, &event_record_type,
-                          &stream_wait_type, &PyTuple_Type, &memory))
+                          &stream_wait_type, &name_event_handle, &event_create_type, &PyTuple_Type, &memory))
       return false;
     no_access = static_cast<uint32_t>(flag);
     return PyArg_ParseTuple(memory, "O!O!O!pOOOOO", &PyDict_Type, &pending, &PySet_Type, &pool_blocks,
@@ -782,10 +782,10 @@ int append_record(const Lane& lane, PyObject* type, PyObject* const* names, PyOb
 }
 
 // torch_runtime's rule for an event callback trace_hook took, where the recorder's tables know its thread, stream
-// and event: an event recorded (EventRecord), waited on (StreamWait), deleted (its handle forgotten). 1 when done,
-// 0 when it needs Python (a new event, a thread or stream not known yet), -1 on a Python error.
+// and event: an event created (named in the event table by Python, Recorder.name_event_handle; its EventCreate made
+// here), recorded (EventRecord), waited on (StreamWait), deleted (its handle forgotten). 1 when done, 0 when it needs
+// Python (a thread or stream not known yet), -1 on a Python error.
 int fast_event(const Lane& lane, const Record& r) {
-  if (!(r.flags & kTraceRecord) || r.op == kEventCreated) return 0;
   Owned owned;
   PyObject* handle = owned.keep(PyLong_FromUnsignedLongLong(static_cast<unsigned long long>(r.slot)));
   if (handle == nullptr) return -1;
@@ -796,10 +796,21 @@ int fast_event(const Lane& lane, const Record& r) {
     }
     return 1;
   }
+  PyObject *ident = nullptr, *pointer = nullptr, *tid = nullptr, *sid = nullptr, *site = nullptr;
+  if (r.op == kEventCreated) {  // Recorder.event_handle(fresh=True)
+    int known = thread_of(lane, r, owned, ident, tid);
+    if (known <= 0) return known;
+    if (site_of(lane, r, owned, site) < 0) return -1;
+    PyObject* named = owned.keep(PyObject_CallOneArg(lane.name_event_handle, handle));
+    PyObject *eid = nullptr, *name = nullptr;
+    if (named == nullptr || !PyArg_ParseTuple(named, "OO", &eid, &name)) return -1;
+    static PyObject* names[] = {interned("thread"), interned("site"), interned("event"), interned("name")};
+    PyObject* values[] = {tid, site, eid, name};
+    return append_record(lane, lane.event_create_type, names, values, 4);
+  }
   PyObject* eid = PyDict_GetItemWithError(lane.event_handles, handle);  // Recorder.event_handle, known
   if (eid == nullptr) return PyErr_Occurred() ? -1 : 0;
   owned.keep(Py_NewRef(eid));
-  PyObject *ident = nullptr, *pointer = nullptr, *tid = nullptr, *sid = nullptr, *site = nullptr;
   int known = thread_stream_site(lane, r, false, owned, ident, pointer, tid, sid, site);  // torch passed a cudaStream_t
   if (known <= 0) return known;
   static PyObject* names[] = {interned("thread"), interned("site"), interned("event"), interned("stream")};

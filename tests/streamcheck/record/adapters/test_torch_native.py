@@ -314,11 +314,12 @@ def test_torchs_event_callbacks_wait_in_the_buffer_while_the_observer_records_an
     assert rec.trace.ops[-2].site.line == line_of("yield lambda name, *args") and rec.errors == []
 
 
-def test_the_allocators_callbacks_wait_in_the_buffer_and_the_cpp_drain_records_them(monkeypatch, observer):
+def test_the_cpp_drain_records_torchs_callbacks_with_no_python_rule(monkeypatch, observer):
     """A block allocated and freed while the observer records: both callbacks wait in its buffer, and its C++
     drain files the block under the stream current at the allocation, records its Alloc where an operator first
     uses it, and records the Free at the frame that freed it, with no Python rule and no register_storage; a free
-    inside streamcheck's own work is torch_runtime's at once."""
+    inside streamcheck's own work is torch_runtime's at once. A wait_stream's events likewise (a new event named
+    in the event table by Python, its EventCreate made in C++)."""
     rec, _, on = harness(monkeypatch, "native")
     ruled: list = []
     monkeypatch.setattr(torch_runtime, "TRACE_CALLBACKS", tuple(
@@ -335,12 +336,19 @@ def test_the_allocators_callbacks_wait_in_the_buffer_and_the_cpp_drain_records_t
             assert observer.waiting.value > 0 and torch_runtime.state(rec).pending == {}  # deferred
             x.add_(1)  # first use
             fire("MemoryAllocationCallbacks", y.untyped_storage().data_ptr())
+            for name, *args in (("EventCreationCallbacks", 0xE3), ("EventRecordCallbacks", 0xE3, B),
+                                ("EventWaitCallbacks", 0xE3, A), ("EventDeletionCallbacks", 0xE3)):
+                fire(name, *args)  # A.wait_stream(B), as torch reports it
             y.add_(1)  # first use
             fire("MemoryDeallocationCallbacks", x.untyped_storage().data_ptr())
             R.inside(fire, "MemoryDeallocationCallbacks", y.untyped_storage().data_ptr())
             # x's Free drained first, then y's at once
             assert observer.waiting.value == 0 and [type(op) for op in rec._trace.ops[-2:]] == [T.Free, T.Free]
     assert ruled == [] and registered == []
+    events = [(type(op).__name__, op.event) for op in rec.trace.ops if isinstance(op, (T.EventCreate, T.EventRecord,
+                                                                                        T.StreamWait))]
+    assert [kind for kind, _ in events] == ["EventCreate", "EventRecord", "StreamWait"]
+    assert len({event for _, event in events}) == 1  # one event, created, recorded on B, waited on by A
     allocs = {op.buffer: op for op in rec.trace.ops if isinstance(op, T.Alloc)}
     frees = [op for op in rec.trace.ops if isinstance(op, T.Free)]
     assert [allocs[op.buffer].nbytes for op in frees] == [64, 64]
