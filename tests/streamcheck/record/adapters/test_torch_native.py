@@ -360,6 +360,36 @@ def test_the_cpp_drain_records_torchs_callbacks_with_no_python_rule(monkeypatch,
     assert rec.errors == []
 
 
+def capture_between_frees(on, keep, rec):
+    """A block freed just before a capture begins (a free), and one allocated and freed inside the capture (back
+    to the graph's pool: no free), with torch's callbacks fired through its registries (the native observer
+    defers them: the capture's begin and end drain first, so each is turned by the rule of its own time)."""
+    x, y = torch.zeros(16), torch.zeros(16)
+    keep += [x, y]
+    with trace_callbacks_registered() as fire, on(A):
+        fire("MemoryAllocationCallbacks", x.untyped_storage().data_ptr())
+        x.add_(1)
+        fire("MemoryDeallocationCallbacks", x.untyped_storage().data_ptr())
+        rec.capture_begin(A, "global", lambda: None)
+        fire("MemoryAllocationCallbacks", y.untyped_storage().data_ptr())
+        y.add_(1)
+        fire("MemoryDeallocationCallbacks", y.untyped_storage().data_ptr())
+        rec.capture_end(A, lambda: None)
+
+
+def test_a_capture_drains_first_so_each_free_follows_the_rule_of_its_time(monkeypatch, observer):
+    traces = []
+    for path in ("python", "native"):
+        with monkeypatch.context() as patches:
+            rec, _, on = harness(patches, path)
+            keep: list = []
+            capture_between_frees(on, keep, rec)
+            kinds = [type(op).__name__ for op in rec.trace.ops if not isinstance(op, T.StreamCreate)]
+            assert kinds == ["Alloc", "Launch", "Free", "CaptureBegin", "Alloc", "Launch", "CaptureEnd"], path
+            traces.append(canonical(rec))
+    assert traces[1] == traces[0]
+
+
 def test_both_paths_see_the_operators_a_composite_calls_without_autograd(monkeypatch, observer):
     """Under inference_mode a dispatch mode sees `to` and `reshape` whole, and their schemas say
     "alias": the copy they make would go unrecorded. Both paths record the copy."""
