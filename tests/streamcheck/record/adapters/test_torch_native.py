@@ -318,7 +318,8 @@ def test_the_cpp_drain_records_torchs_callbacks_with_no_python_rule(monkeypatch,
     """A block allocated and freed while the observer records: both callbacks wait in its buffer, and its C++
     drain files the block under the stream current at the allocation, records its Alloc where an operator first
     uses it, and records the Free at the frame that freed it, with no Python rule and no register_storage; a free
-    inside streamcheck's own work is torch_runtime's at once. A wait_stream's events likewise (a new event named
+    inside streamcheck's own work, and a block allocated on a thread the observer does not see, are
+    torch_runtime's at once. A wait_stream's events likewise (a new event named
     in the event table by Python, its EventCreate made in C++)."""
     rec, _, on = harness(monkeypatch, "native")
     ruled: list = []
@@ -344,6 +345,11 @@ def test_the_cpp_drain_records_torchs_callbacks_with_no_python_rule(monkeypatch,
             R.inside(fire, "MemoryDeallocationCallbacks", y.untyped_storage().data_ptr())
             # x's Free drained first, then y's at once
             assert observer.waiting.value == 0 and [type(op) for op in rec._trace.ops[-2:]] == [T.Free, T.Free]
+            # A thread the observer does not see: torch_runtime's callback at once (it names such a thread)
+            other = threading.Thread(target=fire, args=("MemoryAllocationCallbacks", 0xB10C))
+            other.start()
+            other.join()
+            assert observer.waiting.value == 0 and 0xB10C in torch_runtime.state(rec).pending
     assert ruled == [] and registered == []
     events = [(type(op).__name__, op.event) for op in rec.trace.ops if isinstance(op, (T.EventCreate, T.EventRecord,
                                                                                         T.StreamWait))]
