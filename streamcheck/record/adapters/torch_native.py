@@ -8,7 +8,10 @@ ordinary operator's Launch itself where the recorder's tables answer; this modul
   the recorder's allocations (torch_ops.register_storage), in the order _record registers them;
 - a special one (host copies, pinned memory, `.item()`, operators that hand the host a value,
   record_stream, custom operators) is replayed through torch_ops.Ops._record itself, with its
-  inputs and outputs as torch gives them to Python, on the stream it ran on.
+  inputs and outputs as torch gives them to Python, on the stream it ran on;
+- torch's GPU-trace callbacks of events and of the caching allocator's blocks (the observer takes
+  them while it records): torch_runtime's rules (TRACE_CALLBACKS), the C++ drain making the usual
+  records itself.
 Each record is recorded as its own thread at its own call site (the recorder holds them while it
 turns the record into trace records), from the stack the observer read.
 
@@ -150,8 +153,9 @@ class NativeRecording:
 
     def _lane(self):
         """What the observer's C++ drain needs to turn an ordinary operator into its Launch as _launch
-        would when the recorder already knows its thread and stream (the recorder's native_lane), and
-        the Python functions for the rest (_register: a storage first seen; _record_one: a whole
+        would when the recorder already knows its thread and stream (the recorder's native_lane), the
+        allocator's and events' records likewise, and the Python functions for the rest (_register: a
+        storage first seen that torch did not report; _file: one it did, filed; _record_one: a whole
         record); None: every record through _record."""
         tables = self.rec.native_lane()
         if tables is None:

@@ -210,6 +210,9 @@ def ranges_in(rec, spans) -> tuple:
     return tuple(out)
 
 
+TORCH_BLOCK = "torch tensor"  # a block of torch's caching allocator in reports (its Alloc's name)
+
+
 def register_storage(rec, ptr: int, nbytes: int, kind: str, fresh: bool, current_stream):
     """register's rule for a storage at `ptr` of `nbytes` (the native observer's records give
     those); `current_stream()`: the stream to file a block under that was allocated before the
@@ -228,9 +231,6 @@ def register_storage(rec, ptr: int, nbytes: int, kind: str, fresh: bool, current
             sid = rec.sid(current_stream())
         return rec.alloc(ptr, nbytes, what=TORCH_BLOCK, pool="torch", sid=sid)
     return rec.host_alloc(ptr, nbytes)
-
-
-TORCH_BLOCK = "torch tensor"  # a block of torch's caching allocator in reports (its Alloc's name)
 
 
 class Ops:

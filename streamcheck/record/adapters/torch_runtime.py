@@ -208,13 +208,6 @@ TRACE_CALLBACKS = (
 )
 
 _CALLBACKS = (
-    ("EventCreationCallbacks", _event_created, event_created),
-    ("EventDeletionCallbacks", _event_deleted, event_deleted),
-    ("EventRecordCallbacks", _event_recorded, event_recorded),
-    ("EventWaitCallbacks", _event_waited, event_waited),
-)
-
-_CALLBACKS = (
     ("register_callback_for_event_creation", _event_created),
     ("register_callback_for_event_deletion", _event_deleted),
     ("register_callback_for_event_record", _event_recorded),
