@@ -8,6 +8,9 @@
 #   bash benchmarks/gpu_session.sh overhead       what checking costs (torch decode loop eager and compiled, native
 #                                                 and Python paths, the sanitizer beside; the CuPy loop), and Ctrl-C
 #                                                 during `streamcheck run` (benchmarks/probe_interrupts.py)
+#   bash benchmarks/gpu_session.sh observer       what the native observer's CPU-built changes wait for (docs/
+#                                                 gpu-results.md): its GPU tests and the compiled model through it,
+#                                                 the thread-queue program on both paths, the decode loop's overhead
 #
 # STREAMCHECK_NATIVE_RECORD=1 in the environment runs the tests through the native torch observer (opt-in until
 # the whole suite has passed through it: `STREAMCHECK_NATIVE_RECORD=1 bash benchmarks/gpu_session.sh tests 1/2`).
@@ -18,8 +21,8 @@ set -uo pipefail
 what=${1:-}
 shard=${2:-}
 case $what in
-  tests|benchmarks|overhead) ;;
-  *) echo "usage: bash benchmarks/gpu_session.sh tests [K/N] | benchmarks | overhead" >&2; exit 2 ;;
+  tests|benchmarks|overhead|observer) ;;
+  *) echo "usage: bash benchmarks/gpu_session.sh tests [K/N] | benchmarks | overhead | observer" >&2; exit 2 ;;
 esac
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
@@ -36,6 +39,19 @@ step() {  # step NAME LIMIT_S COMMAND...: run with a time limit, log to $OUT/NAM
 if [ "$what" = tests ]; then
   step "pytest_gpu${shard:+_${shard%/*}}" 540 python3 -m pytest -m gpu -n 8 -v -p no:cacheprovider -o addopts="" \
     -p tests.device_session ${shard:+--shard "$shard"} --failures-log "$OUT/failures.txt" tests/
+  exit 0
+fi
+if [ "$what" = observer ]; then
+  step observer_tests 240 env STREAMCHECK_NATIVE_RECORD=1 python3 -m pytest -m gpu -n 8 -v -p no:cacheprovider \
+    -o addopts="" -p tests.device_session --failures-log "$OUT/failures.txt" \
+    tests/streamcheck/record/adapters/test_torch_native_gpu.py tests/flashnorm_kernels/test_hf_cuda_compile_gpu.py
+  for switch in 1 0; do
+    step "thread_queue_native_$switch" 60 env STREAMCHECK_NATIVE_RECORD=$switch python3 -m pytest -m gpu -v \
+      -p no:cacheprovider -o addopts="" tests/streamcheck/record/adapters/test_torch_programs_gpu.py \
+      -k thread_queue_without_event
+  done
+  step bench_torch_overhead 240 python3 benchmarks/bench_torch_overhead.py \
+    --modes plain,streamcheck,streamcheck-python,sanitizer,compiled,compiled-streamcheck --steps 200 --repeats 5
   exit 0
 fi
 if [ "$what" = overhead ]; then
