@@ -1119,9 +1119,11 @@ static PyObject* trace_hook(PyObject* self, PyObject* const* args, Py_ssize_t na
     }
   }
   if (memory && !deferred) {
-    PyObject* result = PyObject_Vectorcall(PyTuple_GET_ITEM(self, 3), args, static_cast<size_t>(nargs), nullptr);
-    if (result == nullptr) return nullptr;
-    Py_DECREF(result);
+    // As the registry's own fire_callbacks calls it: an error is said, never raised into torch's allocator.
+    PyObject* callback = PyTuple_GET_ITEM(self, 3);
+    PyObject* result = PyObject_Vectorcall(callback, args, static_cast<size_t>(nargs), nullptr);
+    if (result == nullptr) PyErr_WriteUnraisable(callback);
+    Py_XDECREF(result);
   }
   PyObject* others = PyTuple_GET_ITEM(self, 2);
   if (PyList_Check(others) && PyList_GET_SIZE(others) > 0) {

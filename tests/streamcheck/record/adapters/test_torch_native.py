@@ -383,6 +383,21 @@ def capture_between_frees(on, keep, rec):
         rec.capture_end(A, lambda: None)
 
 
+def test_an_error_in_an_allocator_callback_the_observer_calls_is_said_not_raised(monkeypatch, observer):
+    """torch's registries log a callback's error and go on (the allocator called them): so does the observer,
+    for torch_runtime's callback it calls itself."""
+    rec, _, on = harness(monkeypatch, "native")
+    unraisable: list = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+
+    def broken(rec, ptr, stream):
+        raise RuntimeError("a bug of streamcheck's")
+    monkeypatch.setattr(torch_runtime, "memory_allocated", broken)
+    with trace_callbacks_registered() as fire, on(A):
+        R.inside(fire, "MemoryAllocationCallbacks", 0xB10C)  # called at once: inside streamcheck's own work
+    assert [str(u.exc_value) for u in unraisable] == ["a bug of streamcheck's"]
+
+
 def test_a_capture_drains_first_so_each_free_follows_the_rule_of_its_time(monkeypatch, observer):
     traces = []
     for path in ("python", "native"):
