@@ -1093,10 +1093,10 @@ static PyObject* trace_hook(PyObject* self, PyObject* const* args, Py_ssize_t na
   if (enabled.load(std::memory_order_relaxed) && ts.paused == 0 && nargs >= 1 && (!memory || ts.handle != 0)) {
     unsigned long long slot = PyLong_AsUnsignedLongLong(args[0]);
     unsigned long long stream = !memory && nargs > 1 ? PyLong_AsUnsignedLongLong(args[1]) : 0;
-    if (PyErr_Occurred()) return nullptr;
+    deferred = !PyErr_Occurred();  // torch passes ints; anything else is not deferred (never an error into torch)
+    PyErr_Clear();
     uint32_t flags = kTraceRecord;
-    deferred = true;
-    if (kind == kMemoryAllocated) {
+    if (deferred && kind == kMemoryAllocated) {
       try {
         stream = current_stream(-1);
         flags |= kHasStream;
