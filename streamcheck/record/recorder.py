@@ -213,8 +213,8 @@ class Recorder:
         self._next_buffer = 1
         self._alloc_serial = 0
         self._deferred: list = []  # frees that arrived while the lock was held: (alloc, thread, site)
-        self._freed_starts: list = []  # sorted starts of pool blocks freed and not yet handed out again
-        self._freed: list = []  # (start, stop, buffer id) in the same order
+        self._freed_starts: list = []  # sorted starts of freed pool bytes not handed out again (never overlapping)
+        self._freed: list = []  # (start, stop, buffer id, the buffer's start) in the same order
         self._unmapped: Optional[int] = None  # pseudo-buffer of absolute addresses (last resort)
         self._graph_held: dict = {}  # buffer id -> graphs alive whose nodes use it
         self._freed_while_held: dict = {}  # buffer id -> (alloc, thread, site) of a free a graph defers
@@ -370,13 +370,16 @@ class Recorder:
     def native_lane(self) -> Optional[tuple]:
         """What record() does for an operator, as tables a native drain can read under the lock
         (torch_native's): (live allocations by start, stream ids by pointer, thread ids by ident,
-        the trace's records, the checker's feed or None, range_in, event ids by handle, name_event_handle, unfile,
-        strict_free), or None where each record must go through record() itself (an edit plan or a probe watches
-        the records)."""
+        the trace's records, the checker's feed or None, range_in, event ids by handle, name_event_handle,
+        strict_free, and the allocation table as file() and unfile() change it: (the recorder, its sorted
+        starts, its allocations in that order, the freed bytes' sorted starts, their (start, stop, buffer id,
+        buffer start), the buffers graphs hold, the allocation type)), or None where each record must go
+        through record() itself (an edit plan or a probe watches the records)."""
         if self.edits is not None or self.probe is not None:
             return None
+        table = (self, self._starts, self._allocs, self._freed_starts, self._freed, self._graph_held, _Alloc)
         return (self._pool_at, self._streams, self._threads, self._trace.ops, self._feed, self.range_in,
-                self._event_handles, self.name_event_handle, self.unfile, self.strict_free)
+                self._event_handles, self.name_event_handle, self.strict_free, table)
 
     def _drain_frees(self) -> None:
         while self._deferred:
@@ -520,8 +523,9 @@ class Recorder:
 
     def file(self, start: int, size: int, stream: Optional[int], tid: int, external: bool, name: str,
              pool: str = "") -> tuple:
-        """An allocation's part in the table (_add_alloc's, and the native drain's, which makes the Alloc record
-        itself): (the new allocation, the Ranges of freed blocks whose bytes it reuses)."""
+        """An allocation's part in the table (_add_alloc's; torch_native's C++ drain does the same for a block of
+        torch's pool, then makes the Alloc record): (the new allocation, the Ranges of freed blocks whose bytes it
+        reuses)."""
         with self._lock:  # a finalizer running in here defers its free (see free)
             bid = self._next_buffer
             self._next_buffer += 1
@@ -537,19 +541,24 @@ class Recorder:
 
     def _take_freed(self, start: int, stop: int) -> tuple:
         """Ranges of freed blocks that [start, stop) reuses: the pool handed their bytes to a new
-        allocation (a block fully covered is forgotten; a split one keeps its other bytes)."""
+        allocation. Those bytes leave the freed list, and a split block keeps its other bytes there,
+        so the freed bytes never overlap and a later reuse names their latest owner."""
         starts, freed = self._freed_starts, self._freed
         i = max(bisect.bisect_right(starts, start) - 1, 0)
         reuses = []
         while i < len(freed) and freed[i][0] < stop:
-            lo, hi, bid = freed[i]
-            if hi > start:
-                reuses.append(Range(bid, max(lo, start) - lo, min(hi, stop) - lo))
-                if start <= lo and hi <= stop:
-                    del starts[i]
-                    del freed[i]
-                    continue
-            i += 1
+            lo, hi, bid, base = freed[i]
+            if hi <= start:
+                i += 1
+                continue
+            reuses.append(Range(bid, max(lo, start) - base, min(hi, stop) - base))
+            del starts[i]
+            del freed[i]
+            for rest_lo, rest_hi in ((lo, start), (stop, hi)):  # what the new allocation leaves of it
+                if rest_lo < rest_hi:
+                    starts.insert(i, rest_lo)
+                    freed.insert(i, (rest_lo, rest_hi, bid, base))
+                    i += 1
         return tuple(reuses)
 
     def alloc(self, ptr: int, size: int, stream=None, what: str = "array", pool: str = "", sid=None):
@@ -639,9 +648,10 @@ class Recorder:
             self.errors.append(f"free of {alloc.name}: {exc}")
 
     def unfile(self, alloc: _Alloc, tid: int, site: CallSite) -> bool:
-        """A free's part in the allocation table: `alloc` leaves it, and its bytes are filed as freed (the next
-        allocation there reuses them). False when no Free is to be recorded now: a graph holds the bytes (its
-        free waits for the graph), or it left the table already."""
+        """A free's part in the allocation table (torch_native's C++ drain does the same where no graph holds the
+        bytes): `alloc` leaves it, and its bytes are filed as freed (the next allocation there reuses them).
+        False when no Free is to be recorded now: a graph holds the bytes (its free waits for the graph), or it
+        left the table already."""
         with self._lock:
             if alloc.id in self._graph_held:
                 # CUDA rule: memory a graph's nodes use lives as long as the graph; the free
@@ -667,7 +677,7 @@ class Recorder:
                         break
             j = bisect.bisect_left(self._freed_starts, alloc.start)
             self._freed_starts.insert(j, alloc.start)
-            self._freed.insert(j, (alloc.start, alloc.stop, alloc.id))
+            self._freed.insert(j, (alloc.start, alloc.stop, alloc.id, alloc.start))
         return True
 
     def _find(self, start: int, stop: int) -> Optional[_Alloc]:

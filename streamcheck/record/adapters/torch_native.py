@@ -28,7 +28,6 @@ import threading
 
 from .. import gpu as _gpu
 from .. import native
-from .. import recorder as R
 from ...core import trace as T
 from ...core.hb import TraceError
 from . import torch_ops, torch_runtime
@@ -155,16 +154,16 @@ class NativeRecording:
         """What the observer's C++ drain needs to turn an ordinary operator into its Launch as _launch
         would when the recorder already knows its thread and stream (the recorder's native_lane), the
         allocator's and events' records likewise, and the Python functions for the rest (_register: a
-        storage first seen that torch did not report; _file: one it did, filed; _record_one: a whole
-        record); None: every record through _record."""
+        storage first seen that torch did not report; _record_one: a whole record); None: every record
+        through _record."""
         tables = self.rec.native_lane()
         if tables is None:
             return None
-        pool_at, streams, threads, ops, feed, range_in, event_handles, name_event_handle, unfile, strict_free = tables
+        pool_at, streams, threads, ops, feed, range_in, event_handles, name_event_handle, strict_free, table = tables
         pointer = None if self.stream_pointer is _handle_is_pointer else self.stream_pointer
         torch_state = torch_runtime.state(self.rec)
         memory = (torch_state.pending, torch_state.graph_pool_blocks, torch_state.graph_pool_threads,
-                  bool(self.rec.captures), unfile, T.Free, strict_free, self._file, T.Alloc)
+                  bool(self.rec.captures), T.Free, strict_free, T.Alloc) + table + (T.Range, torch_ops.TORCH_BLOCK)
         return (pool_at, streams, threads, self.sites, self.names, self.flags, T.Launch, ops, feed,
                 self._record_one, self._site, range_in, self._register, self._fed_badly, pointer, native.NO_ACCESS,
                 event_handles, T.EventRecord, T.StreamWait, name_event_handle, T.EventCreate, memory)
@@ -182,13 +181,6 @@ class NativeRecording:
         finally:
             _gpu.thread_state.acting = 0
             self.resolver.release(previous)
-
-    def _file(self, base: int, nbytes: int, sid: int, tid: int) -> tuple:
-        """register_storage's new block of torch's allocator, for the C++ drain, which makes its Alloc record:
-        (the allocation, its buffer id, the record's name, the Ranges of freed blocks it reuses)."""
-        name = R.allocation_name(torch_ops.TORCH_BLOCK, nbytes)
-        alloc, reuses = self.rec.file(base, nbytes, sid, tid, False, name, "torch")
-        return alloc, alloc.id, name.format(id=alloc.id), reuses
 
     def _fed_badly(self, op, exc) -> None:
         """Recorder.record's handling of a record the checker raised on (the C++ drain fed it)."""

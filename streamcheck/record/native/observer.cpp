@@ -46,6 +46,7 @@
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <exception>
@@ -626,9 +627,12 @@ struct Lane {
       *range_in, *register_storage, *fed_badly, *stream_pointer, *event_handles, *event_record_type,
       *stream_wait_type, *name_event_handle, *event_create_type;
   uint32_t no_access;
-  // torch_runtime's allocator state (TorchState); the recorder's free (Recorder.unfile, then a Free record) and a
-  // new block's allocation (NativeRecording._file, then an Alloc record).
-  PyObject *pending, *pool_blocks, *pool_threads, *unfile, *free_type, *strict, *file, *alloc_type;
+  // torch_runtime's allocator state (TorchState), and the recorder's allocation table (Recorder.file and
+  // Recorder.unfile's lists, made here: the recorder, its sorted starts and allocations, its freed blocks' starts
+  // and (start, stop, buffer id, buffer start), the buffers graphs hold, its _Alloc and Range types,
+  // torch_ops.TORCH_BLOCK).
+  PyObject *pending, *pool_blocks, *pool_threads, *free_type, *strict, *alloc_type;
+  PyObject *recorder, *starts, *allocs, *freed_starts, *freed, *graph_held, *alloc_class, *range_type, *block_what;
   int capturing;
 
   bool unpack(PyObject* lane) {
@@ -641,9 +645,10 @@ struct Lane {
                           &stream_wait_type, &name_event_handle, &event_create_type, &PyTuple_Type, &memory))
       return false;
     no_access = static_cast<uint32_t>(flag);
-    return PyArg_ParseTuple(memory, "O!O!O!pOOOOO", &PyDict_Type, &pending, &PySet_Type, &pool_blocks,
-                            &PyDict_Type, &pool_threads, &capturing, &unfile, &free_type, &strict, &file,
-                            &alloc_type) != 0;
+    return PyArg_ParseTuple(memory, "O!O!O!pOOOOO!O!O!O!O!OOU", &PyDict_Type, &pending, &PySet_Type, &pool_blocks,
+                            &PyDict_Type, &pool_threads, &capturing, &free_type, &strict, &alloc_type, &recorder,
+                            &PyList_Type, &starts, &PyList_Type, &allocs, &PyList_Type, &freed_starts, &PyList_Type,
+                            &freed, &PyDict_Type, &graph_held, &alloc_class, &range_type, &block_what) != 0;
   }
 };
 
@@ -749,18 +754,24 @@ int thread_stream_site(const Lane& lane, const Record& r, bool mapped, Owned& ow
   return known > 0 ? site_of(lane, r, owned, site) : known;
 }
 
-// Recorder.record for a record made here: a frozen dataclass of `type` with `fields` set as its own __init__ sets
-// them (object.__setattr__), off the cyclic GC's lists, appended to the trace and fed to the checker. 1, or -1.
-int append_record(const Lane& lane, PyObject* type, PyObject* const* names, PyObject* const* values, int n) {
-  Owned owned;
+// A frozen dataclass of `type` with `fields` set as its own __init__ sets them (object.__setattr__), off the cyclic
+// GC's lists: it holds only ints, strings and other such records, so it is never in a cycle (Recorder.record takes
+// its own records off them too: streamcheck.core.fast.untrack). A new reference kept by `owned`, or nullptr.
+PyObject* frozen_record(PyObject* type, PyObject* const* names, PyObject* const* values, int n, Owned& owned) {
   PyObject* op = owned.keep(PyBaseObject_Type.tp_new(reinterpret_cast<PyTypeObject*>(type),
                                                      owned.keep(PyTuple_New(0)), nullptr));
-  if (op == nullptr) return -1;
+  if (op == nullptr) return nullptr;
   for (int i = 0; i < n; ++i)
-    if (names[i] == nullptr || PyObject_GenericSetAttr(op, names[i], values[i]) != 0) return -1;
-  // Frozen, and holding only ints, strings and other such records: never in a cycle, so off the cyclic GC's
-  // lists, as Recorder.record takes its own records off them (streamcheck.core.fast.untrack).
+    if (names[i] == nullptr || PyObject_GenericSetAttr(op, names[i], values[i]) != 0) return nullptr;
   PyObject_GC_UnTrack(op);
+  return op;
+}
+
+// Recorder.record for a record made here (frozen_record), appended to the trace and fed to the checker. 1, or -1.
+int append_record(const Lane& lane, PyObject* type, PyObject* const* names, PyObject* const* values, int n) {
+  Owned owned;
+  PyObject* op = frozen_record(type, names, values, n, owned);
+  if (op == nullptr) return -1;
   if (PyList_Append(lane.ops, op) != 0) return -1;
   if (lane.feed != Py_None) {  // Recorder.record: a record the checker refuses is kept, and the error said
     PyObject* fed = PyObject_CallOneArg(lane.feed, op);
@@ -778,6 +789,170 @@ int append_record(const Lane& lane, PyObject* type, PyObject* const* names, PyOb
       Py_DECREF(fed);
     }
   }
+  return 1;
+}
+
+// --- the recorder's allocation table, changed as Recorder.file and Recorder.unfile change it -------------------
+// (The drain holds the recorder's lock.) Its sorted lists hold Python ints; a lookup that fails leaves the table as
+// it was, and the drain reports the error.
+
+// bisect.bisect_left of `x` in `list`, a sorted list of Python ints (`right`: bisect_right): its place, or -1 with a
+// Python error set.
+Py_ssize_t bisect(PyObject* list, unsigned long long x, bool right) {
+  Py_ssize_t lo = 0, hi = PyList_GET_SIZE(list);
+  while (lo < hi) {
+    Py_ssize_t mid = lo + (hi - lo) / 2;
+    unsigned long long v = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(list, mid));
+    if (v == static_cast<unsigned long long>(-1) && PyErr_Occurred()) return -1;
+    if (right ? !(x < v) : v < x) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+// Attribute `name` of `o`, an int, as unsigned: 1, or -1 with a Python error set.
+int unsigned_attr(PyObject* o, PyObject* name, unsigned long long& out) {
+  PyObject* v = PyObject_GetAttr(o, name);
+  if (v == nullptr) return -1;
+  out = PyLong_AsUnsignedLongLong(v);
+  Py_DECREF(v);
+  return out == static_cast<unsigned long long>(-1) && PyErr_Occurred() ? -1 : 1;
+}
+
+// `recorder.<name> += 1`: the value before it (`after`: after it), a new reference; nullptr with a Python error set.
+PyObject* count_up(PyObject* recorder, PyObject* name, bool after) {
+  static PyObject* one = PyLong_FromLong(1);
+  PyObject* before = PyObject_GetAttr(recorder, name);
+  if (before == nullptr) return nullptr;
+  PyObject* next = PyNumber_Add(before, one);
+  if (next == nullptr || PyObject_SetAttr(recorder, name, next) != 0) {
+    Py_DECREF(before);
+    Py_XDECREF(next);
+    return nullptr;
+  }
+  PyObject* result = after ? next : before;
+  Py_DECREF(after ? before : next);
+  return result;
+}
+
+// Recorder._take_freed: the Ranges of the freed bytes that [start, stop) reuses, a tuple; those bytes leave the freed
+// list (a split block keeps its other bytes there, so the freed bytes never overlap). nullptr with a Python error set.
+PyObject* take_freed(const Lane& lane, unsigned long long start, unsigned long long stop) {
+  if (PyList_GET_SIZE(lane.freed) == 0) return PyTuple_New(0);
+  Owned owned;
+  Py_ssize_t i = bisect(lane.freed_starts, start, true);
+  if (i < 0) return nullptr;
+  i = i > 0 ? i - 1 : 0;
+  static PyObject* names[] = {interned("buffer"), interned("start"), interned("stop")};
+  std::vector<PyObject*> reuses;
+  while (i < PyList_GET_SIZE(lane.freed)) {
+    unsigned long long lo = 0, hi = 0, base = 0;
+    PyObject* buffer = nullptr;  // (start, stop, buffer id, the buffer's start)
+    if (!PyArg_ParseTuple(PyList_GET_ITEM(lane.freed, i), "KKOK", &lo, &hi, &buffer, &base)) return nullptr;
+    if (lo >= stop) break;
+    if (hi <= start) {
+      ++i;
+      continue;
+    }
+    owned.keep(Py_NewRef(buffer));  // its entry goes next
+    PyObject* values[] = {buffer, owned.keep(PyLong_FromUnsignedLongLong(std::max(lo, start) - base)),
+                          owned.keep(PyLong_FromUnsignedLongLong(std::min(hi, stop) - base))};
+    if (values[1] == nullptr || values[2] == nullptr) return nullptr;
+    PyObject* range = frozen_record(lane.range_type, names, values, 3, owned);
+    if (range == nullptr) return nullptr;
+    reuses.push_back(range);
+    if (PySequence_DelItem(lane.freed_starts, i) != 0 || PySequence_DelItem(lane.freed, i) != 0) return nullptr;
+    for (auto [rest_lo, rest_hi] : {std::make_pair(lo, start), std::make_pair(stop, hi)}) {  // what is left of it
+      if (rest_lo >= rest_hi) continue;
+      PyObject* rest_start = owned.keep(PyLong_FromUnsignedLongLong(rest_lo));
+      PyObject* entry = owned.keep(Py_BuildValue("(OKOK)", rest_start, rest_hi, buffer, base));
+      if (rest_start == nullptr || entry == nullptr || PyList_Insert(lane.freed_starts, i, rest_start) != 0 ||
+          PyList_Insert(lane.freed, i, entry) != 0)
+        return nullptr;
+      ++i;
+    }
+  }
+  return tuple_of(reuses);
+}
+
+// Recorder.file for a block of torch's pool at `base` (`start`) of `nbytes` (`size`), allocated on stream `sid`,
+// first used by thread `tid`: the new allocation, with its buffer id, the name its record gets and the Ranges of
+// freed blocks whose bytes it reuses (all kept by `owned`); nullptr with a Python error set.
+PyObject* file_block(const Lane& lane, PyObject* base, PyObject* size, PyObject* sid, PyObject* tid, Owned& owned,
+                     PyObject*& buffer, PyObject*& name, PyObject*& reuses) {
+  static PyObject *next_buffer = interned("_next_buffer"), *alloc_serial = interned("_alloc_serial"),
+                  *torch_pool = interned("torch");
+  unsigned long long start = PyLong_AsUnsignedLongLong(base), nbytes = PyLong_AsUnsignedLongLong(size);
+  if (PyErr_Occurred()) return nullptr;
+  Py_ssize_t i = bisect(lane.starts, start, false);
+  if (i < 0) return nullptr;
+  buffer = owned.keep(count_up(lane.recorder, next_buffer, false));
+  PyObject* serial = owned.keep(count_up(lane.recorder, alloc_serial, true));
+  // recorder.allocation_name(TORCH_BLOCK, nbytes), and the record's name: that, formatted with the buffer id
+  PyObject* named = owned.keep(PyUnicode_FromFormat("%U #{id} (%llu bytes)", lane.block_what, nbytes));
+  name = buffer != nullptr ? owned.keep(PyUnicode_FromFormat("%U #%S (%llu bytes)", lane.block_what, buffer, nbytes))
+                           : nullptr;
+  if (buffer == nullptr || serial == nullptr || named == nullptr || name == nullptr) return nullptr;
+  PyObject* alloc = owned.keep(PyObject_CallFunctionObjArgs(lane.alloc_class, buffer, base, size, sid, serial, tid,
+                                                            Py_False, named, torch_pool, nullptr));
+  if (alloc == nullptr) return nullptr;
+  if (PyList_Insert(lane.starts, i, base) != 0 || PyList_Insert(lane.allocs, i, alloc) != 0 ||
+      PyDict_SetItem(lane.pool_at, base, alloc) != 0)
+    return nullptr;
+  reuses = owned.keep(take_freed(lane, start, start + nbytes));
+  return reuses != nullptr ? alloc : nullptr;
+}
+
+// Recorder.unfile for allocation `alloc` (a graph holds none of its bytes: the caller asked): 1 when it left the
+// table and its bytes are filed as freed, 0 when it was not in the table, -1 on a Python error.
+int unfile_block(const Lane& lane, PyObject* alloc) {
+  static PyObject *start_name = interned("start"), *stop_name = interned("stop"), *id_name = interned("id"),
+                  *external_name = interned("external");
+  Owned owned;
+  PyObject* start_obj = owned.keep(PyObject_GetAttr(alloc, start_name));
+  PyObject* stop_obj = owned.keep(PyObject_GetAttr(alloc, stop_name));
+  PyObject* buffer = owned.keep(PyObject_GetAttr(alloc, id_name));
+  if (start_obj == nullptr || stop_obj == nullptr || buffer == nullptr) return -1;
+  unsigned long long start = PyLong_AsUnsignedLongLong(start_obj);
+  if (PyErr_Occurred()) return -1;
+  Py_ssize_t i = bisect(lane.starts, start, false);
+  if (i < 0) return -1;
+  Py_ssize_t n = PyList_GET_SIZE(lane.allocs);
+  for (; i < n && PyList_GET_ITEM(lane.allocs, i) != alloc; ++i) {
+    unsigned long long there = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(lane.starts, i));
+    if (there == static_cast<unsigned long long>(-1) && PyErr_Occurred()) return -1;
+    if (there != start) break;
+  }
+  if (i >= n || PyList_GET_ITEM(lane.allocs, i) != alloc) return 0;
+  PyObject* entry = owned.keep(PyTuple_Pack(4, start_obj, stop_obj, buffer, start_obj));
+  Py_ssize_t j = bisect(lane.freed_starts, start, false);
+  if (entry == nullptr || j < 0) return -1;
+  owned.keep(Py_NewRef(alloc));  // the list's reference goes next
+  if (PySequence_DelItem(lane.starts, i) != 0 || PySequence_DelItem(lane.allocs, i) != 0) return -1;
+  PyObject* filed = PyDict_GetItemWithError(lane.pool_at, start_obj);
+  if (filed == nullptr && PyErr_Occurred()) return -1;
+  if (filed == alloc) {
+    if (PyDict_DelItem(lane.pool_at, start_obj) != 0) return -1;
+    n = PyList_GET_SIZE(lane.allocs);
+    for (Py_ssize_t k = i; k < n; ++k) {  // another one there (bisect order: the latest first)
+      PyObject* other = PyList_GET_ITEM(lane.allocs, k);
+      unsigned long long other_start = 0;
+      if (unsigned_attr(other, start_name, other_start) < 0) return -1;
+      if (other_start != start) break;
+      PyObject* external = PyObject_GetAttr(other, external_name);
+      int is_external = external != nullptr ? PyObject_IsTrue(external) : -1;
+      Py_XDECREF(external);
+      if (is_external < 0) return -1;
+      if (!is_external) {
+        if (PyDict_SetItem(lane.pool_at, start_obj, other) != 0) return -1;
+        break;
+      }
+    }
+  }
+  if (PyList_Insert(lane.freed_starts, j, start_obj) != 0 || PyList_Insert(lane.freed, j, entry) != 0) return -1;
   return 1;
 }
 
@@ -823,7 +998,7 @@ int fast_event(const Lane& lane, const Record& r) {
 // stream) and no graph's pool takes part (a capture open, or the thread allocating into a graph's pool: Python's
 // rule): a block allocated is filed under the stream current then, until a tensor on it is first seen
 // (TorchState.pending); a block freed ends the recording's allocation there, if torch's pool made it: its Free,
-// on the allocation's stream, after Recorder.unfile took it out of the table. 1 when done, 0 when it needs
+// on the allocation's stream, once it left the table (unfile_block). 1 when done, 0 when it needs
 // Python, -1 on a Python error.
 int fast_memory(const Lane& lane, const Record& r) {
   if (lane.capturing) return 0;
@@ -860,13 +1035,14 @@ int fast_memory(const Lane& lane, const Record& r) {
   PyObject* pool = owned.keep(PyObject_GetAttr(alloc, pool_name));
   if (pool == nullptr) return -1;
   if (!PyUnicode_Check(pool) || PyUnicode_CompareWithASCIIString(pool, "torch") != 0) return 1;  // not torch's
-  PyObject* unfiled = owned.keep(PyObject_CallFunctionObjArgs(lane.unfile, alloc, tid, site, nullptr));
-  if (unfiled == nullptr) return -1;
-  if (unfiled != Py_True) return 1;  // a graph holds it, or it was freed already: no Free now
   PyObject* buffer = owned.keep(PyObject_GetAttr(alloc, id_name));
   PyObject* stream = owned.keep(PyObject_GetAttr(alloc, stream_name));
   PyObject* also = owned.keep(PyObject_GetAttr(alloc, also_name));
   if (buffer == nullptr || stream == nullptr || also == nullptr) return -1;
+  int held = PyDict_Contains(lane.graph_held, buffer);  // a graph's nodes use it: its free waits (Python's rule)
+  if (held != 0) return held < 0 ? -1 : 0;
+  int unfiled = unfile_block(lane, alloc);
+  if (unfiled <= 0) return unfiled < 0 ? -1 : 1;  // not in the table (freed already): no Free
   static PyObject* names[] = {interned("thread"), interned("site"), interned("buffer"), interned("stream"),
                                interned("also"),   interned("pool"), interned("strict")};
   PyObject* values[] = {tid, site, buffer, stream, also, pool, lane.strict};
@@ -874,8 +1050,7 @@ int fast_memory(const Lane& lane, const Record& r) {
 }
 
 // register_storage's rule for a storage first seen: a block whose allocation torch reported (TorchState.pending
-// holds the stream it was allocated on) is filed in the recorder's table by Python (NativeRecording._file) and its
-// Alloc record made here, at the operator's thread and site; any other goes to register_storage itself (a block
+// holds the stream it was allocated on) is filed in the recorder's table (file_block) and its Alloc record made, at the operator's thread and site; any other goes to register_storage itself (a block
 // allocated before the recording, filed under the current stream). The allocation (kept by `owned`), or nullptr
 // with a Python error set.
 PyObject* register_block(const Lane& lane, const Access& a, PyObject* base, bool fresh, PyObject* pointer,
@@ -887,19 +1062,17 @@ PyObject* register_block(const Lane& lane, const Access& a, PyObject* base, bool
                                             fresh ? Py_True : Py_False, pointer, ident, site));
   }
   owned.keep(Py_NewRef(sid));
-  if (PyDict_DelItem(lane.pending, base) != 0) return nullptr;
   PyObject* nbytes = owned.keep(PyLong_FromUnsignedLongLong(a.nbytes));
-  if (nbytes == nullptr) return nullptr;
-  PyObject* filed = owned.keep(PyObject_CallFunctionObjArgs(lane.file, base, nbytes, sid, tid, nullptr));
-  if (filed == nullptr) return nullptr;
-  PyObject *alloc = nullptr, *buffer = nullptr, *name = nullptr, *reuses = nullptr;
-  if (!PyArg_ParseTuple(filed, "OOOO", &alloc, &buffer, &name, &reuses)) return nullptr;
+  if (nbytes == nullptr || PyDict_DelItem(lane.pending, base) != 0) return nullptr;
+  PyObject *buffer = nullptr, *name = nullptr, *reuses = nullptr;
+  PyObject* alloc = file_block(lane, base, nbytes, sid, tid, owned, buffer, name, reuses);
+  if (alloc == nullptr) return nullptr;
   static PyObject* device = PyLong_FromLong(0);  // Alloc's default, as Recorder._add_alloc leaves it
   static PyObject* names[] = {interned("thread"), interned("site"),   interned("buffer"), interned("nbytes"),
                                interned("name"),   interned("device"), interned("stream"), interned("reuses")};
   PyObject* values[] = {tid, site, buffer, nbytes, name, device, sid, reuses};
   if (append_record(lane, lane.alloc_type, names, values, 8) < 0) return nullptr;
-  return alloc;  // held by `filed`
+  return alloc;
 }
 
 // torch_native.NativeRecording._launch for an ordinary operator whose thread and stream the recorder's tables know:

@@ -201,6 +201,27 @@ def test_an_unordered_write_on_a_per_thread_stream_races_with_the_other_threads_
     assert (race.kind, race.first.name, race.second.name) == ("RAW", "write", "read")
 
 
+def test_a_freed_block_split_and_freed_again_is_reused_from_its_latest_owners(rec):
+    """A pool splits a freed block: a smaller allocation takes its head, then is freed in turn, with a read of it
+    still pending on another stream. The next allocation over the whole block reuses the head from the smaller
+    one (its latest owner) and the rest from the first: a FREE race with that read."""
+    s, other = FakeStream(0x10), FakeStream(0x20)
+    big = rec.alloc(0x1000, 4096, stream=s)
+    rec.free(big)
+    head = rec.alloc(0x1000, 64, stream=s)
+    rest = rec.alloc(0x1040, 64, stream=s)  # the next bytes, to another allocation
+    launch(rec, "read head", other, reads=(FakeArray(0x1000, 64),))
+    rec.free(head)
+    rec.free(rest)
+    again = rec.alloc(0x1000, 4096, stream=s)
+    reuses = [(r.buffer, r.start, r.stop) for op in ops(rec, T.Alloc) for r in op.reuses]
+    assert reuses == [(big.id, 0, 64), (big.id, 64, 128),  # head and rest, each from the first block
+                      (head.id, 0, 64), (rest.id, 0, 64), (big.id, 128, 4096)]  # then all of it, from each owner
+    assert [op.buffer for op in ops(rec, T.Alloc)][-1] == again.id
+    (race,) = rec.races
+    assert (race.kind, race.first.name) == ("FREE", "read head")
+
+
 @pytest.mark.parametrize("synchronized", [False, True])
 def test_a_pool_block_freed_on_a_workers_per_thread_stream_goes_to_the_main_threads_one(rec, synchronized):
     """CuPy's pool files a free block under its stream handle, and every thread's per-thread default

@@ -198,6 +198,34 @@ def python_records_between(on, keep, rec):
     assert torch_runtime.state(rec).pending == {}
 
 
+def allocator_reuse(on, keep, rec):
+    """Blocks of torch's pool freed and handed out again at their address (Alloc.reuses): the whole block, then a
+    smaller one at its start and another after that (each reusing part of it), through torch's registries."""
+    big = torch.zeros(1024)
+    head = torch.frombuffer(big.numpy(), dtype=torch.float32, count=16)  # big's first 64 bytes, a storage of its own
+    after = torch.frombuffer(big.numpy(), dtype=torch.float32, count=16, offset=64)
+    keep += [big, head, after]
+    ptr = big.untyped_storage().data_ptr()
+    with trace_callbacks_registered() as fire, on(A):
+        fire("MemoryAllocationCallbacks", ptr)
+        big.fill_(1)
+        fire("MemoryDeallocationCallbacks", ptr)
+        fire("MemoryAllocationCallbacks", ptr)
+        big.add_(1)
+        fire("MemoryDeallocationCallbacks", ptr)
+        fire("MemoryAllocationCallbacks", ptr)
+        head.fill_(2)
+        fire("MemoryAllocationCallbacks", ptr + 64)
+        after.fill_(3)
+        fire("MemoryDeallocationCallbacks", ptr + 64)
+        fire("MemoryDeallocationCallbacks", ptr)
+        fire("MemoryAllocationCallbacks", ptr)
+        big.mul_(2)  # all of it again: the rest of the first block and both small ones
+    reuses = [[(r.start, r.stop) for r in op.reuses] for op in rec.trace.ops if isinstance(op, T.Alloc)]
+    # the whole block; its head and the next bytes; then all of it again, from each bytes' latest owner
+    assert reuses[-4:] == [[(0, 4096)], [(0, 64)], [(64, 128)], [(0, 64), (0, 64), (128, 4096)]], reuses
+
+
 def custom_operators(on, keep):
     x, y = torch.ones(4), torch.arange(4.0)
     keep += [x, y]
@@ -231,6 +259,7 @@ PROGRAMS = {
     "composites-inference_mode": (composites, torch.inference_mode),
     "host-values": (host_values, torch.enable_grad),
     "python-records-between": (python_records_between, torch.enable_grad),
+    "allocator-reuse": (allocator_reuse, torch.enable_grad),
     "custom-operators": (custom_operators, torch.enable_grad),
     "compiled-code": (compiled_code, torch.no_grad),
 }
@@ -269,7 +298,7 @@ def test_the_drains_trace_is_the_dispatch_modes(monkeypatch, observer, program):
             rec, _, on = harness(patches, path)
             keep: list = []  # every tensor lives on: the CPU allocator gives no address twice
             with mode():
-                if make is python_records_between:
+                if make in (python_records_between, allocator_reuse):
                     make(on, keep, rec)
                 else:
                     make(on, keep)
@@ -330,6 +359,10 @@ def test_the_cpp_drain_records_torchs_callbacks_with_no_python_rule(monkeypatch,
     original = torch_native.NativeRecording._register
     monkeypatch.setattr(torch_native.NativeRecording, "_register",
                         lambda self, *args: (registered.append(args[0]), original(self, *args))[1])
+    for name in ("file", "unfile"):  # the allocation table's changes, made by the C++ drain itself
+        method = getattr(R.Recorder, name)
+        monkeypatch.setattr(R.Recorder, name,
+                            lambda self, *args, method=method, name=name: (ruled.append(name), method(self, *args))[1])
     x, y = torch.zeros(16), torch.zeros(16)
     with trace_callbacks_registered() as fire:
         with on(B):
@@ -350,7 +383,9 @@ def test_the_cpp_drain_records_torchs_callbacks_with_no_python_rule(monkeypatch,
             other.start()
             other.join()
             assert observer.waiting.value == 0 and 0xB10C in torch_runtime.state(rec).pending
-    assert ruled == [] and registered == []
+            fire("MemoryAllocationCallbacks", x.untyped_storage().data_ptr())  # x's block handed out again
+            x.mul_(2)
+    assert ruled == ["unfile"] and registered == []  # y's free alone, made at once by torch_runtime in Python
     events = [(type(op).__name__, op.event) for op in rec.trace.ops if isinstance(op, (T.EventCreate, T.EventRecord,
                                                                                         T.StreamWait))]
     assert [kind for kind, _ in events] == ["EventCreate", "EventRecord", "StreamWait"]
@@ -358,6 +393,7 @@ def test_the_cpp_drain_records_torchs_callbacks_with_no_python_rule(monkeypatch,
     allocs = {op.buffer: op for op in rec.trace.ops if isinstance(op, T.Alloc)}
     frees = [op for op in rec.trace.ops if isinstance(op, T.Free)]
     assert [allocs[op.buffer].nbytes for op in frees] == [64, 64]
+    assert list(allocs.values())[-1].reuses == (T.Range(frees[0].buffer, 0, 64),)
     assert {allocs[op.buffer].stream for op in frees} == {op.stream for op in frees} == {rec.sid(B)}
     assert frees[0].site.line == line_of("yield lambda name, *args") and frees[0].pool == "torch"
     assert [allocs[op.buffer].site.line for op in frees] == [line_of("x.add_(1)  # first use"),
