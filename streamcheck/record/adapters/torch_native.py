@@ -118,21 +118,22 @@ class NativeRecording:
         observer = self.observer
         if not observer.waiting.value and self._sites_current():
             return  # nothing recorded since the last drain (the recorder flushes before each record it makes)
-        observer.pause(1)  # what the drain runs is streamcheck's (is_pinned, the special values)
         try:
             lane = self._lane()
             if lane is not None:
-                observer.drain(lane)
+                observer.drain(lane)  # it pauses this thread's observation meanwhile, as below
             else:
-                taken = observer.take()
-                if taken:
-                    self._record(taken)
+                observer.pause(1)  # what the drain runs is streamcheck's (is_pinned, the special values)
+                try:
+                    taken = observer.take()
+                    if taken:
+                        self._record(taken)
+                finally:
+                    observer.pause(-1)
             if not self._sites_current():
                 self._reset_sites()
         except Exception as exc:
             self.rec.errors.append(f"native recording: {type(exc).__name__}: {exc} (operators lost)")
-        finally:
-            observer.pause(-1)
 
     def _sites_current(self) -> bool:
         """Whether the stacks were classified by the recorder's resolver under the site settings in force."""

@@ -1341,10 +1341,16 @@ int streamcheck_native_take(PyObject* out) {
 }
 
 // Turn the pending records into trace records, in issue order: each ordinary operator whose thread and stream the
-// recorder already knows becomes its Launch here (fast_launch; a storage first seen is registered by Python); any
-// other record goes to `lane`'s Python function for one record (torch_native.NativeRecording._record_one). Returns 0, or -1 with a
-// Python error set (the records not turned yet are lost; the caller says so).
+// recorder already knows becomes its Launch here (fast_launch; a storage first seen and not reported by torch's
+// allocator is registered by Python), each GPU-trace callback its record (fast_event, fast_memory); any other
+// record goes to `lane`'s Python function for one record (torch_native.NativeRecording._record_one). This thread's
+// operators are not observed meanwhile. Returns 0, or -1 with a Python error set (the records not turned yet are
+// lost; the caller says so).
 int streamcheck_native_drain(PyObject* lane_tuple) {
+  struct Paused {  // what the drain runs is streamcheck's (is_pinned, the special values): not the program's
+    Paused() { ++thread_state.paused; }
+    ~Paused() { --thread_state.paused; }
+  } paused;
   Lane lane;
   if (!lane.unpack(lane_tuple)) return -1;
   std::vector<Record> taken;
