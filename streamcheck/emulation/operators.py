@@ -241,8 +241,8 @@ class OperatorDispatch:
             return rebuild_result(out_leaves, layout.spec)
         generator = self._generator_for(call.seeded, inner_kwargs, index, s)
         targets = [cpu_view(t) for t in fresh]
-        self.device.launch(Kernel(func, inner_args, inner_kwargs, targets, generator), stream=s.device_stream,
-                           reads=reads, writes=writes, name=name)
+        self.device._launch_regions(Kernel(func, inner_args, inner_kwargs, targets, generator), s.device_stream,
+                                    reads, writes, name)
         if host_sides and not (non_blocking and all(side == "pinned" for side in host_sides)):
             self.device.host_access(name=name, sync=s.device_stream)  # pageable memory, or a blocking copy: the host waits
         if layout.in_place:
