@@ -596,20 +596,27 @@ class Device:
     def free(self, buffer: Buffer, stream: Optional[Stream] = None) -> None:
         """Give memory back. With a stream, the free is ordered on it (as CuPy's pool does)."""
         site = caller_site()
+        self._check_free(buffer, stream, site)
+        self._release(buffer, stream, site)
+
+    def _check_free(self, buffer, stream: Optional[Stream], site: CallSite) -> None:
         if not isinstance(buffer, Buffer):
             raise DeviceError(f"free at {site}: expected a Buffer, got {_type_name(buffer)}")
-        region = self._region(buffer, "free", site)
+        self._region(buffer, "free", site)
         if stream is not None:
             what = f"free `{buffer.name}`"
             self._stream_or_default(stream, what, site)
             if self.capture_tracker.active:  # no stream captures otherwise: one test on the caching allocator's path
                 self._refuse_if_capturing(stream, what, site,
                                           "free it on a stream that is not capturing, or after end_capture")
+
+    def _release(self, buffer: Buffer, stream: Optional[Stream], site: CallSite) -> None:
+        """A checked free: recorded, and the buffer's bytes given back."""
         with self._lock:
-            self._record(T.Free(self._thread_id(), site, buffer=region.buffer.id,
+            self._record(T.Free(self._thread_id(), site, buffer=buffer.id,
                                 stream=stream.id if stream is not None else None, strict=self.strict_free))
-            region.buffer.freed = True
-            self.backend.free(region.buffer, stream)
+            buffer.freed = True
+            self.backend.free(buffer, stream)
             self.backend.tick()
 
     # --- work ---------------------------------------------------------------------------
@@ -647,6 +654,10 @@ class Device:
                     buf = self._region(arg, "launch `{}` args", site, name).buffer
                     raise DeviceError(f"launch `{name}` at {site}: argument `{buf.name}` is in neither "
                                       "reads= nor writes=; declare how the kernel uses it")
+        self._issue_launch(kernel, tuple(args), stream, reads, writes, name, site)
+
+    def _issue_launch(self, kernel, args: tuple, stream: Stream, reads, writes, name: str, site: CallSite) -> None:
+        """A checked launch (`reads`, `writes`: live Regions of this device): recorded and issued."""
         error = self._peer_check(name, site, stream, reads, writes) if self.devices > 1 else None
         reads = tuple([r.byte_range() for r in reads])
         writes = tuple([w.byte_range() for w in writes])
@@ -655,8 +666,44 @@ class Device:
                                        writes=writes), stream)
             if error is not None:  # recorded (the checker collects the same error); never executed
                 raise error
-            self.backend.launch(stream, kernel, tuple(args), name, site)
+            self.backend.launch(stream, kernel, args, name, site)
             self.backend.tick()
+
+    # --- the torch emulation's own calls ----------------------------------------------------
+    # streamcheck/emulation builds these calls' arguments itself (streams and freed buffers of this
+    # device, Regions of its blocks): they record exactly what alloc(reuse=), free() and launch()
+    # record, checking only what those arguments can get wrong, with the public call's error.
+
+    def _alloc_reused(self, reuse: Buffer, name: str, stream: Stream) -> Buffer:
+        """alloc(reuse=reuse, stream=stream, name=name) of a freed buffer of this device, in its own
+        shape, dtype and device (the caching allocator's reuse)."""
+        site = caller_site()
+        if type(stream) is not Stream or stream.device is not self:
+            self._stream_or_default(stream, "alloc(reuse=)", site)  # raises what alloc() raises
+        return self._new_buffer(reuse.shape, reuse.dtype, name, reuse.device_index, site, reuse=reuse, stream=stream)
+
+    def _free_block(self, buffer: Buffer, stream: Stream) -> None:
+        """free(buffer, stream) of a buffer of this device, on one of its streams."""
+        site = caller_site()
+        if buffer.freed or buffer.device is not self or type(stream) is not Stream or stream.device is not self or \
+                self.capture_tracker.active:
+            self._check_free(buffer, stream, site)  # raises what free() raises
+        self._release(buffer, stream, site)
+
+    def _launch_regions(self, kernel, stream: Stream, reads: list, writes: list, name: str) -> None:
+        """launch(kernel, stream=stream, reads=reads, writes=writes, name=name) with no args: a callable
+        kernel, a stream of this device, a name, lists of Regions."""
+        site = caller_site()
+        if type(stream) is not Stream or stream.device is not self:
+            self._stream_or_default(stream, f"launch `{name}`", site)  # raises what launch() raises
+        for region in reads:
+            if region.buffer.device is not self or region.buffer.freed:
+                self._regions(reads, "launch `{}` reads=", site, name)  # raises what launch() raises
+        for region in writes:
+            if region.buffer.device is not self or region.buffer.freed:
+                self._regions(reads, "launch `{}` reads=", site, name)
+                self._regions(writes, "launch `{}` writes=", site, name)
+        self._issue_launch(kernel, (), stream, reads, writes, name, site)
 
     def sleep(self, steps: int, stream: Optional[Stream] = None, name: str = "sleep") -> None:
         """A kernel that only spins: `stream` is held for `steps` host calls (the sim's time),

@@ -164,7 +164,7 @@ class CachingAllocator:
         elif reused is not None:
             # Handed out on the host from `stream`'s pool: a use of these bytes still pending on another
             # stream that neither orders before this is the FREE race (core.trace.Free).
-            buffer = self.device.alloc((size,), _BYTES, name=name, device=index, reuse=reused.buffer, stream=stream)
+            buffer = self.device._alloc_reused(reused.buffer, name, stream)
         else:
             buffer = self.device.alloc((size,), _BYTES, name=name, device=index, fill=0)
         block = Block(buffer, stream.id, pool, index, reused.views if reused is not None else None)
@@ -320,7 +320,7 @@ class CachingAllocator:
                     events.append(event)
                 self._deferred.append((block, events))
             else:
-                self.device.free(buffer, stream)  # ordered on the block's stream, as the allocator's reuse is
+                self.device._free_block(buffer, stream)  # ordered on the block's stream, as the allocator's reuse is
                 self._inactive(block)
                 self._file(block)
 

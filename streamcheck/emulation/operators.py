@@ -6,14 +6,16 @@ through staging memory after the host's wait.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
-from ..device.objects import caller_site
+from ..device.objects import Region, caller_site
 from ..record.adapters.torch_ops import hands_host_a_value, operator_accesses, operator_schema
 from .generators import CapturedDraw, EmulatedGenerator, is_seeded, takes_generator
 from .running import EmulationError
 from .tensors import (CudaTensor, PinnedTensor, byte_region, contiguous_strides, cpu_view, is_emulated,
-                      same_view)
+                      layout_span, same_view)
 
 
 def flatten_call(args, kwargs) -> tuple:
@@ -178,12 +180,12 @@ class OperatorDispatch:
         reads, writes, host_sides, written_host = [], [], [], set()
         call = self._call(func, flat, spec, args, kwargs)
         accesses = [(flat[i], written) for i, written in call.accesses]
-        for t, written in accesses:
+        for (t, written), span in zip(accesses, call.spans):
             kind = type(t)
             if kind is CudaTensor or kind is PinnedTensor:
-                region = byte_region(t)
-                if region is not None:
-                    (writes if written else reads).append(region)
+                if span is not None:  # byte_region(t), its layout's part kept with the signature
+                    shift = t.storage_offset() * span[2]
+                    (writes if written else reads).append(Region(t._block.buffer, span[0] + shift, span[1] + shift))
                 if kind is PinnedTensor:
                     host_sides.append("pinned")
             elif t.device.type == "cpu" and t.dim() > 0:
@@ -219,7 +221,7 @@ class OperatorDispatch:
             result = self._host_result(func, name, s, flat, inner_flat, spec)
             return args[0] if name == "aten.copy_.default" else result
         fresh, out_leaves = [], []
-        for item in layout.leaves:
+        for item, span in zip(layout.leaves, layout.spans):
             if item is None or not isinstance(item, tuple):
                 out_leaves.append(item)
                 continue
@@ -231,9 +233,8 @@ class OperatorDispatch:
                 t = self.empty(shape, stride, dtype, index, s)
             fresh.append(t)
             out_leaves.append(t)
-            region = byte_region(t) if type(t) is not torch.Tensor else None
-            if region is not None:
-                writes.append(region)
+            if span is not None and type(t) is not torch.Tensor:  # byte_region(t): a fresh block's view at offset 0
+                writes.append(Region(t._block.buffer, span[0], span[1]))
         if reads and len(writes) > len(fresh):  # an argument both read and written (in place) counts as written
             written = {(r.buffer.id, r.start, r.stop) for r in writes}
             reads = [r for r in reads if (r.buffer.id, r.start, r.stop) not in written]
@@ -241,8 +242,8 @@ class OperatorDispatch:
             return rebuild_result(out_leaves, layout.spec)
         generator = self._generator_for(call.seeded, inner_kwargs, index, s)
         targets = [cpu_view(t) for t in fresh]
-        self.device.launch(Kernel(func, inner_args, inner_kwargs, targets, generator), stream=s.device_stream,
-                           reads=reads, writes=writes, name=name)
+        self.device._launch_regions(Kernel(func, inner_args, inner_kwargs, targets, generator), s.device_stream,
+                                    reads, writes, name)
         if host_sides and not (non_blocking and all(side == "pinned" for side in host_sides)):
             self.device.host_access(name=name, sync=s.device_stream)  # pageable memory, or a blocking copy: the host waits
         if layout.in_place:
@@ -335,8 +336,8 @@ class OperatorDispatch:
             key = found = None
         if found is None:
             position = {id(v): i for i, v in enumerate(flat)}
-            found = _Call(tuple((position[id(t)], written) for t, written in operator_accesses(func, args, kwargs)),
-                          is_seeded(func))
+            accesses = tuple((position[id(t)], written) for t, written in operator_accesses(func, args, kwargs))
+            found = _Call(accesses, tuple(_span(flat[i]) for i, _ in accesses), is_seeded(func))
             if key is not None:
                 self._calls[key] = found
         return found
@@ -385,7 +386,9 @@ class OperatorDispatch:
                     items.append((tuple(v.shape), tuple(v.stride()), v.dtype))
             else:
                 return None  # a value the host reads: the stream must have produced it
-        return _Layout(items, out_spec, in_place)
+        spans = [layout_span(item[0], item[1], item[2].itemsize) if isinstance(item, tuple) else None
+                 for item in items]
+        return _Layout(items, spans, out_spec, in_place)
 
     def _require_cpu_kernel(self, func) -> None:
         name = func.name()
@@ -538,24 +541,39 @@ def _signature(func, flat, spec) -> tuple:
 
 class _Call:
     """One signature's facts: its accesses by the schema as (position among the call's leaves,
-    written); whether it draws random numbers (is_seeded); whether it hands the host a value, and
+    written), and for each an emulated tensor's bytes at offset 0 with its item size (_span);
+    whether it draws random numbers (is_seeded); whether it hands the host a value, and
     its layout (_meta_layout), found when the first such call needs them (None and _MISSING until
     then), in the order the call asks (a call torch refuses raises where it did)."""
 
-    __slots__ = ("accesses", "seeded", "host_value", "layout")
+    __slots__ = ("accesses", "spans", "seeded", "host_value", "layout")
 
-    def __init__(self, accesses, seeded: bool):
+    def __init__(self, accesses, spans, seeded: bool):
         self.accesses = accesses
+        self.spans = spans
         self.seeded = seeded
         self.host_value = None
         self.layout = _MISSING
 
 
-class _Layout:
-    __slots__ = ("leaves", "spec", "in_place")
+def _span(v) -> Optional[tuple]:
+    """(start, stop, item size) of an emulated tensor's bytes at storage offset 0 (its layout is part of
+    the signature), None if it is empty or not emulated."""
+    if not is_emulated(v):
+        return None
+    item = v.element_size()
+    span = layout_span(v.shape, v.stride(), item)
+    return None if span is None else (span[0], span[1], item)
 
-    def __init__(self, leaves, spec, in_place):
+
+class _Layout:
+    """What an operator returns (_meta_layout): `leaves`, and for each fresh tensor its bytes at offset 0."""
+
+    __slots__ = ("leaves", "spans", "spec", "in_place")
+
+    def __init__(self, leaves, spans, spec, in_place):
         self.leaves = leaves
+        self.spans = spans
         self.spec = spec
         self.in_place = in_place
 

@@ -126,17 +126,26 @@ def cpu_view(value):
 
 def byte_span(t) -> Optional[tuple]:
     """(start, stop) bytes of `t` within its block; None if it is empty."""
-    if t.numel() == 0:
+    span = layout_span(t.shape, t.stride(), t.element_size())
+    if span is None:
         return None
-    item = t.element_size()
-    lo = hi = t.storage_offset()
-    for n, st in zip(t.shape, t.stride()):
+    shift = t.storage_offset() * t.element_size()
+    return span[0] + shift, span[1] + shift
+
+
+def layout_span(shape, stride, itemsize: int) -> Optional[tuple]:
+    """(start, stop) bytes of a tensor of this layout at storage offset 0 (byte_span adds the offset);
+    None if it is empty. What an operator call's signature decides (operators._Call)."""
+    lo = hi = 0
+    for n, st in zip(shape, stride):
+        if n == 0:
+            return None
         if n > 1:
             if st >= 0:
                 hi += (n - 1) * st
             else:
                 lo += (n - 1) * st
-    return lo * item, (hi + 1) * item
+    return lo * itemsize, (hi + 1) * itemsize
 
 
 def byte_region(t) -> Optional[Region]:
