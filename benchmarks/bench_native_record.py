@@ -25,6 +25,11 @@ The step is a small decode-like mix of operators on small tensors (in place, out
 view written through, a TensorList, a reduction); each mode runs it `--steps` times per repeat, the
 modes interleaved in each repeat. Per-operator cost: (mode - plain) / operators the dispatch mode
 sees per step. The C++ is built with streamcheck/native_build.py (g++, cached).
+
+The last lines: torch's GPU-trace callbacks fired through its registries as c10 fires them (one
+`wait_stream`'s four event callbacks; one temporary's allocation and free around an operator that
+first uses its block), into torch_runtime's Python callbacks with the call sites walked in Python or
+in C, and taken by the native observer (callbacks_us).
 """
 from __future__ import annotations
 
