@@ -140,8 +140,8 @@ def host_values(on, keep):
 
 @contextlib.contextmanager
 def trace_callbacks_registered():
-    """torch_runtime's event callbacks in torch's GPU-trace registries, as torch_runtime._activate leaves them
-    where CUDA is; `fire(name, *args)` calls a registry's fire_callbacks, as c10 does."""
+    """torch_runtime's event and allocator callbacks in torch's GPU-trace registries, as torch_runtime._activate
+    leaves them where CUDA is; `fire(name, *args)` calls a registry's fire_callbacks, as c10 does."""
     from torch.cuda import _gpu_trace
 
     added = []
