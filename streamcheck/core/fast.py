@@ -24,10 +24,8 @@ hb.py stays the reference, and every report is its own:
 from __future__ import annotations
 
 import bisect
-import hashlib
 import importlib
 import os
-from pathlib import Path
 from typing import Optional
 
 from . import hb
@@ -53,12 +51,13 @@ from .trace import (
     TakeOver,
     ThreadJoin,
     ThreadStart,
+    built_from,
 )
 
 SWITCH = "STREAMCHECK_NATIVE_CHECKER"  # "0": check in Python (hb.Checker)
 
 _NATIVE = __package__ + "._checker_native"
-_SOURCE = Path(__file__).with_name("native") / "checker.cpp"
+_SOURCE = "checker.cpp"
 try:
     _checker_native = importlib.import_module(_NATIVE)
 except ImportError as exc:
@@ -69,10 +68,9 @@ except ImportError as exc:
     else:
         _MISSING = f"{_NATIVE} does not load: {exc}; reinstall streamcheck (pip install -e .)"
 else:
-    if _SOURCE.exists() and getattr(_checker_native, "SOURCE_SHA256", None) != hashlib.sha256(
-            _SOURCE.read_bytes()).hexdigest():  # an editable install not rebuilt since checker.cpp changed
+    if not built_from(_checker_native, _SOURCE):  # an editable install not rebuilt since checker.cpp changed
         _checker_native = None
-        _MISSING = (f"{_NATIVE} was built from another version of {_SOURCE.name}; reinstall streamcheck "
+        _MISSING = (f"{_NATIVE} was built from another version of {_SOURCE}; reinstall streamcheck "
                     "(pip install -e .)")
 if _checker_native is not None:
     # The operation classes in the order of checker.cpp's OpType, the stream kinds in its StreamKindIndex's.

@@ -315,11 +315,27 @@ def reads_frames(frames_here) -> bool:
             and read[1:] == expected[1:])
 
 
+def built_from(module, *names: str) -> bool:
+    """Whether a core extension `module` was built from the sources `names` of core/native as they are (setup.py
+    hashes them into its SOURCE_SHA256): not so for an editable install not rebuilt since one changed. True where
+    the sources are not installed beside it."""
+    import hashlib
+
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native")
+    sources = [os.path.join(here, name) for name in names]
+    if not all(map(os.path.exists, sources)):
+        return True
+    digest = hashlib.sha256()
+    for source in sources:
+        with open(source, "rb") as f:
+            digest.update(f.read())
+    return getattr(module, "SOURCE_SHA256", None) == digest.hexdigest()
+
+
 def _native_walker():
     """The Walker class of the core's native call-site walk (native/sites.cpp), or None where the
     resolvers walk in Python: STREAMCHECK_NATIVE_SITES=0, not built, built from other sources (an
     editable install not rebuilt), or reading this Python's frames otherwise than Python does."""
-    import hashlib
     import importlib
 
     if os.environ.get("STREAMCHECK_NATIVE_SITES") == "0":
@@ -328,15 +344,8 @@ def _native_walker():
         module = importlib.import_module(__package__ + "._sites_native")
     except ImportError:
         return None
-    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native")
-    sources = [os.path.join(here, name) for name in ("sites.cpp", "frames.h")]
-    if all(map(os.path.exists, sources)):
-        digest = hashlib.sha256()
-        for source in sources:
-            with open(source, "rb") as f:
-                digest.update(f.read())
-        if getattr(module, "SOURCE_SHA256", None) != digest.hexdigest():
-            return None
+    if not built_from(module, "sites.cpp", "frames.h"):
+        return None
     return module.Walker if reads_frames(module.frames_here) else None
 
 
