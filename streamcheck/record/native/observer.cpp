@@ -1022,7 +1022,6 @@ int fast_memory(const Lane& lane, const Record& r) {
   }
   int in_pool = PySet_Contains(lane.pool_blocks, block);
   if (in_pool != 0) return in_pool < 0 ? -1 : 0;
-  if (site_of(lane, r, owned, site) < 0) return -1;
   if (PyDict_DelItem(lane.pending, block) != 0) {  // never seen as a tensor
     if (!PyErr_ExceptionMatches(PyExc_KeyError)) return -1;
     PyErr_Clear();
@@ -1041,6 +1040,7 @@ int fast_memory(const Lane& lane, const Record& r) {
   if (buffer == nullptr || stream == nullptr || also == nullptr) return -1;
   int held = PyDict_Contains(lane.graph_held, buffer);  // a graph's nodes use it: its free waits (Python's rule)
   if (held != 0) return held < 0 ? -1 : 0;
+  if (site_of(lane, r, owned, site) < 0) return -1;  // (before the table changes: an error leaves it as it was)
   int unfiled = unfile_block(lane, alloc);
   if (unfiled <= 0) return unfiled < 0 ? -1 : 1;  // not in the table (freed already): no Free
   static PyObject* names[] = {interned("thread"), interned("site"), interned("buffer"), interned("stream"),
