@@ -1080,7 +1080,7 @@ PyObject* register_block(const Lane& lane, const Access& a, PyObject* base, bool
 // Returns 1 when recorded (or when it records nothing: an allocating operator), 0 when the record needs Python
 // (nothing done yet), -1 on a Python error.
 int fast_launch(const Lane& lane, const Record& r, const Access* accesses_of) {
-  if (r.flags & (kSpecialRecord | kTraceRecord)) return 0;
+  if (r.flags & kSpecialRecord) return 0;
   Owned owned;
   PyObject *ident = nullptr, *pointer = nullptr, *tid = nullptr, *sid = nullptr, *site = nullptr;
   int known = thread_stream_site(lane, r, true, owned, ident, pointer, tid, sid, site);
